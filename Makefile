@@ -7,7 +7,15 @@ EXTRA ?= cpu
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup test demo clean
+.PHONY: setup system-deps test demo clean
+
+# bubblewrap sandboxes model-written code in the reward service. Installed with apt-get
+# when missing and we are root; otherwise the reward service refuses to run code.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	  else echo "warning: bubblewrap (bwrap) is missing: install it to score code rewards"; fi; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VPY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 
-setup: $(VENV)/.installed
+setup: system-deps $(VENV)/.installed
 
 test: setup
 	$(VPY) -m pytest
