@@ -1,0 +1,80 @@
+"""MLflow lineage on a real SQLite tracking store: from a checkpoint back to its data."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from asyncrl.configs.loading import config_from_dict, public_dict
+from asyncrl.storage.lineage import DataRef, RunLineage, flatten_params
+
+
+@pytest.fixture
+def tracking_uri(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def shard_ref(tmp_path: Path, name: str) -> DataRef:
+    path = tmp_path / "trajectories" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(name.encode())
+    return DataRef(name=name, uri=str(path), digest=hashlib.sha256(name.encode()).hexdigest()[:16])
+
+
+def test_flatten_params() -> None:
+    assert flatten_params({"a": {"b": 1, "c": {"d": None}}, "e": "x"}) == {"a.b": "1", "a.c.d": "None", "e": "x"}
+
+
+def test_version_lineage_links_model_to_its_shards(tmp_path: Path, tracking_uri: str) -> None:
+    config = config_from_dict(
+        {
+            "model": {"path": "/m"},
+            "data": {"train_path": "/d.parquet"},
+            "storage": {"root": "s3://b/run", "options": {"key": "AKIASECRET", "secret": "s3cr3t"}},
+        }
+    )
+    lineage = RunLineage.start(tracking_uri, "exp", "run-1", public_dict(config))
+    dataset = DataRef("train.parquet", str(tmp_path / "train.parquet"), "abc123")
+    lineage.log_dataset(dataset)
+    lineage.log_metrics(1, {"loss": 0.5, "reward_mean": 0.25, "skipped": float("nan")})
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    shards_v1 = [shard_ref(tmp_path, "shard-00000001.arrow"), shard_ref(tmp_path, "shard-00000002.arrow")]
+    model_v1 = lineage.log_version(1, "s3://b/run/weights/v000001", shards_v1, {"loss": 0.4}, weights_dir=weights)
+    shards_v2 = [shard_ref(tmp_path, "shard-00000003.arrow")]
+    model_v2 = lineage.log_version(2, "s3://b/run/weights/v000002", shards_v2, {"loss": 0.3})
+    lineage.log_evaluation(model_v2, 2, {"pass_at_1": 0.5}, DataRef("heldout", str(tmp_path / "h.parquet"), "d1"))
+    version = lineage.register(model_v2, "asyncrl-policy", ["current", "best"])
+    lineage.end()
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    run = client.get_run(lineage.run_id)
+    assert run.data.params["storage.root"] == "s3://b/run"
+    assert "AKIASECRET" not in repr(run.data.params) and "s3cr3t" not in repr(run.data.params)
+    assert run.data.metrics["loss"] == pytest.approx(0.3)
+    input_names = {d.dataset.name for d in run.inputs.dataset_inputs}
+    assert input_names >= {"train.parquet", "shard-00000001.arrow", "shard-00000003.arrow", "heldout"}
+
+    model = client.get_logged_model(model_v1)
+    assert model.tags["asyncrl.trained_on"] == "shard-00000001.arrow,shard-00000002.arrow"
+    assert str(model.status) in ("READY", "LoggedModelStatus.READY")
+    assert {a.path for a in client.list_logged_model_artifacts(model_v1)} == {"config.json"}
+
+    mlflow.set_tracking_uri(tracking_uri)
+    found = mlflow.search_logged_models(
+        experiment_ids=[lineage.experiment_id],
+        datasets=[{"dataset_name": "shard-00000003.arrow", "dataset_digest": shards_v2[0].digest}],
+        output_format="list",
+    )
+    assert [m.model_id for m in found] == [model_v2]
+    registered = client.get_model_version_by_alias("asyncrl-policy", "best")
+    assert str(registered.version) == version
+    assert registered.tags["asyncrl.model_id"] == model_v2
+    assert registered.source == client.get_logged_model(model_v2).artifact_location
+
