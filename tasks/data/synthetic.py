@@ -1,0 +1,288 @@
+"""Synthetic multi-step arithmetic: the demo's stand-in for GSM8K.
+
+A problem is an integer expression over ``+ - *`` with standard precedence, e.g.
+``What is 3+4*2-5?``. The number of operators (the steps of the reference
+solution) follows a truncated power law, so the chain of thought needed varies
+with a long tail, like a reasoning model's generation lengths. The reference
+solution writes one ``a op b=c`` line per operator (products first, then sums
+left to right) and ends with ``#### <answer>``, the GSM8K final-answer line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+Operator = Literal["+", "-", "*"]
+OPERATORS: tuple[str, ...] = get_args(Operator)
+FINAL_ANSWER_MARKER = "####"
+PROMPT_TEMPLATE = "What is {expression}?"
+SPLIT_FILES: dict[str, str] = {"train": "train.parquet", "heldout": "heldout.parquet"}
+
+
+@dataclass(frozen=True)
+class ArithmeticSpec:
+    """How problems are drawn.
+
+    - steps: k in [min_steps, max_steps] with P(k) proportional to k ** -step_exponent.
+    - operators: ``*`` with probability mul_prob, else ``+`` or ``-`` with equal chance.
+    - operands: first number and ``+``/``-`` operands uniform in [1, max_addend];
+      ``*`` operands uniform in [2, max_factor].
+    The defaults keep the longest prompt under 64 bytes (= tokens of the tiny tokenizer).
+    """
+
+    min_steps: int = 2
+    max_steps: int = 16
+    step_exponent: float = 1.5
+    mul_prob: float = 0.25
+    max_addend: int = 20
+    max_factor: int = 9
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(
+                f"ArithmeticSpec: need 1 <= min_steps <= max_steps, got min_steps={self.min_steps}, "
+                f"max_steps={self.max_steps}"
+            )
+        if self.step_exponent < 0:
+            raise ValueError(f"ArithmeticSpec: step_exponent must be >= 0, got {self.step_exponent}")
+        if not 0.0 <= self.mul_prob <= 1.0:
+            raise ValueError(f"ArithmeticSpec: mul_prob must be in [0, 1], got {self.mul_prob}")
+        if self.max_addend < 1:
+            raise ValueError(f"ArithmeticSpec: max_addend must be >= 1, got {self.max_addend}")
+        if self.max_factor < 2:
+            raise ValueError(f"ArithmeticSpec: max_factor must be >= 2, got {self.max_factor}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """``numbers[0] operators[0] numbers[1] ... operators[k-1] numbers[k]``."""
+
+    numbers: tuple[int, ...]
+    operators: tuple[Operator, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.numbers) != len(self.operators) + 1:
+            raise ValueError(
+                f"Problem: need len(numbers) == len(operators) + 1, got {len(self.numbers)} numbers "
+                f"and {len(self.operators)} operators"
+            )
+        if not self.operators:
+            raise ValueError("Problem: needs at least one operator")
+        bad = [op for op in self.operators if op not in OPERATORS]
+        if bad:
+            raise ValueError(f"Problem: unknown operator {bad[0]!r}; allowed: {', '.join(OPERATORS)}")
+        if any(n < 0 for n in self.numbers):
+            raise ValueError(f"Problem: numbers must be non-negative, got {self.numbers}")
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.operators)
+
+    @property
+    def expression(self) -> str:
+        parts = [str(self.numbers[0])]
+        for op, number in zip(self.operators, self.numbers[1:], strict=True):
+            parts.append(f"{op}{number}")
+        return "".join(parts)
+
+    @property
+    def prompt(self) -> str:
+        return PROMPT_TEMPLATE.format(expression=self.expression)
+
+    @property
+    def value(self) -> int:
+        return _solve(self)[1]
+
+    @property
+    def answer(self) -> str:
+        """The exact integer result as a string, e.g. ``"-13"``."""
+        return str(self.value)
+
+    @property
+    def solution(self) -> str:
+        return reference_solution(self)
+
+
+def _apply(op: Operator, left: int, right: int) -> int:
+    if op == "+":
+        return left + right
+    if op == "-":
+        return left - right
+    return left * right
+
+
+def _solve(problem: Problem) -> tuple[list[str], int]:
+    """Step lines and the value under standard precedence.
+
+    Products are reduced first, each ``*`` one line ``a*b=c`` (left to right within
+    a product term); then the terms are combined left to right, each ``+``/``-`` one
+    line. So there are exactly ``num_steps`` lines.
+    """
+    lines: list[str] = []
+    terms: list[int] = [problem.numbers[0]]
+    signs: list[Operator] = []
+    for op, number in zip(problem.operators, problem.numbers[1:], strict=True):
+        if op == "*":
+            product = terms[-1] * number
+            lines.append(f"{terms[-1]}*{number}={product}")
+            terms[-1] = product
+        else:
+            signs.append(op)
+            terms.append(number)
+    total = terms[0]
+    for sign, term in zip(signs, terms[1:], strict=True):
+        new_total = _apply(sign, total, term)
+        lines.append(f"{total}{sign}{term}={new_total}")
+        total = new_total
+    return lines, total
+
+
+def format_final_answer(answer: str | int) -> str:
+    """The last line of a solution: ``#### <answer>`` (GSM8K's format)."""
+    return f"{FINAL_ANSWER_MARKER} {answer}"
+
+
+def reference_solution(problem: Problem) -> str:
+    """Step-by-step solution, one ``a op b=c`` line per operator, ending ``#### <answer>``.
+
+    Example: ``3+4*2-5`` gives ``4*2=8 / 3+8=11 / 11-5=6 / #### 6`` (newline-separated).
+    """
+    lines, value = _solve(problem)
+    return "\n".join([*lines, format_final_answer(value)])
+
+
+def step_weights(spec: ArithmeticSpec) -> tuple[list[int], list[float]]:
+    """Steps k = min_steps..max_steps and weights w_k = k ** -step_exponent (unnormalised)."""
+    steps = list(range(spec.min_steps, spec.max_steps + 1))
+    return steps, [k**-spec.step_exponent for k in steps]
+
+
+def sample_problem(rng: random.Random, spec: ArithmeticSpec) -> Problem:
+    """One problem drawn from ``spec`` with ``rng`` (see :class:`ArithmeticSpec`)."""
+    steps, weights = step_weights(spec)
+    k = rng.choices(steps, weights=weights)[0]
+    numbers = [rng.randint(1, spec.max_addend)]
+    operators: list[Operator] = []
+    for _ in range(k):
+        if rng.random() < spec.mul_prob:
+            operators.append("*")
+            numbers.append(rng.randint(2, spec.max_factor))
+        else:
+            operators.append(rng.choice(("+", "-")))
+            numbers.append(rng.randint(1, spec.max_addend))
+    return Problem(numbers=tuple(numbers), operators=tuple(operators))
+
+
+def make_arithmetic_dataset(n: int, seed: int, spec: ArithmeticSpec | None = None) -> list[Problem]:
+    """``n`` problems with distinct prompts, deterministic in (n, seed, spec).
+
+    Draws until n distinct prompts are collected; raises if the spec's problem space
+    is too small to hold them (more than 20 * n + 1000 draws).
+    """
+    if n < 0:
+        raise ValueError(f"make_arithmetic_dataset: n must be >= 0, got {n}")
+    spec = spec or ArithmeticSpec()
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    max_draws = 20 * n + 1000
+    for _ in range(max_draws):
+        if len(problems) == n:
+            break
+        problem = sample_problem(rng, spec)
+        if problem.prompt not in seen:
+            seen.add(problem.prompt)
+            problems.append(problem)
+    if len(problems) < n:
+        raise ValueError(
+            f"make_arithmetic_dataset: found only {len(problems)} distinct problems of the {n} asked "
+            f"in {max_draws} draws; widen the ArithmeticSpec ({spec})"
+        )
+    return problems
+
+
+def split_train_heldout(problems: Sequence[Problem], n_heldout: int, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """Shuffle with ``seed`` and cut: (train, held-out) with ``len(held-out) == n_heldout``.
+
+    Prompts must be distinct, so no held-out prompt appears in train.
+    """
+    if not 0 <= n_heldout <= len(problems):
+        raise ValueError(f"split_train_heldout: n_heldout must be in [0, {len(problems)}], got {n_heldout}")
+    seen: set[str] = set()
+    for index, problem in enumerate(problems):
+        if problem.prompt in seen:
+            raise ValueError(f"split_train_heldout: problem {index} repeats the prompt {problem.prompt!r}")
+        seen.add(problem.prompt)
+    order = list(range(len(problems)))
+    random.Random(seed).shuffle(order)
+    heldout = [problems[i] for i in order[:n_heldout]]
+    train = [problems[i] for i in order[n_heldout:]]
+    return train, heldout
+
+
+def write_problems(path: Path, problems: Sequence[Problem], metadata: dict[str, str] | None = None) -> Path:
+    """Write Parquet columns ``prompt``, ``answer`` (exact integer string), ``solution``
+    (reference solution) and ``num_steps``; atomic (temporary file, then rename)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "prompt": pa.array([p.prompt for p in problems], pa.string()),
+            "answer": pa.array([p.answer for p in problems], pa.string()),
+            "solution": pa.array([p.solution for p in problems], pa.string()),
+            "num_steps": pa.array([p.num_steps for p in problems], pa.int32()),
+        }
+    )
+    if metadata:
+        table = table.replace_schema_metadata(metadata)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp_name)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _generator_metadata(seed: int, spec: ArithmeticSpec, **extra: int) -> dict[str, str]:
+    return {"asyncrl.synthetic": json.dumps({"seed": seed, "spec": asdict(spec), **extra}, sort_keys=True)}
+
+
+def write_synthetic_dataset(path: Path, n: int, seed: int, spec: ArithmeticSpec | None = None) -> Path:
+    """Write ``make_arithmetic_dataset(n, seed, spec)`` to Parquet at ``path``."""
+    spec = spec or ArithmeticSpec()
+    problems = make_arithmetic_dataset(n, seed, spec)
+    return write_problems(path, problems, _generator_metadata(seed, spec, n=n))
+
+
+def write_synthetic_splits(
+    out_dir: Path, *, n_train: int, n_heldout: int, seed: int, spec: ArithmeticSpec | None = None
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``heldout.parquet`` under ``out_dir`` (no shared prompt).
+
+    Both come from one draw of ``n_train + n_heldout`` distinct problems, split by
+    :func:`split_train_heldout`. Returns {"train": path, "heldout": path}.
+    """
+    if n_train < 0 or n_heldout < 0:
+        raise ValueError(f"write_synthetic_splits: n_train and n_heldout must be >= 0, got {n_train}, {n_heldout}")
+    spec = spec or ArithmeticSpec()
+    problems = make_arithmetic_dataset(n_train + n_heldout, seed, spec)
+    train, heldout = split_train_heldout(problems, n_heldout, seed)
+    metadata = _generator_metadata(seed, spec, n_train=n_train, n_heldout=n_heldout)
+    out_dir = Path(out_dir)
+    return {
+        "train": write_problems(out_dir / SPLIT_FILES["train"], train, metadata),
+        "heldout": write_problems(out_dir / SPLIT_FILES["heldout"], heldout, metadata),
+    }

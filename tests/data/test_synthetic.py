@@ -1,0 +1,175 @@
+"""The synthetic arithmetic task: exact answers, valid step-by-step solutions, long tail."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncrl.tasks.data.synthetic import (
+    ArithmeticSpec,
+    Problem,
+    make_arithmetic_dataset,
+    split_train_heldout,
+    write_synthetic_dataset,
+    write_synthetic_splits,
+)
+
+EXPRESSION = re.compile(r"^What is ([0-9+\-*]+)\?$")
+STEP_LINE = re.compile(r"^(-?\d+)([+\-*])(\d+)=(-?\d+)$")
+
+
+def evaluate_prompt(prompt: str) -> int:
+    """Independent oracle: Python's own evaluation of the expression in the prompt."""
+    match = EXPRESSION.match(prompt)
+    assert match, prompt
+    return int(eval(match.group(1), {"__builtins__": {}}, {}))  # digits and + - * only
+
+
+def check_solution(problem: Problem) -> None:
+    lines = problem.solution.split("\n")
+    *steps, final = lines
+    assert final == f"#### {problem.answer}"
+    assert len(steps) == problem.num_steps
+    for line in steps:
+        match = STEP_LINE.match(line)
+        assert match, line
+        left, op, right, result = int(match[1]), match[2], int(match[3]), int(match[4])
+        expected = {"+": left + right, "-": left - right, "*": left * right}[op]
+        assert result == expected, line
+    assert int(STEP_LINE.match(steps[-1])[4]) == int(problem.answer)
+
+
+@pytest.fixture(scope="module")
+def problems() -> list[Problem]:
+    return make_arithmetic_dataset(3000, seed=7)
+
+
+def test_answers_are_exact(problems: list[Problem]) -> None:
+    for problem in problems:
+        assert problem.answer == str(evaluate_prompt(problem.prompt))
+
+
+def test_reference_solutions_are_valid_step_by_step(problems: list[Problem]) -> None:
+    for problem in problems:
+        check_solution(problem)
+
+
+def test_example_solution() -> None:
+    problem = Problem(numbers=(3, 4, 2, 5, 3), operators=("+", "*", "-", "*"))
+    assert problem.prompt == "What is 3+4*2-5*3?"
+    assert problem.solution == "4*2=8\n5*3=15\n3+8=11\n11-15=-4\n#### -4"
+    assert problem.answer == "-4"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["+", "-", "*"]), st.integers(0, 99)), min_size=1, max_size=20),
+    st.integers(0, 99),
+)
+def test_any_expression_solves_exactly(ops: list[tuple[str, int]], first: int) -> None:
+    problem = Problem(numbers=(first, *(n for _, n in ops)), operators=tuple(op for op, _ in ops))
+    assert problem.answer == str(evaluate_prompt(problem.prompt))
+    check_solution(problem)
+
+
+def test_steps_are_long_tailed(problems: list[Problem]) -> None:
+    steps = sorted(p.num_steps for p in problems)
+    median = statistics.median(steps)
+    top_decile = steps[int(0.9 * len(steps)) :]
+    assert statistics.mean(top_decile) >= 3 * median
+    assert steps[-1] >= 3 * median
+    lengths = sorted(len(p.solution) for p in problems)
+    assert statistics.mean(lengths[int(0.9 * len(lengths)) :]) >= 3 * statistics.median(lengths)
+
+
+def test_prompts_fit_a_64_token_budget(problems: list[Problem]) -> None:
+    # The tiny tokenizer has one token per byte.
+    assert max(len(p.prompt.encode("utf-8")) for p in problems) <= 64
+
+
+def test_solutions_parse_with_math_verify(problems: list[Problem]) -> None:
+    from math_verify import parse, verify
+
+    for problem in problems[:200]:
+        assert verify(parse(problem.answer), parse(problem.solution)), problem.solution
+
+
+def test_deterministic_by_seed() -> None:
+    first = make_arithmetic_dataset(200, seed=3)
+    assert first == make_arithmetic_dataset(200, seed=3)
+    assert first != make_arithmetic_dataset(200, seed=4)
+    assert make_arithmetic_dataset(50, seed=3) == first[:50]
+
+
+def test_prompts_are_distinct(problems: list[Problem]) -> None:
+    assert len({p.prompt for p in problems}) == len(problems)
+
+
+def test_split_has_no_overlap_and_is_deterministic(problems: list[Problem]) -> None:
+    train, heldout = split_train_heldout(problems, 300, seed=1)
+    assert len(train) == len(problems) - 300 and len(heldout) == 300
+    assert not {p.prompt for p in train} & {p.prompt for p in heldout}
+    assert {p.prompt for p in train} | {p.prompt for p in heldout} == {p.prompt for p in problems}
+    assert split_train_heldout(problems, 300, seed=1) == (train, heldout)
+    assert split_train_heldout(problems, 300, seed=2)[1] != heldout
+
+
+def test_split_rejects_repeated_prompts() -> None:
+    problem = Problem(numbers=(1, 2), operators=("+",))
+    with pytest.raises(ValueError, match=r"problem 1 repeats the prompt 'What is 1\+2\?'"):
+        split_train_heldout([problem, problem], 1, seed=0)
+
+
+def test_small_problem_space_is_reported() -> None:
+    spec = ArithmeticSpec(min_steps=1, max_steps=1, mul_prob=1.0, max_addend=1, max_factor=2)
+    with pytest.raises(ValueError, match="found only 1 distinct problems of the 5 asked"):
+        make_arithmetic_dataset(5, seed=0, spec=spec)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_steps": 0}, "min_steps=0"),
+        ({"min_steps": 5, "max_steps": 4}, "max_steps=4"),
+        ({"mul_prob": 1.5}, "mul_prob must be in"),
+        ({"max_factor": 1}, "max_factor must be >= 2"),
+    ],
+)
+def test_spec_rejects_bad_values(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ArithmeticSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_problem_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="len\\(numbers\\) == len\\(operators\\) \\+ 1"):
+        Problem(numbers=(1, 2, 3), operators=("+",))
+    with pytest.raises(ValueError, match="unknown operator '/'"):
+        Problem(numbers=(1, 2), operators=("/",))  # type: ignore[arg-type]
+
+
+def test_write_dataset_columns(tmp_path: Path) -> None:
+    path = write_synthetic_dataset(tmp_path / "d" / "train.parquet", 100, seed=5)
+    table = pq.read_table(path)
+    assert table.column_names == ["prompt", "answer", "solution", "num_steps"]
+    expected = make_arithmetic_dataset(100, seed=5)
+    assert table.column("prompt").to_pylist() == [p.prompt for p in expected]
+    assert table.column("answer").to_pylist() == [str(evaluate_prompt(p.prompt)) for p in expected]
+    assert b"asyncrl.synthetic" in table.schema.metadata
+    assert [p.name for p in path.parent.iterdir()] == ["train.parquet"]  # no temporary left
+
+
+def test_write_splits(tmp_path: Path) -> None:
+    paths = write_synthetic_splits(tmp_path, n_train=400, n_heldout=50, seed=2)
+    assert set(paths) == {"train", "heldout"}
+    train = pq.read_table(paths["train"]).column("prompt").to_pylist()
+    heldout = pq.read_table(paths["heldout"]).column("prompt").to_pylist()
+    assert (len(train), len(heldout)) == (400, 50)
+    assert not set(train) & set(heldout)
+    again = write_synthetic_splits(tmp_path / "again", n_train=400, n_heldout=50, seed=2)
+    assert paths["train"].read_bytes() == again["train"].read_bytes()
