@@ -1,0 +1,163 @@
+"""The run-root layout: every relative path the storage layer uses is built here.
+
+Layout (relative to the run root)::
+
+    config.yaml                                   frozen run config
+    trajectories/shard-{seq:08d}-v{min:06d}-v{max:06d}.arrow
+    trajectories/_seq/{seq:08d}                   sequence-number claims (never deleted)
+    quarantine/{name}                             shards that failed validation
+    weights/v{version:06d}/...                    HF-format files of one version
+    weights/v{version:06d}/_COMPLETE              manifest, written after all files
+    weights/LATEST                                pointer to the newest complete version
+    ledger/step-{step:08d}.json                   shards consumed by one training step
+    checkpoints/step-{step:08d}/                  trainer state for resume
+    scheduler/state.json                          scheduler counters for resume
+
+Paths are POSIX-style, relative, without ``..``; :func:`join` checks that.
+Other modules never format these names by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CONFIG = "config.yaml"
+TRAJECTORIES_DIR = "trajectories"
+SHARD_SEQ_DIR = f"{TRAJECTORIES_DIR}/_seq"
+QUARANTINE_DIR = "quarantine"
+WEIGHTS_DIR = "weights"
+WEIGHTS_LATEST = f"{WEIGHTS_DIR}/LATEST"
+WEIGHTS_COMPLETE_MARKER = "_COMPLETE"
+LEDGER_DIR = "ledger"
+CHECKPOINTS_DIR = "checkpoints"
+SCHEDULER_DIR = "scheduler"
+SCHEDULER_STATE = f"{SCHEDULER_DIR}/state.json"
+
+_SHARD_RE = re.compile(r"^shard-(\d{8,})-v(\d{6,})-v(\d{6,})\.arrow$")
+_SEQ_CLAIM_RE = re.compile(r"^(\d{8,})$")
+_WEIGHTS_VERSION_RE = re.compile(r"^v(\d{6,})$")
+_LEDGER_RE = re.compile(r"^step-(\d{8,})\.json$")
+
+
+def join(*parts: str) -> str:
+    """Join relative path parts with ``/`` after checking each is a safe relative path.
+
+    Raises ``ValueError`` naming the part for an empty part, an absolute part,
+    a backslash, or a ``.``/``..``/empty segment.
+    """
+    if not parts:
+        raise ValueError("join() needs at least one path part")
+    for part in parts:
+        if not part:
+            raise ValueError(f"empty path part in {parts!r}")
+        if part.startswith("/") or "\\" in part:
+            raise ValueError(f"path part {part!r} must be relative and use '/'")
+        for segment in part.split("/"):
+            if segment in ("", ".", ".."):
+                raise ValueError(f"path part {part!r} has a forbidden segment {segment!r}")
+    return "/".join(parts)
+
+
+def _check_non_negative(what: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ShardName:
+    """The fields a shard file name carries."""
+
+    seq: int
+    min_version: int
+    max_version: int
+
+
+def shard_name(seq: int, min_version: int, max_version: int) -> str:
+    """File name of a trajectory shard: ``shard-{seq:08d}-v{min:06d}-v{max:06d}.arrow``."""
+    _check_non_negative("shard seq", seq)
+    _check_non_negative("shard min_version", min_version)
+    _check_non_negative("shard max_version", max_version)
+    if min_version > max_version:
+        raise ValueError(f"shard min_version {min_version} > max_version {max_version}")
+    return f"shard-{seq:08d}-v{min_version:06d}-v{max_version:06d}.arrow"
+
+
+def parse_shard_name(name: str) -> ShardName | None:
+    """Fields of a shard file name, or ``None`` if ``name`` is not one (or min > max)."""
+    match = _SHARD_RE.match(name)
+    if match is None:
+        return None
+    seq, min_version, max_version = (int(g) for g in match.groups())
+    if min_version > max_version:
+        return None
+    return ShardName(seq, min_version, max_version)
+
+
+def shard_path(name: str) -> str:
+    """Relative path of the shard file ``name``."""
+    if parse_shard_name(name) is None:
+        raise ValueError(f"{name!r} is not a shard file name")
+    return join(TRAJECTORIES_DIR, name)
+
+
+def shard_seq_claim(seq: int) -> str:
+    """Relative path of the object that reserves shard sequence number ``seq``."""
+    _check_non_negative("shard seq", seq)
+    return join(SHARD_SEQ_DIR, f"{seq:08d}")
+
+
+def parse_shard_seq_claim(name: str) -> int | None:
+    """Sequence number of a claim object name, or ``None`` if it is not one."""
+    match = _SEQ_CLAIM_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def quarantine_path(name: str) -> str:
+    """Relative path where a rejected file called ``name`` is kept."""
+    return join(QUARANTINE_DIR, name)
+
+
+def weights_version_dirname(version: int) -> str:
+    """Directory name of one weight version: ``v{version:06d}``."""
+    _check_non_negative("weight version", version)
+    return f"v{version:06d}"
+
+
+def weights_version_dir(version: int) -> str:
+    """Relative directory of weight version ``version``."""
+    return join(WEIGHTS_DIR, weights_version_dirname(version))
+
+
+def weights_file(version: int, relname: str) -> str:
+    """Relative path of file ``relname`` (may contain ``/``) of weight version ``version``."""
+    return join(weights_version_dir(version), relname)
+
+
+def weights_complete_marker(version: int) -> str:
+    """Relative path of the marker written once all files of ``version`` are uploaded."""
+    return weights_file(version, WEIGHTS_COMPLETE_MARKER)
+
+
+def parse_weights_version_dirname(name: str) -> int | None:
+    """Version of a ``v{version:06d}`` directory name, or ``None`` if it is not one."""
+    match = _WEIGHTS_VERSION_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def ledger_entry(step: int) -> str:
+    """Relative path of the ledger entry of training step ``step``."""
+    _check_non_negative("ledger step", step)
+    return join(LEDGER_DIR, f"step-{step:08d}.json")
+
+
+def parse_ledger_name(name: str) -> int | None:
+    """Step of a ledger entry file name, or ``None`` if it is not one."""
+    match = _LEDGER_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_dir(step: int) -> str:
+    """Relative directory of the trainer checkpoint taken after step ``step``."""
+    _check_non_negative("checkpoint step", step)
+    return join(CHECKPOINTS_DIR, f"step-{step:08d}")
