@@ -1,6 +1,2 @@
-"""Run configuration: the pydantic model and the YAML loader (no heavy imports here)."""
-
-from asyncrl.configs.loading import ConfigError, load_config
-from asyncrl.configs.run_config import RunConfig
-
-__all__ = ["ConfigError", "RunConfig", "load_config"]
+"""Run configuration: `run_config.RunConfig` (pydantic) and `loading.load_config` (YAML +
+`a.b=value` overrides). Kept import-free so stage configs can build on `configs.base`."""

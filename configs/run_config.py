@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 
-
-class StrictModel(BaseModel):
-    """Base for config sections: unknown keys are errors, values are validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+from asyncrl.configs.base import StrictModel
+from asyncrl.tasks.reward.config import RewardConfig
 
 
 class ModelConfig(StrictModel):
@@ -32,6 +29,8 @@ class DataConfig(StrictModel):
     """Held-out prompts for evaluation; None disables evaluation."""
     max_prompt_tokens: int = Field(128, ge=1)
     """Prompts longer than this (in tokens) are refused by the scheduler."""
+    prompt_format: Literal["plain", "chat"] = "plain"
+    """`plain`: question + newline; `chat`: the tokenizer's chat template (instruct models)."""
 
 
 class RolloutConfig(StrictModel):
@@ -56,6 +55,12 @@ class RolloutConfig(StrictModel):
     KV cache with new weights, the paper's) or keep vLLM's KV cache (pause mode=keep)."""
     kv_cache_gib: float = Field(1.0, gt=0.0)
     """VLLM_CPU_KVCACHE_SPACE for CPU servers."""
+    shard_groups: int = Field(4, ge=1)
+    """The scheduler writes a trajectory shard every `shard_groups` finished prompt groups..."""
+    shard_seconds: float = Field(10.0, gt=0.0)
+    """...or when the oldest unwritten group has waited this long, whichever comes first."""
+    weight_poll_seconds: float = Field(0.5, gt=0.0)
+    """How often the scheduler looks for a newly published weight version."""
 
     @model_validator(mode="after")
     def _api_key_off_loopback(self) -> RolloutConfig:
@@ -120,6 +125,7 @@ class RunConfig(StrictModel):
     data: DataConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     storage: StorageConfig
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from asyncrl.configs.loading import ConfigError, frozen_yaml, load_config
+from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
 
 
 class CommandError(Exception):
@@ -67,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("config", help="YAML run config")
     show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides such as trainer.batch_groups=4")
     show.set_defaults(handler=cmd_config_show)
+
+    add_reward_commands(commands)
+    bench = commands.add_parser("bench", help="benchmarks that print figures (table and JSON)")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    add_reward_bench(bench_commands)
     return parser
 
 

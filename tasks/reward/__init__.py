@@ -1,0 +1,26 @@
+"""The reward service: math answers checked with math-verify, code run against unit tests
+in a bubblewrap sandbox, and user plug-in rewards, scored in a pool of worker processes.
+
+Every result carries a reason (``Reason``); a verifier crash or timeout is a zero reward
+with its reason, never a crashed service. Prefect wrappers live in ``service`` (imported
+separately so this package stays light).
+"""
+
+from __future__ import annotations
+
+from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.tasks.reward.pool import PoolStats, RewardPool, RewardPoolError
+from asyncrl.tasks.reward.types import CodeTests, Reason, RewardRequest, RewardResult, StdioCase, TestOutcome
+
+__all__ = [
+    "CodeTests",
+    "PoolStats",
+    "Reason",
+    "RewardConfig",
+    "RewardPool",
+    "RewardPoolError",
+    "RewardRequest",
+    "RewardResult",
+    "StdioCase",
+    "TestOutcome",
+]

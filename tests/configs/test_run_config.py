@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.configs import ConfigError, RunConfig, load_config
+from asyncrl.configs.loading import ConfigError, load_config
+from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.loading import apply_overrides, config_from_dict, frozen_yaml, public_dict
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,434 @@
+"""Run untrusted Python inside bubblewrap with resource limits.
+
+Isolation (``bwrap``):
+- new user, pid, network, ipc, uts and cgroup namespaces (``--unshare-all
+  --unshare-user``), no nested user namespaces (``--disable-userns``), all
+  capabilities dropped, a new session (no TIOCSTI injection into our terminal),
+  SIGKILL when the worker dies (``--die-with-parent``);
+- the network namespace has only its own loopback: nothing on the host or beyond
+  is reachable;
+- the file system is a fresh root holding read-only ``/usr`` (and the ``/bin``,
+  ``/lib*`` links into it), a new ``/proc`` and ``/dev``, a two-line ``/etc``
+  (passwd, group) and the program files, read-only, under ``/sandbox``. The only
+  writable place is a private, size-capped tmpfs at ``/tmp`` (the working
+  directory), gone with the sandbox. Host homes, ``/etc/shadow`` and the rest of
+  the host never appear; no host directory is writable.
+- the files are handed over as memfds (``--ro-bind-data``): nothing is written on
+  the host.
+
+Limits: ``prlimit`` sets RLIMIT_CPU/AS/NPROC/NOFILE/FSIZE inside the sandbox, after
+its user namespace exists, so RLIMIT_NPROC counts only that sandbox's processes
+(set outside, it would be shared by every sandbox of the same host uid). The kernel
+never applies RLIMIT_NPROC to host uid 0, so when the service runs as root the
+sandbox runs as ``code.sandbox_uid`` (65534 by default) on the host. The wall-time
+limit and the output cap are enforced here: the whole sandbox is killed (its pid
+namespace dies with bwrap, daemonised children included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncrl.tasks.reward.config import CodeRewardConfig, SandboxLimits
+from asyncrl.tasks.reward.types import Reason
+
+SANDBOX_DIR = "/sandbox"
+WORK_DIR = "/tmp"
+_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_READ_CHUNK = 65536
+_STDERR_SHOWN = 600
+MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+PROCESS_MARKERS = ("BlockingIOError: [Errno 11]", "can't start new thread", "Resource temporarily unavailable")
+# Python ignores SIGXFSZ, so an over-size write fails with EFBIG; a full /tmp with ENOSPC.
+FILE_MARKERS = ("[Errno 27] File too large", "[Errno 28] No space left on device")
+INSTALL_HINT = "install it with `apt-get install bubblewrap`"
+PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+class SandboxUnavailable(Exception):
+    """bubblewrap (or what the sandbox needs) is missing and unsandboxed runs are not allowed."""
+
+
+@dataclass(frozen=True)
+class SandboxFile:
+    """A file placed read-only at ``/sandbox/<name>``."""
+
+    name: str
+    content: bytes
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ValueError(f"SandboxFile.name: {self.name!r} must be a plain file name")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one program run ended.
+
+    ``reason`` is OK when the program exited with status 0 within every limit (its
+    output is still to be checked); otherwise the failure.
+    """
+
+    reason: Reason
+    detail: str
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    wall_s: float
+    sandboxed: bool
+
+
+@dataclass
+class _Capture:
+    stdout: bytearray
+    stderr: bytearray
+    status: bytearray
+    timed_out: bool = False
+    overflow: str = ""
+    exited: bool = False
+
+
+class Sandbox:
+    """Runs ``python3 /sandbox/<main>`` with the given files and stdin, isolated and limited."""
+
+    def __init__(self, config: CodeRewardConfig) -> None:
+        self.config = config
+        self._bwrap = shutil.which(config.bwrap)
+        self.python = config.python or next((p for p in PYTHON_CANDIDATES if os.access(p, os.X_OK)), PYTHON_CANDIDATES[0])
+
+    @property
+    def sandboxed(self) -> bool:
+        """True when runs go through bubblewrap, False in the explicitly allowed unsandboxed mode."""
+        return self._bwrap is not None
+
+    def check(self) -> None:
+        """Raise SandboxUnavailable, with what to do, when programs cannot be run as configured."""
+        if self._bwrap is None:
+            if not self.config.allow_unsandboxed:
+                raise SandboxUnavailable(
+                    f"bubblewrap ({self.config.bwrap!r}) not found: refusing to run model-written code; "
+                    f"{INSTALL_HINT}, or set code.allow_unsandboxed=true to run it on the host "
+                    "WITHOUT isolation (rlimits only)"
+                )
+        needed = [("code.python", self.python)]
+        if self._bwrap is not None:
+            needed.append(("code.prlimit", self.config.prlimit))
+        for label, path in needed:
+            if not os.access(path, os.X_OK):
+                raise SandboxUnavailable(f"{label}: {path!r} is not an executable file")
+        if self._bwrap is not None:
+            resolved = os.path.realpath(self.python)
+            if not resolved.startswith("/usr/"):
+                raise SandboxUnavailable(
+                    f"code.python: {self.python!r} resolves to {resolved!r}, outside /usr, "
+                    "the only system tree mounted in the sandbox"
+                )
+
+    def run(self, files: Sequence[SandboxFile], main: str, stdin: bytes = b"") -> RunOutcome:
+        """Run ``main`` (one of ``files``) with ``stdin``; never raises for what the program does."""
+        if main not in {f.name for f in files}:
+            raise ValueError(f"Sandbox.run: main file {main!r} is not among {[f.name for f in files]}")
+        try:
+            self.check()
+        except SandboxUnavailable as exc:
+            return RunOutcome(Reason.SANDBOX_UNAVAILABLE, str(exc), None, b"", b"", 0.0, self.sandboxed)
+        if self._bwrap is not None:
+            return self._run_bwrap(self._bwrap, files, main, stdin)
+        return self._run_unsandboxed(files, main, stdin)
+
+    # -- bubblewrap --------------------------------------------------------------------
+
+    def _run_bwrap(self, bwrap: str, files: Sequence[SandboxFile], main: str, stdin: bytes) -> RunOutcome:
+        limits = self.config.limits
+        uid = self.config.sandbox_uid
+        owned: list[int] = []
+        try:
+            stdin_fd = _memfd("stdin", stdin, owned)
+            etc = {
+                "passwd": f"sandbox:x:{uid}:{uid}:sandbox:{WORK_DIR}:/usr/sbin/nologin\n".encode(),
+                "group": f"sandbox:x:{uid}:\n".encode(),
+            }
+            data_fds = [(_memfd(name, content, owned), f"/etc/{name}") for name, content in etc.items()]
+            data_fds += [(_memfd(f.name, f.content, owned), f"{SANDBOX_DIR}/{f.name}") for f in files]
+            status_r, status_w = os.pipe()
+            owned += [status_r, status_w]
+            argv = [
+                bwrap,
+                "--unshare-all",
+                "--unshare-user",
+                "--disable-userns",
+                "--die-with-parent",
+                "--new-session",
+                "--cap-drop", "ALL",
+                "--uid", str(uid),
+                "--gid", str(uid),
+                "--hostname", "sandbox",
+                "--ro-bind", "/usr", "/usr",
+                *_system_dir_args(),
+                "--proc", "/proc",
+                "--dev", "/dev",
+                "--size", str(limits.tmpfs_mb << 20),
+                "--tmpfs", WORK_DIR,
+                "--dir", "/etc",
+                "--dir", SANDBOX_DIR,
+            ]
+            for fd, dest in data_fds:
+                argv += ["--perms", "0444", "--ro-bind-data", str(fd), dest]
+            argv += [
+                "--remount-ro", "/",
+                "--chdir", WORK_DIR,
+                "--clearenv",
+                "--setenv", "PATH", "/usr/bin:/bin",
+                "--setenv", "HOME", WORK_DIR,
+                "--setenv", "TMPDIR", WORK_DIR,
+                "--setenv", "LANG", "C.UTF-8",
+                "--setenv", "PYTHONIOENCODING", "utf-8",
+                "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+                "--json-status-fd", str(status_w),
+                "--",
+                *_prlimit_argv(self.config.prlimit, limits),
+                self.python, "-I", f"{SANDBOX_DIR}/{main}",
+            ]  # fmt: skip
+            # Root is exempt from RLIMIT_NPROC: run bwrap, and so the sandbox, as an unprivileged host uid.
+            as_root = os.geteuid() == 0
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                argv,
+                stdin=stdin_fd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=[status_w, *(fd for fd, _ in data_fds)],
+                process_group=0,
+                user=uid if as_root else None,
+                group=uid if as_root else None,
+                extra_groups=[] if as_root else None,
+            )
+            os.close(status_w)
+            owned.remove(status_w)
+            capture, status = _supervise(proc, status_r, limits, start, kill_group_on_exit=False)
+            wall = time.monotonic() - start
+        finally:
+            for fd in owned:
+                os.close(fd)
+        statuses = _json_lines(bytes(capture.status))
+        ran = any("exit-code" in s for s in statuses)
+        if not ran and not capture.timed_out and not capture.overflow:
+            message = bytes(capture.stderr).decode("utf-8", "replace").strip()[-_STDERR_SHOWN:]
+            return RunOutcome(
+                Reason.SANDBOX_UNAVAILABLE,
+                f"bubblewrap could not start the sandbox (exit status {status}): {message or 'no message'}",
+                status, bytes(capture.stdout), bytes(capture.stderr), wall, True,
+            )  # fmt: skip
+        reason, detail = classify(status, capture, wall, limits)
+        return RunOutcome(reason, detail, status, bytes(capture.stdout), bytes(capture.stderr), wall, True)
+
+    # -- explicitly allowed unsandboxed mode ---------------------------------------------
+
+    def _run_unsandboxed(self, files: Sequence[SandboxFile], main: str, stdin: bytes) -> RunOutcome:
+        """rlimits, a temporary working directory and a new session only: NOT isolation."""
+        limits = self.config.limits
+        with tempfile.TemporaryDirectory(prefix="asyncrl-unsandboxed-") as work:
+            for f in files:
+                Path(work, f.name).write_bytes(f.content)
+            owned: list[int] = []
+            try:
+                stdin_fd = _memfd("stdin", stdin, owned)
+                status_r, status_w = os.pipe()
+                os.close(status_w)  # no status channel without bwrap
+                owned.append(status_r)
+                start = time.monotonic()
+                proc = subprocess.Popen(
+                    [self.python, "-I", str(Path(work, main))],
+                    stdin=stdin_fd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=work,
+                    env={"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"},
+                    start_new_session=True,
+                    preexec_fn=lambda: _apply_rlimits(limits),  # the worker is single-threaded
+                )
+                capture, status = _supervise(proc, status_r, limits, start, kill_group_on_exit=True)
+                wall = time.monotonic() - start
+            finally:
+                for fd in owned:
+                    os.close(fd)
+        reason, detail = classify(status, capture, wall, limits)
+        return RunOutcome(reason, detail, status, bytes(capture.stdout), bytes(capture.stderr), wall, False)
+
+
+def classify(exit_code: int | None, capture: _Capture, wall_s: float, limits: SandboxLimits) -> tuple[Reason, str]:
+    """The failure reason of a finished run (OK for status 0 within every limit).
+
+    In order: wall-time kill -> timeout; output cap -> output_limit; SIGXCPU, or a
+    SIGKILL after at least cpu_s of wall time (the hard CPU limit of a program that
+    ignored SIGXCPU) -> timeout; SIGXFSZ, EFBIG or a full /tmp -> output_limit; a
+    memory error on stderr -> memory; a failed fork -> process_limit; any other
+    non-zero status -> crash. bwrap reports a program killed by signal s as 128 + s.
+    The stderr markers come from the program itself: it can only choose the label of
+    its own failure, never turn it into a pass.
+    """
+    if capture.timed_out:
+        return Reason.TIMEOUT, f"wall time limit of {limits.wall_s} s exceeded; sandbox killed"
+    if capture.overflow:
+        return Reason.OUTPUT_LIMIT, f"{capture.overflow} exceeded {limits.output_bytes} bytes; sandbox killed"
+    if exit_code == 0:
+        return Reason.OK, ""
+    signum = _signal_of(exit_code)
+    tail = bytes(capture.stderr[-_STDERR_SHOWN:]).decode("utf-8", "replace").strip()
+    if signum == signal.SIGXCPU or (signum == signal.SIGKILL and wall_s >= limits.cpu_s):
+        return Reason.TIMEOUT, f"CPU time limit of {limits.cpu_s} s exceeded"
+    if signum == signal.SIGXFSZ or any(marker in tail for marker in FILE_MARKERS):
+        return Reason.OUTPUT_LIMIT, (
+            f"file size limit of {limits.fsize_mb} MiB or /tmp size of {limits.tmpfs_mb} MiB: {_last_line(tail)}"
+        )
+    if any(marker in tail for marker in MEMORY_MARKERS):
+        return Reason.MEMORY, f"memory limit of {limits.memory_mb} MiB: {_last_line(tail)}"
+    if any(marker in tail for marker in PROCESS_MARKERS):
+        return Reason.PROCESS_LIMIT, f"process limit of {limits.nproc}: {_last_line(tail)}"
+    how = f"killed by {signal.Signals(signum).name}" if signum else f"exit status {exit_code}"
+    return Reason.CRASH, f"{how}: {tail}" if tail else how
+
+
+def _supervise(
+    proc: subprocess.Popen[bytes], status_r: int, limits: SandboxLimits, start: float, kill_group_on_exit: bool
+) -> tuple[_Capture, int | None]:
+    """Read stdout/stderr/status until the process exits, killing its group on a limit.
+
+    Returns the capture and the exit status (negative: killed by that signal).
+    """
+    assert proc.stdout is not None and proc.stderr is not None
+    capture = _Capture(bytearray(), bytearray(), bytearray())
+    pidfd = os.pidfd_open(proc.pid)
+    streams = {proc.stdout.fileno(): ("stdout", capture.stdout), proc.stderr.fileno(): ("stderr", capture.stderr)}
+    streams[status_r] = ("status", capture.status)
+    selector = selectors.DefaultSelector()
+    try:
+        for fd in streams:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        selector.register(pidfd, selectors.EVENT_READ)
+        deadline = start + limits.wall_s
+        while len(selector.get_map()) > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                capture.timed_out = True
+                _kill_group(proc.pid)
+                break
+            for key, _ in selector.select(left):
+                fd = int(key.fd)
+                if fd == pidfd:
+                    capture.exited = True
+                    selector.unregister(pidfd)
+                    if kill_group_on_exit:
+                        _kill_group(proc.pid)  # children left behind would hold the pipes open
+                    continue
+                name, buffer = streams[fd]
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    selector.unregister(fd)
+                    continue
+                buffer += chunk
+                if name != "status" and len(buffer) > limits.output_bytes:
+                    del buffer[limits.output_bytes :]
+                    capture.overflow = name
+                    _kill_group(proc.pid)
+            if capture.overflow:
+                break
+        proc.wait()
+    finally:
+        selector.close()
+        os.close(pidfd)
+        proc.stdout.close()
+        proc.stderr.close()
+    return capture, proc.returncode
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL a process group; with bwrap its pid namespace, and every process in it, dies too."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # already gone
+
+
+def _signal_of(exit_code: int | None) -> int:
+    """The signal that ended the program: negative status (killed directly) or 128 + s (via bwrap)."""
+    if exit_code is None:
+        return 0
+    if exit_code < 0:
+        return -exit_code
+    if 128 < exit_code < 128 + signal.NSIG:
+        return exit_code - 128
+    return 0
+
+
+def _system_dir_args() -> list[str]:
+    """Mirror the host's /bin, /lib*... : a symlink stays a symlink (into /usr), a real dir is bound read-only."""
+    args: list[str] = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _prlimit_argv(prlimit: str, limits: SandboxLimits) -> list[str]:
+    """prlimit arguments: soft=hard for every limit except CPU, whose hard limit is one second later
+    (SIGXCPU first, so a CPU timeout is told apart from other kills)."""
+    return [
+        prlimit,
+        f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
+        f"--as={limits.memory_mb << 20}",
+        f"--nproc={limits.nproc}",
+        f"--nofile={limits.nofile}",
+        f"--fsize={limits.fsize_mb << 20}",
+        "--",
+    ]
+
+
+def _apply_rlimits(limits: SandboxLimits) -> None:
+    """The unsandboxed mode's limits. No RLIMIT_NPROC: outside a user namespace it would count
+    every process of the host user (and root is exempt anyway)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb << 20,) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile,) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize_mb << 20,) * 2)
+
+
+def _memfd(name: str, content: bytes, owned: list[int]) -> int:
+    """An anonymous in-memory file holding ``content``, positioned at its start."""
+    fd = os.memfd_create(f"asyncrl-{name}")
+    owned.append(fd)
+    view = memoryview(content)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _json_lines(data: bytes) -> list[dict[str, object]]:
+    """bwrap's --json-status-fd output: one JSON object per line."""
+    out: list[dict[str, object]] = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if line:
+            out.append(json.loads(line))
+    return out
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
