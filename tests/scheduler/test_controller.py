@@ -1,0 +1,210 @@
+"""The rollout controller's bookkeeping: staleness bound, weight pushes, exactly-once
+production across restarts, failure propagation.
+
+The generator and scorer here are small deterministic stand-ins for the edges (vLLM
+servers, reward pool); the controller, the gate and the storage are the real ones. The
+end-to-end tests run the same controller on real vLLM servers and the real reward pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.flows.scheduler import (
+    ControllerSettings,
+    PromptSchedule,
+    RolloutController,
+    group_index,
+    load_gate_state,
+)
+from asyncrl.storage.fs import open_root
+from asyncrl.storage.shards import ShardReader
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.data.loader import PromptRecord
+from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult
+from asyncrl.tasks.rollout.samples import SampleOutput, SampleTimings, UpdateStats
+
+RUN_ID = "run-test"
+
+
+class ScriptedGenerator:
+    """Answers each prompt with its own token ids reversed, after `delay_s`; groups whose
+    first prompt token is in `hang_on` never finish (they stay in flight)."""
+
+    def __init__(self, delay_s: float = 0.0, hang_on: frozenset[int] = frozenset(), fail_on: int | None = None):
+        self.current_version = 0
+        self.delay_s = delay_s
+        self.hang_on = hang_on
+        self.fail_on = fail_on
+        self.calls: list[list[int]] = []
+        self.updates: list[int] = []
+
+    async def generate_group(
+        self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
+        top_p: float = 1.0, *, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+    ) -> list[SampleOutput]:
+        self.calls.append(list(prompt_token_ids))
+        if self.fail_on is not None and len(self.calls) == self.fail_on:
+            raise ConnectionError("rollout server went away")
+        if prompt_token_ids[0] in self.hang_on:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.delay_s)
+        version = self.current_version
+        out = list(reversed(prompt_token_ids))[:max_new_tokens]
+        timings = SampleTimings(time.time(), time.time(), 0, 0, 1)
+        return [SampleOutput(out, [-0.5] * len(out), [version] * len(out), "stop", timings) for _ in range(n)]
+
+    async def update_weights(self, version: int, load: Callable[[Any], Any]) -> UpdateStats:
+        load(None)
+        self.updates.append(version)
+        self.current_version = version
+        return UpdateStats(version, "recompute", 0.01, {}, {}, 0)
+
+
+class ExactScorer:
+    async def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]:
+        return [
+            RewardResult(1.0 if r.response.strip() == str(r.reference) else 0.0, Reason.OK
+                         if r.response.strip() == str(r.reference) else Reason.WRONG_ANSWER)
+            for r in requests
+        ]
+
+
+class DigitCodec:
+    """Text <-> ids as character codes."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(chr(t) for t in token_ids)
+
+
+def records(n: int) -> list[PromptRecord]:
+    return [PromptRecord(prompt_id=f"p{i}", prompt=chr(65 + i % 26) + str(i), answer=str(i)[::-1] + chr(65 + i % 26),
+                         solution=None) for i in range(n)]
+
+
+def settings(**overrides: Any) -> ControllerSettings:
+    base = dict(run_id=RUN_ID, batch_groups=2, eta=1, n_samples=3, max_new_tokens=16, max_prompt_tokens=16,
+                shard_groups=2, shard_seconds=0.2, weight_poll_seconds=0.05, admit_poll_seconds=0.01)
+    base.update(overrides)
+    return ControllerSettings(**base)
+
+
+def controller(root_dir: Path, generator: ScriptedGenerator, loads: list[int] | None = None,
+               **overrides: Any) -> RolloutController:
+    loaded = loads if loads is not None else []
+    return RolloutController(
+        settings(**overrides), open_root(str(root_dir)), PromptSchedule(records(20), seed=0),
+        render=lambda r: r.prompt, codec=DigitCodec(), generator=generator, scorer=ExactScorer(),
+        weight_loader=lambda version: (lambda address: loaded.append(version)),
+    )
+
+
+def written_groups(root_dir: Path) -> list[int]:
+    reader = ShardReader(open_root(str(root_dir)), RUN_ID)
+    found: list[int] = []
+    for shard in reader.list_shards():
+        for group in reader.read_groups(shard):
+            assert len({s.group_id for s in group}) == 1
+            found.append(group_index(group[0].group_id))
+    return found
+
+
+async def run_for(ctrl: RolloutController, seconds: float) -> None:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(seconds, stop.set)
+    await ctrl.run(stop)
+
+
+def publish(root_dir: Path, version: int, tmp_path: Path) -> None:
+    weights = tmp_path / f"w{version}"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    (weights / "model.safetensors").write_bytes(b"\0" * 16)
+    WeightStore(open_root(str(root_dir))).publish(version, weights)
+
+
+def test_gate_holds_rollout_at_the_bound_until_a_new_version(tmp_path: Path) -> None:
+    root_dir = tmp_path / "run"
+    generator = ScriptedGenerator()
+    loads: list[int] = []
+    ctrl = controller(root_dir, generator, loads)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctrl.run(stop))
+        await asyncio.sleep(0.5)
+        # version 0, B = 2, eta = 1: at most (0 + 1 + 1) * 2 = 4 groups admitted
+        assert ctrl.stats.admitted == 4
+        publish(root_dir, 1, tmp_path)
+        await asyncio.sleep(0.5)
+        assert generator.updates == [1] and loads == [1]
+        assert ctrl.stats.admitted == 6
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert sorted(written_groups(root_dir)) == list(range(6))
+    versions = {s.token_versions[0] for shard in ShardReader(open_root(str(root_dir)), RUN_ID).list_shards()
+                for g in ShardReader(open_root(str(root_dir)), RUN_ID).read_groups(shard) for s in g}
+    assert versions == {0, 1}
+
+
+def test_rewards_and_prompts_reach_the_shards(tmp_path: Path) -> None:
+    root_dir = tmp_path / "run"
+    asyncio.run(run_for(controller(root_dir, ScriptedGenerator(), max_groups=4), 0.6))
+    reader = ShardReader(open_root(str(root_dir)), RUN_ID)
+    samples = [s for shard in reader.list_shards() for g in reader.read_groups(shard) for s in g]
+    assert len(samples) == 4 * 3
+    for sample in samples:
+        assert list(sample.output_token_ids) == list(reversed(sample.prompt_token_ids))
+        assert sample.reward == 1.0  # the scripted answer is the reversed prompt, as the records expect
+
+
+def test_restart_resubmits_unwritten_groups_without_new_admissions(tmp_path: Path) -> None:
+    root_dir = tmp_path / "run"
+    schedule = PromptSchedule(records(20), seed=0)
+    hang_first = frozenset({ord(schedule.record(k).prompt[0]) for k in (1,)})
+    first = controller(root_dir, ScriptedGenerator(hang_on=hang_first))
+    asyncio.run(run_for(first, 0.6))  # stopped while group 1 is still in flight
+    state = load_gate_state(open_root(str(root_dir)))
+    assert state is not None and state.admitted == 4
+    assert 1 not in written_groups(root_dir)
+
+    second_generator = ScriptedGenerator()
+    second = controller(root_dir, second_generator)
+    asyncio.run(run_for(second, 0.6))
+    assert second.stats.resubmitted_after_restart == 1
+    assert second.stats.admitted == 0  # the bound at version 0 was already reached
+    assert sorted(written_groups(root_dir)) == [0, 1, 2, 3]  # each exactly once
+    assert [call for call in second_generator.calls] == [
+        [ord(c) for c in schedule.record(1).prompt]
+    ]
+
+
+def test_a_failing_generator_fails_the_run_with_its_error(tmp_path: Path) -> None:
+    ctrl = controller(tmp_path / "run", ScriptedGenerator(fail_on=2))
+    with pytest.raises(ConnectionError, match="rollout server went away"):
+        asyncio.run(run_for(ctrl, 5.0))
+
+
+def test_oversized_prompt_is_refused_by_name(tmp_path: Path) -> None:
+    ctrl = controller(tmp_path / "run", ScriptedGenerator(), max_prompt_tokens=1)
+    with pytest.raises(ValueError, match="over data.max_prompt_tokens = 1"):
+        asyncio.run(run_for(ctrl, 5.0))
+
+
+def test_prompt_schedule_visits_every_prompt_once_per_epoch() -> None:
+    schedule = PromptSchedule(records(7), seed=3)
+    first_epoch = [schedule.record(k).prompt_id for k in range(7)]
+    second_epoch = [schedule.record(k).prompt_id for k in range(7, 14)]
+    assert sorted(first_epoch) == sorted(second_epoch) == sorted(f"p{i}" for i in range(7))
+    assert [PromptSchedule(records(7), seed=3).record(k).prompt_id for k in range(7)] == first_epoch
