@@ -33,6 +33,7 @@ LEDGER_DIR = "ledger"
 CHECKPOINTS_DIR = "checkpoints"
 SCHEDULER_DIR = "scheduler"
 SCHEDULER_STATE = f"{SCHEDULER_DIR}/state.json"
+ROLLOUT_SERVERS_DIR = "rollout/servers"
 
 _SHARD_RE = re.compile(r"^shard-(\d{8,})-v(\d{6,})-v(\d{6,})\.arrow$")
 _SEQ_CLAIM_RE = re.compile(r"^(\d{8,})$")

