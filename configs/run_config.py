@@ -118,14 +118,38 @@ class TrackingConfig(StrictModel):
     experiment: str = Field("asyncrl", min_length=1)
 
 
+class SyntheticDataConfig(StrictModel):
+    n_train: int = Field(4000, ge=1)
+    n_heldout: int = Field(200, ge=1)
+
+
+class PipelineConfig(StrictModel):
+    init_tiny_model: bool = False
+    """Write the tiny Qwen2 model at model.path when nothing is there (demo, tests)."""
+    synthetic_data: SyntheticDataConfig | None = None
+    """Write the synthetic arithmetic task at data.train_path / data.eval_path when absent."""
+    sft_steps: int = Field(0, ge=0)
+    """Warm-start SFT updates on the reference solutions before RL (0 skips the stage)."""
+    sft_batch_size: int = Field(16, ge=1)
+    eval_samples: int = Field(4, ge=1)
+    """Samples per held-out prompt for pass@1."""
+    eval_prompts: int | None = Field(None, ge=1)
+    """Evaluate on the first this many held-out prompts (None: all)."""
+    registered_model: str = Field("asyncrl-policy", min_length=1)
+    """MLflow Model Registry name the best version is registered under."""
+
+
 class RunConfig(StrictModel):
     name: str = Field("asyncrl-run", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     seed: int = Field(0, ge=0)
+    work_dir: str = "runs"
+    """Local scratch root: logs, caches and metrics of this run go under `<work_dir>/<name>/`."""
     model: ModelConfig
     data: DataConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     storage: StorageConfig
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
@@ -139,6 +163,8 @@ class RunConfig(StrictModel):
             )
         if self.trainer.advantage == "rloo" and self.rollout.n_samples < 2:
             raise ValueError("trainer.advantage: 'rloo' needs rollout.n_samples >= 2 (leave-one-out baseline)")
+        if self.pipeline.synthetic_data is None and self.data.eval_path is None and self.pipeline.eval_prompts:
+            raise ValueError("pipeline.eval_prompts: set data.eval_path to evaluate")
         if self.trainer.mini_batches > self.trainer.batch_groups:
             raise ValueError(
                 f"trainer.mini_batches: {self.trainer.mini_batches} exceeds trainer.batch_groups "

@@ -42,6 +42,33 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    config = load_config(args.config, args.overrides)
+    from asyncrl.flows.progress import live_progress
+    from asyncrl.flows.pipeline_flow import pipeline
+
+    with live_progress(config):
+        summary = pipeline(config)
+    print_summary(summary)
+    return 0
+
+
+def print_summary(summary: dict[str, object]) -> None:
+    def pct(value: object) -> str:
+        return "n/a" if value is None else f"{100 * float(value):.1f}%"  # type: ignore[arg-type]
+
+    print(f"held-out pass@1: {pct(summary['pass_at_1_before'])} before RL -> {pct(summary['pass_at_1_after'])} after")
+    print(f"steps: {summary['steps']} (final weight version {summary['final_version']})")
+    print(f"wall time: {float(summary['wall_s']):.0f} s (RL {float(summary['train_wall_s']):.0f} s)")  # type: ignore[arg-type]
+    print(f"MLflow: {summary['mlflow_uri']} run {summary['mlflow_run_id']}")
+    if summary.get("registered_model"):
+        print(f"registered: models:/{summary['registered_model']}@best (version {summary['registered_model_version']})")
+    print(f"storage: {summary['storage_root']} (summary.json there)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl",
@@ -68,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("config", help="YAML run config")
     show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides such as trainer.batch_groups=4")
     show.set_defaults(handler=cmd_config_show)
+
+    run = commands.add_parser("run", help="run the pipeline locally: data, SFT warm start, async RL, eval, register")
+    run.add_argument("config", help="YAML run config, e.g. configs/demo.yaml")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides such as trainer.max_steps=4")
+    run.set_defaults(handler=cmd_run)
 
     add_reward_commands(commands)
     bench = commands.add_parser("bench", help="benchmarks that print figures (table and JSON)")

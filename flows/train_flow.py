@@ -1,0 +1,304 @@
+"""The `train` flow: rollout servers, reward pool, trainer and scheduler run together as
+long-lived concurrent tasks until the trainer has done `trainer.max_steps` steps.
+
+If any component fails, the others are stopped (process groups killed) and the run
+fails with that component's error; a cancelled run leaves no process behind (every
+supervisor kills its process group in a `finally`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from asyncrl.configs.loading import public_dict
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.flows.lineage_recorder import LineageRecorder, file_ref
+from asyncrl.flows.run_setup import RunPaths, prepare_run
+from asyncrl.flows.scheduler import ControllerSettings, ControllerStats, PromptSchedule, RolloutController
+from asyncrl.storage.lineage import RunLineage
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.data.loader import PromptRecord, load_prompts
+from asyncrl.tasks.data.prompting import render_prompt
+from asyncrl.tasks.reward.pool import RewardPool
+from asyncrl.tasks.rollout.client import RolloutClient
+from asyncrl.tasks.rollout.prefect_tasks import supervise_rollout_server
+from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
+from asyncrl.tasks.rollout.weight_sync import update_server_weights
+from asyncrl.tasks.trainer.process import TrainerLaunch, supervise_trainer
+
+
+class ComponentFailed(RuntimeError):
+    """A component of the run failed; the message names it and carries its error."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: int
+    final_version: int
+    wall_s: float
+    mlflow_run_id: str
+    logged_models: dict[int, str]
+    scheduler: dict[str, float]
+
+
+class HFCodec:
+    """Prompt text <-> token ids with the model's own tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+
+def load_codec(model_dir: str) -> tuple[HFCodec, tuple[int, ...]]:
+    """The tokenizer and the stop token ids (eos of the tokenizer and generation config)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    stop: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        stop.add(int(tokenizer.eos_token_id))
+    try:
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        eos = None
+    stop.update([eos] if isinstance(eos, int) else list(eos or []))
+    return HFCodec(tokenizer), tuple(sorted(stop))
+
+
+def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int]:
+    """The weights the rollout servers start with: the newest published version (a resumed
+    run, or the SFT warm start of the pipeline), else `model.path` as version 0."""
+    store = WeightStore(paths.root)
+    latest = store.latest()
+    if latest is None:
+        return Path(config.model.path), 0
+    target = paths.work_dir / "serving" / f"v{latest}"
+    if not (target / "config.json").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        store.download(latest, target)
+    return target, latest
+
+
+def server_configs(config: RunConfig, paths: RunPaths, model_dir: Path) -> list[RolloutServerConfig]:
+    rollout = config.rollout
+    return [
+        RolloutServerConfig(
+            model_dir=model_dir,
+            host=rollout.host,
+            port=0 if rollout.base_port == 0 else rollout.base_port + index,
+            api_key=None if rollout.api_key is None else rollout.api_key.get_secret_value(),
+            kv_cache_gib=rollout.kv_cache_gib,
+            max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
+            seed=config.seed + index,
+            log_path=paths.log(f"rollout-{index}.log"),
+        )
+        for index in range(rollout.num_servers)
+    ]
+
+
+def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_groups: int | None) -> ControllerSettings:
+    rollout = config.rollout
+    return ControllerSettings(
+        run_id=config.name,
+        batch_groups=config.trainer.batch_groups,
+        eta=rollout.eta,
+        n_samples=rollout.n_samples,
+        max_new_tokens=rollout.max_new_tokens,
+        max_prompt_tokens=config.data.max_prompt_tokens,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        stop_token_ids=stop_token_ids,
+        shard_groups=rollout.shard_groups,
+        shard_seconds=rollout.shard_seconds,
+        weight_poll_seconds=rollout.weight_poll_seconds,
+        seed=config.seed,
+        max_groups=max_groups,
+    )
+
+
+def run_scheduler(
+    config: RunConfig,
+    paths: RunPaths,
+    handles: list[RolloutServerHandle],
+    pool: RewardPool,
+    prompts: list[PromptRecord],
+    stop: threading.Event,
+    initial_version: int,
+) -> ControllerStats:
+    """The rollout controller on its own event loop, until `stop` is set."""
+    codec, stop_ids = load_codec(config.model.path)
+    options = dict(config.storage.options)
+
+    def loader(version: int) -> Callable[[RolloutServerHandle], Any]:
+        cache = str(paths.work_dir / "weights-cache")
+        return lambda handle: update_server_weights(handle, config.storage.root, options, version, cache_dir=cache)
+
+    async def main() -> ControllerStats:
+        stop_async = asyncio.Event()
+
+        async def relay_stop() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.2)
+            stop_async.set()
+
+        relay = asyncio.create_task(relay_stop())
+        try:
+            async with RolloutClient(
+                handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version
+            ) as client:
+                controller = RolloutController(
+                    controller_settings(config, stop_ids, max_groups=None),
+                    paths.root,
+                    PromptSchedule(prompts, seed=config.seed),
+                    render=lambda record: render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer),
+                    codec=codec,
+                    generator=client,
+                    scorer=pool,
+                    weight_loader=loader,
+                )
+                return await controller.run(stop_async)
+        finally:
+            relay.cancel()
+
+    return asyncio.run(main())
+
+
+class RunSupervisor:
+    """Runs the components in threads; the first failure stops all of them."""
+
+    def __init__(self, max_workers: int) -> None:
+        self.stop = threading.Event()
+        self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="asyncrl")
+        self.futures: dict[Future[Any], str] = {}
+
+    def start(self, name: str, work: Callable[[], Any]) -> Future[Any]:
+        future = self.executor.submit(work)
+        self.futures[future] = name
+        return future
+
+    def raise_first_failure(self) -> None:
+        for future, name in self.futures.items():
+            if future.done() and future.exception() is not None and not self.stop.is_set():
+                raise ComponentFailed(f"{name} failed: {future.exception()}") from future.exception()
+
+    def wait_any_failure(self, until: Future[Any], poll_s: float = 1.0, on_poll: Callable[[], None] | None = None) -> Any:
+        """Wait for `until`; raise as soon as any component fails."""
+        while True:
+            wait(list(self.futures), timeout=poll_s, return_when=FIRST_EXCEPTION)
+            for future, name in self.futures.items():
+                if future.done() and future.exception() is not None:
+                    raise ComponentFailed(f"{name} failed: {future.exception()}") from future.exception()
+            if on_poll is not None:
+                on_poll()
+            if until.done():
+                return until.result()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def train_run(config: RunConfig, lineage: RunLineage | None = None, progress: Callable[[int, int], None] | None = None) -> TrainResult:
+    """The whole asynchronous RL run, as plain Python (the flow below wraps it)."""
+    started = time.monotonic()
+    paths = prepare_run(config)
+    prompts = load_prompts(config.data.train_path)
+    lineage = lineage or RunLineage.start(
+        config.tracking.mlflow_uri, config.tracking.experiment, config.name, public_dict(config)
+    )
+    lineage.log_dataset(file_ref(config.data.train_path, Path(config.data.train_path).name))
+    metrics_file = paths.work_dir / "trainer-metrics.jsonl"
+    recorder = LineageRecorder(lineage, paths.root, metrics_file)
+    supervisor = RunSupervisor(max_workers=config.rollout.num_servers + 3)
+    handles: list[RolloutServerHandle | None] = [None] * config.rollout.num_servers
+    ready = [threading.Event() for _ in handles]
+    try:
+        with RewardPool(config.reward) as pool:
+            model_dir, initial_version = serving_weights(config, paths)
+            for index, server_config in enumerate(server_configs(config, paths, model_dir)):
+                def on_ready(handle: RolloutServerHandle, index: int = index) -> None:
+                    handles[index] = handle
+                    ready[index].set()
+
+                supervisor.start(
+                    f"rollout server {index}",
+                    lambda c=server_config, i=index, cb=on_ready: supervise_rollout_server(
+                        c, config.storage.root, config.storage.options, f"server-{i}",
+                        poll_interval_s=2.0, stop=supervisor.stop, on_ready=cb,
+                    ),
+                )
+            launch = TrainerLaunch(
+                config_path=paths.private_config,
+                log_path=paths.log("trainer.log"),
+                mode="rl",
+                work_dir=paths.work_dir / "trainer",
+                metrics_file=metrics_file,
+            )
+            trainer = supervisor.start("trainer", lambda: supervise_trainer(launch, stop=supervisor.stop))
+            while not all(event.is_set() for event in ready):
+                supervisor.raise_first_failure()
+                time.sleep(0.5)
+            supervisor.start(
+                "scheduler",
+                lambda: run_scheduler(
+                    config, paths, [h for h in handles if h is not None], pool, prompts, supervisor.stop, initial_version
+                ),
+            )
+
+            def poll() -> None:
+                recorder.poll()
+                if progress is not None and recorder.metrics_by_step:
+                    progress(max(recorder.metrics_by_step), config.trainer.max_steps)
+
+            supervisor.wait_any_failure(trainer, on_poll=poll)
+            recorder.poll()
+    except BaseException:
+        lineage.end("FAILED")
+        raise
+    finally:
+        supervisor.shutdown()
+    scheduler_stats = next(
+        (f.result().summary() for f, name in supervisor.futures.items() if name == "scheduler" and f.exception() is None),
+        {},
+    )
+    lineage.log_metrics(config.trainer.max_steps, {f"rollout_{k}": v for k, v in scheduler_stats.items()})
+    lineage.end()
+    final_version = max(recorder.logged_versions) if recorder.logged_versions else 0
+    return TrainResult(
+        steps=max(recorder.metrics_by_step) if recorder.metrics_by_step else 0,
+        final_version=final_version,
+        wall_s=time.monotonic() - started,
+        mlflow_run_id=lineage.run_id,
+        logged_models=dict(recorder.logged_versions),
+        scheduler=scheduler_stats,
+    )
+
+
+@flow(name="train", log_prints=True)
+def train(config: RunConfig) -> dict[str, Any]:
+    """Asynchronous RL: rollout servers, reward pool, trainer and scheduler until
+    `trainer.max_steps` steps are trained. Parameters are the validated run config."""
+    logger = get_run_logger()
+    result = train_run(config, progress=lambda step, total: logger.info("step %d/%d", step, total))
+    logger.info("trained %d steps to version %d in %.0f s", result.steps, result.final_version, result.wall_s)
+    return {
+        "steps": result.steps,
+        "final_version": result.final_version,
+        "wall_s": result.wall_s,
+        "mlflow_run_id": result.mlflow_run_id,
+    }

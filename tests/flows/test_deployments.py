@@ -1,0 +1,51 @@
+"""prefect.yaml: every deployment points at a real flow, and its parameters pass that
+flow's validation (the same the Prefect UI form and `prefect deploy` apply)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.configs.run_config import RunConfig
+
+REPO = Path(__file__).resolve().parents[2]
+PREFECT_YAML = yaml.safe_load((REPO / "prefect.yaml").read_text())
+DEPLOYMENTS = {d["name"]: d for d in PREFECT_YAML["deployments"]}
+
+
+def load_flow(entrypoint: str):  # noqa: ANN201 - a prefect Flow
+    """Load the flow the way a Prefect worker does: by file path from the repository root."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    return load_flow_from_entrypoint(str(REPO / entrypoint))
+
+
+def test_expected_deployments() -> None:
+    assert set(DEPLOYMENTS) >= {"train", "train-nightly", "evaluate", "pipeline"}
+    assert DEPLOYMENTS["train-nightly"]["schedules"][0]["cron"]
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_entrypoint_is_a_flow_and_parameters_validate(name: str) -> None:
+    from prefect import Flow
+
+    deployment = DEPLOYMENTS[name]
+    flow = load_flow(deployment["entrypoint"])
+    assert isinstance(flow, Flow)
+    parameters = deployment.get("parameters", {})
+    flow.validate_parameters(parameters)  # raises on a missing or mistyped parameter
+    RunConfig.model_validate(parameters["config"])
+    schema = flow.parameters.model_dump()
+    assert "config" in schema["properties"]
+
+
+def test_a_bad_parameter_is_refused_by_name() -> None:
+    from prefect.exceptions import ParameterTypeError
+
+    flow = load_flow(DEPLOYMENTS["train"]["entrypoint"])
+    bad = dict(DEPLOYMENTS["train"]["parameters"]["config"])
+    bad["trainer"] = {**bad["trainer"], "batch_groups": 0}
+    with pytest.raises(ParameterTypeError, match="batch_groups"):
+        flow.validate_parameters({"config": bad})
