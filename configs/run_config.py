@@ -100,7 +100,8 @@ class TrainerConfig(StrictModel):
     micro_batch_tokens: int = Field(4096, ge=1)
     """Token budget of one micro-batch (dynamic micro-batching)."""
     packer: Literal["ffd"] = "ffd"
-    zero_stage: Literal[0, 1, 2, 3] = 1
+    zero_stage: Literal[0, 1, 2] = 1
+    """DeepSpeed ZeRO stage (3 is not supported: publishing reads full parameters)."""
     checkpoint_every: int = Field(5, ge=1)
     max_staleness: int | None = Field(None, ge=0)
     """Drop samples staler than this (default: rollout.eta)."""

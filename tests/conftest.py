@@ -1,9 +1,48 @@
-"""Session-wide settings for the test suite."""
+"""Session-wide settings and shared servers of the test suite.
+
+One SeaweedFS, one moto server and one tiny model per test session; the rollout tests
+share one vLLM server (see tests/support/vllm_server.py). Helpers live in tests/support
+(on pytest's pythonpath).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3_servers
 
 # Prefect must not try to reach its telemetry service from an offline machine.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def aws_env() -> Iterator[None]:
+    with s3_servers.aws_test_env():
+        yield
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(aws_env: None) -> Iterator[Any]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with s3_servers.moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint(aws_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with s3_servers.seaweedfs_server(tmp_path_factory.mktemp("seaweedfs")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 model, written once per session (tests must not modify it)."""
+    from asyncrl.tasks.model.tiny import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny", seed=0)

@@ -15,11 +15,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+
 from typing import Any
 
 import httpx
 import pytest
+import s3_servers
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.rollout.prefect_tasks import supervise_rollout_server
@@ -244,14 +245,13 @@ def test_unknown_version_is_a_clear_error_and_server_survives(live: LiveServer, 
 
 
 def test_load_version_from_seaweedfs(
-    live: LiveServer, weight_variants: dict[int, Path], s3_servers: ModuleType, tmp_path: Path
+    live: LiveServer, weight_variants: dict[int, Path], seaweedfs_endpoint: Any
 ) -> None:
-    with s3_servers.aws_test_env(), s3_servers.seaweedfs_server(tmp_path / "weed") as endpoint:
-        bucket = s3_servers.create_bucket(endpoint)
-        root_uri = f"s3://{bucket}/run"
-        options = s3_servers.storage_options(endpoint)
-        WeightStore(open_root(root_uri, dict(options))).publish(2, weight_variants[2])
-        report = update_server_weights(live.handle, root_uri, options, 2, cache_dir=str(live.cache_dir))
+    bucket = s3_servers.create_bucket(seaweedfs_endpoint)
+    root_uri = f"s3://{bucket}/run"
+    options = s3_servers.storage_options(seaweedfs_endpoint)
+    WeightStore(open_root(root_uri, dict(options))).publish(2, weight_variants[2])
+    report = update_server_weights(live.handle, root_uri, options, 2, cache_dir=str(live.cache_dir))
     assert report.workers[0].version == 2 and not report.workers[0].cached
     assert report.workers[0].model_sha256 == file_tensor_sha(weight_variants[2], "model.embed_tokens.weight")
     assert server_weight_version(live.handle) == 2

@@ -2,39 +2,22 @@
 
 ``root`` is parametrised over a local directory, a moto S3 server and a real
 SeaweedFS server (session-scoped servers, a fresh bucket per test). The server
-code lives in ``s3_servers.py`` (plain context managers, reusable elsewhere).
+code lives in ``tests/support/s3_servers.py`` (plain context managers, reusable elsewhere).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import logging
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import s3_servers
 
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.schema import Sample
 
-
-def _load_sibling(module_name: str, file_name: str) -> ModuleType:
-    """Import ``file_name`` next to this conftest (tests are not a package under importlib mode)."""
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(file_name))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-s3_servers = _load_sibling("asyncrl_tests_s3_servers", "s3_servers.py")
 
 BACKENDS = ("local", "moto", "seaweedfs")
 
@@ -50,25 +33,6 @@ class RootSpec:
     def open(self) -> RunRoot:
         """A new :class:`RunRoot` (on S3 with its own filesystem instance)."""
         return open_root(self.uri, dict(self.options))
-
-
-@pytest.fixture(scope="session")
-def aws_env() -> Iterator[None]:
-    with s3_servers.aws_test_env():
-        yield
-
-
-@pytest.fixture(scope="session")
-def moto_endpoint(aws_env: None) -> Iterator[Any]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with s3_servers.moto_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="session")
-def seaweedfs_endpoint(aws_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with s3_servers.seaweedfs_server(tmp_path_factory.mktemp("seaweedfs")) as endpoint:
-        yield endpoint
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,0 +1,187 @@
+"""``asyncrl bench trainer``: dynamic micro-batching versus fixed-count padded micro-batches.
+
+Both variants run the same PPO update (DeepSpeed engine, forward + backward + optimizer
+step) on the same long-tailed batch of sequences:
+
+- ``packed``: first-fit-decreasing packing under a token budget, packed rows, no padding;
+- ``fixed``: consecutive groups of ``fixed_count`` sequences, each right-padded to its longest.
+
+Reported per variant: micro-batches, real tokens, positions computed (padding included),
+packing efficiency (:func:`packing_efficiency`: real tokens over the budget per packed
+micro-batch, over count x longest per fixed one), seconds per update and trained tokens/s
+(real tokens per second of update).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.tasks.trainer.packing import fixed_count_micro_batches, get_packer, packing_efficiency
+
+if TYPE_CHECKING:
+    from asyncrl.tasks.trainer.engine import TrainEngine
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    sequences: int = 64
+    min_len: int = 16
+    max_len: int = 512
+    alpha: float = 1.2
+    budget: int = 1024
+    fixed_count: int = 8
+    repeats: int = 2
+    prompt_len: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.min_len <= self.max_len <= self.budget:
+            raise ValueError(
+                f"bench: need 2 <= min_len <= max_len <= budget, got {self.min_len}, {self.max_len}, {self.budget}"
+            )
+        if self.prompt_len >= self.min_len:
+            raise ValueError(f"bench: prompt_len {self.prompt_len} must be below min_len {self.min_len}")
+        for name in ("sequences", "fixed_count", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"bench: {name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    variant: str
+    micro_batches: int
+    real_tokens: int
+    computed_positions: int
+    packing_efficiency: float
+    seconds_per_update: float
+    tokens_per_s: float
+
+
+def long_tailed_lengths(n: int, min_len: int, max_len: int, seed: int, alpha: float = 1.2) -> list[int]:
+    """Pareto-tailed sequence lengths, like reasoning-model generations.
+
+        L_i = min(max_len, floor(min_len * U_i ** (-1 / alpha))),  U_i ~ Uniform(0, 1]
+
+    so P(L > x) = (min_len / x) ** alpha up to the cap; deterministic in ``seed``.
+    """
+    rng = random.Random(seed)
+    return [min(max_len, math.floor(min_len * (1.0 - rng.random()) ** (-1.0 / alpha))) for _ in range(n)]
+
+
+def _items(settings: BenchSettings, vocab_size: int) -> list[Any]:
+    import torch
+
+    from asyncrl.tasks.trainer.batch import TokenSequence
+    from asyncrl.tasks.trainer.step import TrainItem
+
+    rng = random.Random(settings.seed + 1)
+    items = []
+    lengths = long_tailed_lengths(settings.sequences, settings.min_len, settings.max_len, settings.seed, settings.alpha)
+    for k, length in enumerate(lengths):
+        prompt = tuple(rng.randrange(vocab_size) for _ in range(settings.prompt_len))
+        output = tuple(rng.randrange(vocab_size) for _ in range(length - settings.prompt_len))
+        behav = torch.tensor([-rng.uniform(0.5, 6.0) for _ in output], dtype=torch.float32)
+        items.append(TrainItem(TokenSequence(prompt, output), behav, 1.0 if k % 2 else -1.0, group=k))
+    return items
+
+
+def run_trainer_bench(engine: TrainEngine, settings: BenchSettings) -> list[BenchRow]:
+    """Time ``repeats`` PPO updates per variant (after one warm-up update each)."""
+    from asyncrl.tasks.trainer.batch import build_micro_batches
+    from asyncrl.tasks.trainer.step import RLSettings, UpdateStats, ppo_update
+
+    items = _items(settings, engine.vocab_size)
+    sequences = [item.sequence for item in items]
+    lengths = [len(s) for s in sequences]
+    rl = RLSettings(objective="standard", micro_batch_tokens=settings.budget)
+    variants = {
+        "packed": (get_packer("ffd")(lengths, settings.budget), "packed", settings.budget),
+        "fixed": (fixed_count_micro_batches(lengths, settings.fixed_count), "padded", None),
+    }
+    rows = []
+    for name, (groups, layout, budget) in variants.items():
+        batches = build_micro_batches(sequences, groups, layout)  # type: ignore[arg-type]
+        ppo_update(engine, items, None, batches, rl, UpdateStats())  # warm-up
+        started = time.perf_counter()
+        for _ in range(settings.repeats):
+            ppo_update(engine, items, None, batches, rl, UpdateStats())
+        seconds = (time.perf_counter() - started) / settings.repeats
+        real = sum(lengths)
+        rows.append(
+            BenchRow(
+                variant=name,
+                micro_batches=len(batches),
+                real_tokens=real,
+                computed_positions=sum(b.slots for b in batches),
+                packing_efficiency=packing_efficiency(lengths, groups, budget),
+                seconds_per_update=seconds,
+                tokens_per_s=real / seconds,
+            )
+        )
+    return rows
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    header = f"{'variant':<8} {'micro':>6} {'tokens':>8} {'computed':>9} {'pack eff':>9} {'s/update':>9} {'tokens/s':>10}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r.variant:<8} {r.micro_batches:>6} {r.real_tokens:>8} {r.computed_positions:>9} "
+            f"{r.packing_efficiency:>9.3f} {r.seconds_per_update:>9.3f} {r.tokens_per_s:>10.0f}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_bench_trainer(args: argparse.Namespace) -> int:
+    from asyncrl.configs.run_config import OptimizerConfig
+    from asyncrl.tasks.model.tiny import write_tiny_model
+    from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
+
+    settings = BenchSettings(
+        sequences=args.sequences,
+        min_len=args.min_len,
+        max_len=args.max_len,
+        budget=args.budget,
+        fixed_count=args.fixed_count,
+        repeats=args.repeats,
+        seed=args.seed,
+    )
+    model_dir = Path(args.model) if args.model else write_tiny_model(Path(tempfile.mkdtemp(prefix="asyncrl-bench-")) / "tiny")
+    engine = build_engine(model_dir, EngineSettings(optimizer=OptimizerConfig(lr=1e-5), zero_stage=args.zero_stage))
+    rows = run_trainer_bench(engine, settings)
+    print(format_table(rows))
+    packed, fixed = rows
+    speedup = packed.tokens_per_s / fixed.tokens_per_s
+    print(f"dynamic micro-batching: {speedup:.2f}x the tokens/s of fixed-count micro-batches")
+    result = {"settings": asdict(settings), "model": str(model_dir), "rows": [asdict(r) for r in rows], "speedup": speedup}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def add_trainer_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register ``trainer`` on a ``bench`` sub-command's subparsers (handler in ``handler``)."""
+    parser = subparsers.add_parser(
+        "trainer", help="trained tokens/s and packing efficiency: dynamic vs fixed-count micro-batches"
+    )
+    defaults = BenchSettings()
+    parser.add_argument("--model", default=None, help="HF model directory (default: a fresh tiny Qwen2)")
+    parser.add_argument("--sequences", type=int, default=defaults.sequences)
+    parser.add_argument("--min-len", type=int, default=defaults.min_len)
+    parser.add_argument("--max-len", type=int, default=defaults.max_len)
+    parser.add_argument("--budget", type=int, default=defaults.budget, help="micro-batch token budget")
+    parser.add_argument("--fixed-count", type=int, default=defaults.fixed_count, help="sequences per fixed micro-batch")
+    parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2))
+    parser.add_argument("--json", default=None, help="also write the result as JSON here")
+    parser.set_defaults(handler=cmd_bench_trainer)
+    return parser

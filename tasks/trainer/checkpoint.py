@@ -1,0 +1,167 @@
+"""Trainer checkpoints in the run root: DeepSpeed state of one step, published atomically.
+
+``checkpoints/step-{step:08d}/`` holds the files DeepSpeed writes for one tag (module,
+optimizer and scheduler state) and, written last with put-if-absent, a ``_COMPLETE``
+manifest naming every file with its size plus the trainer state (steps done, weight
+version of the parameters). A checkpoint without its manifest is an interrupted save and
+is ignored (and replaced if the same step is saved again).
+
+DeepSpeed saves and loads local directories, so files go through ``work_dir``; with
+several ranks every rank writes its own shard of the state to the same local directory
+(one node) and rank 0 uploads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.storage import fs, paths
+from asyncrl.storage.fs import RunRoot
+from asyncrl.tasks.trainer.engine import TrainEngine
+
+CHECKPOINT_COMPLETE = "_COMPLETE"
+CHECKPOINT_FORMAT = 1
+_CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded; the message names it."""
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """The trainer state a checkpoint carries next to DeepSpeed's."""
+
+    step: int
+    """Training steps done (ledger entries 1..step are in these parameters)."""
+    version: int
+    """Weight version these parameters were published as."""
+
+
+def _marker(step: int) -> str:
+    return paths.join(paths.checkpoint_dir(step), CHECKPOINT_COMPLETE)
+
+
+def _tag(step: int) -> str:
+    return paths.checkpoint_dir(step).rsplit("/", 1)[-1]
+
+
+def _parse_name(name: str) -> int | None:
+    match = _CHECKPOINT_NAME.match(name)
+    if match is None:
+        return None
+    step = int(match.group(1))
+    return step if _tag(step) == name else None
+
+
+def complete_checkpoints(root: RunRoot) -> list[int]:
+    """Steps with a complete checkpoint, ascending."""
+    steps = [_parse_name(name) for name in fs.list_dir(root, paths.CHECKPOINTS_DIR)]
+    return sorted(s for s in steps if s is not None and fs.exists(root, _marker(s)))
+
+
+def read_manifest(root: RunRoot, step: int) -> dict[str, Any]:
+    """The ``_COMPLETE`` manifest of checkpoint ``step``; :class:`CheckpointError` if corrupt."""
+    source = root.display(_marker(step))
+    raw = fs.read_bytes(root, _marker(step))
+    try:
+        manifest = json.loads(raw)
+        files = manifest["files"]
+        state = CheckpointState(step=int(manifest["step"]), version=int(manifest["version"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{source}: corrupt checkpoint manifest ({exc})") from None
+    if state.step != step or not isinstance(files, dict) or not files:
+        raise CheckpointError(f"{source}: manifest names step {state.step} and {len(files)} files")
+    return manifest
+
+
+def latest_checkpoint(root: RunRoot) -> CheckpointState | None:
+    """State of the newest complete checkpoint, or None."""
+    steps = complete_checkpoints(root)
+    if not steps:
+        return None
+    manifest = read_manifest(root, steps[-1])
+    return CheckpointState(step=int(manifest["step"]), version=int(manifest["version"]))
+
+
+def save_checkpoint(root: RunRoot, engine: TrainEngine, state: CheckpointState, work_dir: Path) -> None:
+    """Save the engine's full training state as checkpoint ``state.step`` (then its manifest)."""
+    import torch.distributed as dist
+
+    local = Path(work_dir) / "checkpoint-save"
+    tag = _tag(state.step)
+    if engine.rank == 0:
+        shutil.rmtree(local, ignore_errors=True)
+    if dist.is_initialized():
+        dist.barrier()
+    engine.ds.save_checkpoint(str(local), tag=tag, client_state={"asyncrl": vars(state)}, save_latest=False)
+    if dist.is_initialized():
+        dist.barrier()
+    if engine.rank != 0:
+        return
+    tag_dir = local / tag
+    files = {p.relative_to(tag_dir).as_posix(): p for p in sorted(tag_dir.rglob("*")) if p.is_file()}
+    if not files:
+        raise CheckpointError(f"DeepSpeed wrote no files for checkpoint {tag} under {tag_dir}")
+    fs.delete_tree(root, paths.checkpoint_dir(state.step))  # leftovers of an interrupted save
+    for relname, path in files.items():
+        fs.upload_file(root, path, paths.join(paths.checkpoint_dir(state.step), relname))
+    manifest = {
+        "format": CHECKPOINT_FORMAT,
+        "step": state.step,
+        "version": state.version,
+        "saved_at": time.time(),
+        "files": {relname: path.stat().st_size for relname, path in files.items()},
+    }
+    fs.put_if_absent(root, _marker(state.step), json.dumps(manifest).encode())
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def load_checkpoint(root: RunRoot, engine: TrainEngine, step: int, work_dir: Path) -> CheckpointState:
+    """Restore module, optimizer and scheduler state from complete checkpoint ``step``."""
+    manifest = read_manifest(root, step)
+    tag = _tag(step)
+    local = Path(work_dir) / "checkpoint-load"
+    shutil.rmtree(local, ignore_errors=True)
+    for relname, size in manifest["files"].items():
+        target = local / tag / relname
+        fs.download_file(root, paths.join(paths.checkpoint_dir(step), relname), target)
+        if target.stat().st_size != size:
+            raise CheckpointError(
+                f"{root.display(paths.join(paths.checkpoint_dir(step), relname))}: "
+                f"{target.stat().st_size} bytes, manifest says {size}"
+            )
+    load_path, _ = engine.ds.load_checkpoint(
+        str(local), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    if load_path is None:
+        raise CheckpointError(f"DeepSpeed could not load checkpoint {root.display(paths.checkpoint_dir(step))}")
+    shutil.rmtree(local, ignore_errors=True)
+    return CheckpointState(step=int(manifest["step"]), version=int(manifest["version"]))
+
+
+def prune_checkpoints(root: RunRoot, keep: int) -> list[int]:
+    """Delete all but the ``keep`` newest complete checkpoints (manifest first); return deleted steps.
+
+    Incomplete checkpoint directories older than the newest complete one go too.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    complete = complete_checkpoints(root)
+    kept = set(complete[-keep:])
+    newest = complete[-1] if complete else -1
+    deleted = []
+    for name in fs.list_dir(root, paths.CHECKPOINTS_DIR):
+        step = _parse_name(name)
+        if step is None or step in kept or step > newest:
+            continue
+        fs.delete(root, _marker(step), missing_ok=True)
+        fs.delete_tree(root, paths.checkpoint_dir(step))
+        deleted.append(step)
+    return sorted(deleted)

@@ -1,0 +1,210 @@
+"""DeepSpeed setup of the trainer: process group, model, optimizer, HF-format export.
+
+One :class:`TrainEngine` holds the DeepSpeed engine of the policy and the facts the
+rest of the trainer needs (vocabulary size, tokenizer). Gradient accumulation is
+*unmanaged* (``managed_gradient_accumulation: false``): every ``backward`` adds to the
+gradients and every ``step`` is an optimizer update, so a mini-batch may have any
+number of dynamic micro-batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from asyncrl.configs.run_config import OptimizerConfig
+
+if TYPE_CHECKING:
+    import torch
+    from deepspeed import DeepSpeedEngine
+    from transformers import PreTrainedTokenizerBase
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+SUPPORTED_ZERO_STAGES = (0, 1, 2)
+# Copied byte for byte from the source model directory: re-serialising a tokenizer through
+# transformers can rewrite its files (e.g. add a pre-tokenizer), which vLLM would then load.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+DIST_ENV_DEFAULTS = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What building the engine needs besides the model directory."""
+
+    optimizer: OptimizerConfig
+    zero_stage: int = 1
+    dtype: Dtype = "float32"
+    attn_implementation: str = "sdpa"
+    """transformers attention kernel; packed sequences are isolated by position_ids, which
+    sdpa, eager and flash_attention_2 all honour."""
+    seed: int = 0
+
+
+@dataclass
+class TrainEngine:
+    """The DeepSpeed engine of the policy and the facts derived from its model."""
+
+    ds: DeepSpeedEngine
+    tokenizer: PreTrainedTokenizerBase
+    vocab_size: int
+    model_dir: Path
+    """Directory the weights were first loaded from (its tokenizer is re-published)."""
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.ds.module
+
+    @property
+    def rank(self) -> int:
+        return int(self.ds.global_rank)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.ds.world_size)
+
+    def learning_rate(self) -> float:
+        return float(self.ds.get_lr()[0])
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def single_process_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables ``torch.distributed`` needs, filled in for one local process where absent.
+
+    MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>, RANK=0, WORLD_SIZE=1, LOCAL_RANK=0;
+    values already set (by ``deepspeed`` or ``torchrun``) are kept.
+    """
+    source = os.environ if environ is None else environ
+    filled = {key: source.get(key, default) for key, default in DIST_ENV_DEFAULTS.items()}
+    filled["MASTER_PORT"] = source.get("MASTER_PORT") or str(_free_port())
+    return filled
+
+
+def init_distributed() -> None:
+    """Initialise the process group once: gloo on CPU, the accelerator's backend otherwise."""
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.accelerator import get_accelerator
+
+    if dist.is_initialized():
+        return
+    os.environ.update(single_process_env())
+    backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+def deepspeed_config(settings: EngineSettings) -> dict[str, Any]:
+    """The DeepSpeed config dict: AdamW, optional clipping, ZeRO stage, unmanaged accumulation."""
+    opt = settings.optimizer
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": opt.lr, "betas": list(opt.betas), "weight_decay": opt.weight_decay, "eps": 1e-8},
+        },
+        "gradient_clipping": opt.grad_clip or 0.0,
+        "zero_optimization": {"stage": settings.zero_stage},
+        "bf16": {"enabled": settings.dtype == "bfloat16"},
+        "fp16": {"enabled": settings.dtype == "float16"},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def warmup_factor(update: int, warmup_steps: int) -> float:
+    """Learning-rate multiplier of optimizer update ``update`` (0-based).
+
+        factor = min(1, (update + 1) / warmup_steps)   if warmup_steps > 0, else 1
+
+    so the first update already moves the weights (lr / warmup_steps).
+    """
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, (update + 1) / warmup_steps)
+
+
+def _warmup_scheduler(warmup_steps: int) -> Any:
+    import torch
+
+    def make(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: warmup_factor(update, warmup_steps))
+
+    return make
+
+
+def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
+    """Load the HF causal LM in ``model_dir`` and wrap it in a DeepSpeed engine.
+
+    ZeRO stage 3 is refused (``ValueError``): the HF export here reads full parameters
+    from the module, which stage 3 partitions.
+    """
+    if settings.zero_stage not in SUPPORTED_ZERO_STAGES:
+        raise ValueError(
+            f"trainer.zero_stage: {settings.zero_stage} is not supported by this trainer; "
+            f"use one of {list(SUPPORTED_ZERO_STAGES)}"
+        )
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    init_distributed()
+    torch.manual_seed(settings.seed)
+    model_dir = Path(model_dir)
+    dtype = getattr(torch, settings.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=settings.attn_implementation)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    vocab_size = int(model.get_input_embeddings().weight.shape[0])
+    scheduler = _warmup_scheduler(settings.optimizer.warmup_steps) if settings.optimizer.warmup_steps else None
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=deepspeed_config(settings),
+        lr_scheduler=scheduler,
+    )
+    return TrainEngine(ds=engine, tokenizer=tokenizer, vocab_size=vocab_size, model_dir=model_dir)
+
+
+def save_hf_weights(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str] | None = None) -> Path:
+    """Write the current policy as an HF model directory: safetensors, config, tokenizer.
+
+    Tokenizer files are copied unchanged from ``engine.model_dir`` (see TOKENIZER_FILES;
+    saved through transformers only if the directory has none). ``extra_files`` maps file
+    names to text written alongside (e.g. lineage JSON). Loadable by
+    ``AutoModelForCausalLM.from_pretrained`` and by vLLM.
+    """
+    import shutil
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # ZeRO stages 0-2 keep full parameters in the module; save_pretrained drops tied copies.
+    engine.module.save_pretrained(out_dir, safe_serialization=True)
+    copied = [name for name in TOKENIZER_FILES if (engine.model_dir / name).is_file()]
+    for name in copied:
+        shutil.copyfile(engine.model_dir / name, out_dir / name)
+    if not copied:
+        engine.tokenizer.save_pretrained(out_dir)
+    for name, text in (extra_files or {}).items():
+        (out_dir / name).write_text(text)
+    return out_dir

@@ -1,0 +1,103 @@
+"""The trainer's input: whole trajectory shards, oldest policy first, checked before use.
+
+A training step consumes whole shards (the ledger records shard names), taken in the
+order :meth:`ShardReader.list_shards` gives (min policy version, then sequence number)
+until they hold at least B prompt groups. Every shard is validated by the storage
+reader (a bad one is quarantined there) and then checked against the model: every
+token id must be below the vocabulary size, every sequence must fit the micro-batch
+token budget. A failed check raises :class:`TrainerInputError` naming the shard, row,
+field and value; nothing is consumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from asyncrl.storage.errors import ShardValidationError
+from asyncrl.storage.schema import Sample
+from asyncrl.storage.shards import ShardInfo, ShardReader
+
+
+class TrainerInputError(ValueError):
+    """Trajectory data the trainer cannot train on; the message names shard, row, field and value."""
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """The shards one step consumes and their prompt groups, oldest first."""
+
+    shards: tuple[str, ...]
+    groups: tuple[tuple[Sample, ...], ...]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(group) for group in self.groups)
+
+
+def check_samples(shard: str, groups: Sequence[Sequence[Sample]], vocab_size: int, token_budget: int) -> None:
+    """Raise :class:`TrainerInputError` for a token id outside [0, vocab_size) or a sequence
+    longer than ``token_budget`` (prompt + output tokens); rows counted as in the shard."""
+    row = 0
+    for group in groups:
+        for sample in group:
+            for field in ("prompt_token_ids", "output_token_ids"):
+                tokens = getattr(sample, field)
+                bad = next((t for t in tokens if not 0 <= t < vocab_size), None)
+                if bad is not None:
+                    raise TrainerInputError(
+                        f"{shard}: row {row} (group_id {sample.group_id!r}): {field} holds token id {bad}, "
+                        f"outside the model's vocabulary of {vocab_size} ids; is the shard from another model?"
+                    )
+            length = len(sample.prompt_token_ids) + len(sample.output_token_ids)
+            if length > token_budget:
+                raise TrainerInputError(
+                    f"{shard}: row {row} (group_id {sample.group_id!r}): prompt + output is {length} tokens, "
+                    f"over trainer.micro_batch_tokens={token_budget}"
+                )
+            row += 1
+
+
+class ShardFeed:
+    """Reads, checks and caches unconsumed shards; hands out the oldest ones for a step."""
+
+    def __init__(self, reader: ShardReader, vocab_size: int, token_budget: int) -> None:
+        self._reader = reader
+        self._vocab_size = vocab_size
+        self._token_budget = token_budget
+        self._cache: dict[str, tuple[tuple[Sample, ...], ...]] = {}
+
+    def _groups(self, info: ShardInfo) -> tuple[tuple[Sample, ...], ...]:
+        cached = self._cache.get(info.name)
+        if cached is None:
+            try:
+                groups = self._reader.read_groups(info)
+            except ShardValidationError as exc:
+                raise TrainerInputError(f"rejected trajectory shard: {exc}") from exc
+            check_samples(info.relpath, groups, self._vocab_size, self._token_budget)
+            cached = tuple(tuple(group) for group in groups)
+            self._cache[info.name] = cached
+        return cached
+
+    def available_groups(self, consumed: Collection[str]) -> int:
+        """Prompt groups in all unconsumed shards (reads and checks them)."""
+        return sum(len(self._groups(info)) for info in self._reader.list_unconsumed(consumed))
+
+    def take(self, consumed: Collection[str], batch_groups: int) -> StepInput | None:
+        """The oldest unconsumed shards holding >= ``batch_groups`` groups, or None if there are
+        not enough yet. Shards are whole, so a step may get more than ``batch_groups`` groups."""
+        if batch_groups < 1:
+            raise ValueError(f"batch_groups must be >= 1, got {batch_groups}")
+        names: list[str] = []
+        groups: list[tuple[Sample, ...]] = []
+        for info in self._reader.list_unconsumed(consumed):
+            names.append(info.name)
+            groups.extend(self._groups(info))
+            if len(groups) >= batch_groups:
+                return StepInput(shards=tuple(names), groups=tuple(groups))
+        return None
+
+    def forget(self, names: Collection[str]) -> None:
+        """Drop cached shards (after they are consumed)."""
+        for name in names:
+            self._cache.pop(name, None)

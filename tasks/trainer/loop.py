@@ -1,0 +1,249 @@
+"""The RL training loop: wait for B groups, record, train, publish, checkpoint; resume.
+
+Per step k (1-based; ledger entry ``step-k``):
+
+1. take the oldest unconsumed shards holding >= B prompt groups (checked; bad input
+   raises before anything is written);
+2. record them in the ledger as step k, before anything is published;
+3. run the RL step (:func:`run_rl_step`) with the trainer's version i as the
+   reference of staleness;
+4. publish the new weights as version i + 1 through the :class:`WeightStore` (HF files
+   plus ``asyncrl_lineage.json``: parent version, step, shards);
+5. every ``checkpoint_every`` steps, save a checkpoint (step k, version i + 1).
+
+Start and resume: a fresh run publishes the initial weights as version 0 when the store
+holds none (otherwise the engine is expected to hold the store's latest version) and saves
+checkpoint 0, so that every later restart has a checkpoint to return to. A restart loads
+the newest complete checkpoint c and rolls back the ledger entries after c.step: their
+shards are trained again from the checkpointed state. Weight versions published after
+the checkpoint are *not* re-published or deleted: the resumed trainer's version label is
+max(c.version, latest published) and it publishes from the next number on, so versions
+stay strictly increasing for the rollout servers; the lineage file of each version names
+the version it was actually trained from (``parent_version``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncrl.storage.fs import RunRoot
+from asyncrl.storage.ledger import Ledger
+from asyncrl.storage.shards import ShardReader
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.trainer.checkpoint import (
+    CheckpointState,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from asyncrl.tasks.trainer.engine import TrainEngine, save_hf_weights
+from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
+from asyncrl.tasks.trainer.metrics import MetricsSink
+from asyncrl.tasks.trainer.step import RLSettings, run_rl_step
+
+LINEAGE_FILE = "asyncrl_lineage.json"
+logger = logging.getLogger(__name__)
+
+
+class TrainerWaitTimeout(TimeoutError):
+    """Not enough trajectory groups arrived in time."""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the loop runs: batch size in groups, step budget, checkpoint cadence, waiting."""
+
+    batch_groups: int
+    max_steps: int
+    """Total steps of the run, counted across restarts."""
+    checkpoint_every: int
+    keep_checkpoints: int = 2
+    poll_interval_s: float = 1.0
+    wait_timeout_s: float | None = None
+    """Give up (:class:`TrainerWaitTimeout`) after waiting this long for one batch; None waits forever."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    step: int
+    """Steps done."""
+    version: int
+    """Version label of the weights the trainer holds (the latest it published or resumed at)."""
+
+
+@dataclass(frozen=True)
+class StartReport:
+    """How :meth:`RLTrainer.start` found the run root."""
+
+    state: TrainerState
+    resumed_from: int | None
+    """Checkpoint step loaded, or None for a fresh start."""
+    rolled_back: tuple[int, ...]
+    """Ledger steps deleted because the checkpoint does not contain them."""
+    published_initial: bool
+
+
+def _barrier() -> None:
+    """Wait for all ranks (no-op in one process): rank 0's storage writes happen in between."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def publish_weights(
+    store: WeightStore, engine: TrainEngine, version: int, lineage: dict[str, object], work_dir: Path
+) -> None:
+    """Write the engine's weights as an HF directory and publish it as ``version``."""
+    staging = Path(work_dir) / "publish" / f"v{version}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        save_hf_weights(engine, staging, {LINEAGE_FILE: json.dumps({"version": version, **lineage}, indent=1)})
+        store.publish(version, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+class RLTrainer:
+    """Runs RL steps on one engine against one run root (see the module docstring)."""
+
+    def __init__(
+        self,
+        root: RunRoot,
+        run_id: str,
+        engine: TrainEngine,
+        rl: RLSettings,
+        loop: LoopSettings,
+        work_dir: Path,
+        metrics: MetricsSink,
+    ) -> None:
+        self._root = root
+        self._run_id = run_id
+        self._engine = engine
+        self._rl = rl
+        self._loop = loop
+        self._work_dir = Path(work_dir)
+        self._metrics = metrics
+        self._ledger = Ledger(root)
+        self._store = WeightStore(root)
+        self._feed = ShardFeed(ShardReader(root, run_id), engine.vocab_size, rl.micro_batch_tokens)
+        self._state: TrainerState | None = None
+        self._consumed: set[str] = set()
+
+    @property
+    def state(self) -> TrainerState:
+        if self._state is None:
+            raise RuntimeError("RLTrainer.start() has not run")
+        return self._state
+
+    def start(self) -> StartReport:
+        """Resume from the newest complete checkpoint, or start fresh (see the module docstring)."""
+        checkpoint = latest_checkpoint(self._root)
+        writer = self._engine.rank == 0
+        published_initial = False
+        if checkpoint is not None:
+            load_checkpoint(self._root, self._engine, checkpoint.step, self._work_dir)
+            rolled_back = self._ledger.rollback_after(checkpoint.step) if writer else []
+            _barrier()
+            latest = self._store.latest()
+            state = TrainerState(checkpoint.step, max(checkpoint.version, -1 if latest is None else latest))
+        else:
+            # Ledger entries without any checkpoint (checkpoints deleted by hand): start over.
+            rolled_back = self._ledger.rollback_after(0) if writer else []
+            _barrier()
+            latest = self._store.latest()
+            _barrier()
+            if latest is None:
+                if writer:
+                    publish_weights(self._store, self._engine, 0, {"parent_version": None, "step": 0}, self._work_dir)
+                published_initial, latest = True, 0
+            state = TrainerState(0, latest)
+            save_checkpoint(self._root, self._engine, CheckpointState(0, latest), self._work_dir)
+        if rolled_back:
+            logger.warning("resumed at step %d: ledger steps %s rolled back, their shards will be trained again",
+                           state.step, rolled_back)
+        self._state = state
+        self._consumed = self._ledger.consumed()
+        return StartReport(
+            state=state,
+            resumed_from=None if checkpoint is None else checkpoint.step,
+            rolled_back=tuple(rolled_back),
+            published_initial=published_initial,
+        )
+
+    def next_input(self) -> StepInput | None:
+        """The next step's input, or None if fewer than B groups are waiting."""
+        return self._feed.take(self._consumed, self._loop.batch_groups)
+
+    def train_step(self, step_input: StepInput) -> dict[str, float]:
+        """Record, train, publish and maybe checkpoint one step; return its metrics."""
+        started = time.perf_counter()
+        state = self.state
+        step, version = state.step + 1, state.version + 1
+        writer = self._engine.rank == 0
+        if writer:
+            self._ledger.record(step, step_input.shards)
+        _barrier()
+        self._consumed.update(step_input.shards)
+        self._feed.forget(step_input.shards)
+        result = run_rl_step(self._engine, step_input.groups, self._rl, state.version)
+
+        publish_started = time.perf_counter()
+        lineage = {"parent_version": state.version, "step": step, "run_id": self._run_id, "shards": list(step_input.shards)}
+        if writer:
+            publish_weights(self._store, self._engine, version, lineage, self._work_dir)
+        _barrier()
+        self._state = TrainerState(step, version)
+        publish_time = time.perf_counter() - publish_started
+
+        checkpoint_time = 0.0
+        if step % self._loop.checkpoint_every == 0:
+            checkpoint_started = time.perf_counter()
+            save_checkpoint(self._root, self._engine, CheckpointState(step, version), self._work_dir)
+            if writer:
+                prune_checkpoints(self._root, self._loop.keep_checkpoints)
+            checkpoint_time = time.perf_counter() - checkpoint_started
+        metrics = {
+            **result.metrics(),
+            "version": float(version),
+            "shards": float(len(step_input.shards)),
+            "learning_rate": self._engine.learning_rate(),
+            "publish_time_s": publish_time,
+            "checkpoint_time_s": checkpoint_time,
+            "step_time_s": time.perf_counter() - started,
+        }
+        if writer:
+            self._metrics.log(step, metrics)
+        return metrics
+
+    def run(self, should_stop: Callable[[], bool] | None = None) -> TrainerState:
+        """Train until ``max_steps`` steps are done (or ``should_stop()``), waiting for data."""
+        if self._state is None:
+            self.start()
+        waiting_since: float | None = None
+        while self.state.step < self._loop.max_steps:
+            if should_stop is not None and should_stop():
+                break
+            step_input = self.next_input()
+            if step_input is None:
+                now = time.monotonic()
+                waiting_since = waiting_since or now
+                timeout = self._loop.wait_timeout_s
+                if timeout is not None and now - waiting_since > timeout:
+                    raise TrainerWaitTimeout(
+                        f"waited {timeout:g} s for {self._loop.batch_groups} prompt groups of run "
+                        f"{self._run_id!r} in {self._root.uri}; "
+                        f"{self._feed.available_groups(self._consumed)} unconsumed"
+                    )
+                time.sleep(self._loop.poll_interval_s)
+                continue
+            waiting_since = None
+            self.train_step(step_input)
+        return self.state

@@ -1,0 +1,208 @@
+"""Trainer process entry point: ``python -m asyncrl.tasks.trainer.main --config RUN.yaml``.
+
+One process on CPU (gloo; MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK are filled in
+when absent) or one per device under ``deepspeed``/``torchrun``. The config is parsed
+before torch is imported, so a bad config fails at once.
+
+Modes: ``rl`` (default) resumes or starts the RL loop of :mod:`asyncrl.tasks.trainer.loop`
+and runs it to ``trainer.max_steps``; ``sft`` fine-tunes on the reference answers of
+``data.train_path`` and publishes the result as the next weight version (the warm start
+of a later ``rl`` run).
+
+Exit status: 0 done, 2 bad config or arguments, 3 bad trajectory input (nothing consumed),
+4 timed out waiting for trajectories, 1 anything else (traceback on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncrl.configs.loading import ConfigError, load_config
+from asyncrl.configs.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from asyncrl.storage.fs import RunRoot
+
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_INPUT, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+logger = logging.getLogger("asyncrl.trainer")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m asyncrl.tasks.trainer.main", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="YAML run config")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. trainer.max_steps=4")
+    parser.add_argument("--mode", choices=("rl", "sft"), default="rl")
+    parser.add_argument("--work-dir", type=Path, default=None, help="local scratch directory (default: WORK_DIR/NAME/trainer of the config)")
+    parser.add_argument("--metrics-file", type=Path, default=None, help="JSON Lines metrics (default: WORK_DIR/metrics.jsonl)")
+    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between looks for new shards")
+    parser.add_argument("--wait-timeout", type=float, default=None, help="give up after waiting this long for one batch")
+    parser.add_argument("--sft-steps", type=int, default=None, help="SFT: optimizer updates (default: pipeline.sft_steps)")
+    parser.add_argument("--sft-batch-size", type=int, default=None, help="SFT: examples per update (default: pipeline.sft_batch_size)")
+    return parser
+
+
+class LogSink:
+    """Metrics sink that logs one short line per step."""
+
+    KEYS = ("version", "loss", "sft_loss", "reward_mean", "staleness_max", "dropped_stale", "tokens_per_s", "step_time_s")
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        shown = " ".join(f"{k}={metrics[k]:.4g}" for k in self.KEYS if k in metrics)
+        logger.info("step %d %s", step, shown)
+
+
+def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[Path, int | None]:
+    """Where the engine's weights come from: the store's latest version if any (downloaded),
+    else ``model.path``. Returns (local directory, version or None)."""
+    import shutil
+
+    import fsspec
+
+    from asyncrl.storage.weights import WeightStore
+
+    store = WeightStore(root)
+    latest = store.latest()
+    if latest is not None:
+        target = work_dir / f"initial-v{latest}"
+        shutil.rmtree(target, ignore_errors=True)
+        return store.download(latest, target), latest
+    protocol = fsspec.core.split_protocol(model_path)[0]
+    if protocol in (None, "file", "local"):
+        local = Path(fsspec.core.strip_protocol(model_path) if protocol else model_path)
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model.path: {model_path} is not an HF model directory (no config.json)")
+        return local, None
+    fs, path = fsspec.core.url_to_fs(model_path)
+    target = work_dir / "initial-model"
+    shutil.rmtree(target, ignore_errors=True)
+    fs.get(path.rstrip("/") + "/", str(target), recursive=True)
+    return target, None
+
+
+def _engine(config: RunConfig, model_dir: Path):  # noqa: ANN202 - TrainEngine, imported lazily
+    from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
+
+    settings = EngineSettings(
+        optimizer=config.trainer.optimizer,
+        zero_stage=config.trainer.zero_stage,
+        dtype=config.model.dtype,
+        seed=config.seed,
+    )
+    return build_engine(model_dir, settings)
+
+
+def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_file: Path) -> int:
+    from asyncrl.storage.fs import open_root
+    from asyncrl.tasks.trainer.loop import LoopSettings, RLTrainer
+    from asyncrl.tasks.trainer.metrics import FanoutSink, JsonlMetricsSink
+    from asyncrl.tasks.trainer.step import RLSettings
+
+    root = open_root(config.storage.root, config.storage.options)
+    model_dir, _ = initial_model_dir(root, config.model.path, work_dir)
+    engine = _engine(config, model_dir)
+    loop = LoopSettings(
+        batch_groups=config.trainer.batch_groups,
+        max_steps=config.trainer.max_steps,
+        checkpoint_every=config.trainer.checkpoint_every,
+        poll_interval_s=args.poll_interval,
+        wait_timeout_s=args.wait_timeout,
+    )
+    trainer = RLTrainer(
+        root,
+        config.name,
+        engine,
+        RLSettings.from_config(config.trainer, config.max_staleness),
+        loop,
+        work_dir,
+        FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]),
+    )
+    report = trainer.start()
+    print(
+        json.dumps(
+            {
+                "event": "start",
+                "step": report.state.step,
+                "version": report.state.version,
+                "resumed_from": report.resumed_from,
+                "rolled_back": list(report.rolled_back),
+                "published_initial": report.published_initial,
+            }
+        ),
+        flush=True,
+    )
+    state = trainer.run()
+    print(json.dumps({"event": "done", "step": state.step, "version": state.version}), flush=True)
+    return EXIT_OK
+
+
+def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_file: Path) -> int:
+    from asyncrl.storage.fs import open_root
+    from asyncrl.storage.weights import WeightStore
+    from asyncrl.tasks.data.loader import load_prompts
+    from asyncrl.tasks.trainer.loop import publish_weights
+    from asyncrl.tasks.trainer.metrics import FanoutSink, JsonlMetricsSink
+    from asyncrl.tasks.trainer.sft import SFTSettings, run_sft, sft_sequences
+
+    steps = config.pipeline.sft_steps if args.sft_steps is None else args.sft_steps
+    if steps < 1:
+        raise ConfigError(f"pipeline.sft_steps: SFT mode needs at least 1 step, got {steps} (or pass --sft-steps)")
+    root = open_root(config.storage.root, config.storage.options)
+    model_dir, parent = initial_model_dir(root, config.model.path, work_dir)
+    engine = _engine(config, model_dir)
+    sequences = sft_sequences(load_prompts(config.data.train_path), engine.tokenizer, config.data.prompt_format)
+    settings = SFTSettings(
+        steps=steps,
+        batch_size=args.sft_batch_size or config.pipeline.sft_batch_size,
+        micro_batch_tokens=config.trainer.micro_batch_tokens,
+        packer=config.trainer.packer,
+        seed=config.seed,
+    )
+    losses = run_sft(engine, sequences, settings, FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]))
+    version = 0 if parent is None else parent + 1
+    lineage = {"parent_version": parent, "stage": "sft", "steps": settings.steps, "data": config.data.train_path}
+    publish_weights(WeightStore(root), engine, version, lineage, work_dir)
+    print(json.dumps({"event": "done", "mode": "sft", "version": version, "final_loss": losses[-1]}), flush=True)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"trainer: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    work_dir = args.work_dir or Path(config.work_dir) / config.name / "trainer"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    metrics_file = args.metrics_file or work_dir / "metrics.jsonl"
+
+    from asyncrl.storage.errors import ShardValidationError
+    from asyncrl.tasks.trainer.feed import TrainerInputError
+    from asyncrl.tasks.trainer.loop import TrainerWaitTimeout
+
+    try:
+        if args.mode == "sft":
+            return run_sft_mode(config, args, work_dir, metrics_file)
+        return run_rl(config, args, work_dir, metrics_file)
+    except ConfigError as exc:
+        print(f"trainer: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (TrainerInputError, ShardValidationError) as exc:
+        print(f"trainer: bad input, nothing consumed: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except TrainerWaitTimeout as exc:
+        print(f"trainer: {exc}", file=sys.stderr)
+        return EXIT_TIMEOUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

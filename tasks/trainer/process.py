@@ -1,0 +1,191 @@
+"""The Prefect task that runs the trainer as an OS process group and supervises it.
+
+The trainer (``python -m asyncrl.tasks.trainer.main``, or ``torchrun`` with one process
+per device) runs in its own session, so the whole group can be signalled at once. The
+supervisor waits for it; if the supervisor is interrupted (flow cancelled, task failed,
+``stop`` set) it kills the group: SIGTERM, then SIGKILL after a grace period. On Linux
+the trainer also gets SIGKILL if the supervising thread dies without cleaning up
+(``PR_SET_PDEATHSIG``), so no trainer outlives a killed supervisor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect import task
+
+MODULE = "asyncrl.tasks.trainer.main"
+# The supervisor's own process-group variables (if it is itself a torch.distributed
+# process, e.g. a test) must not leak: the trainer picks its own port and ranks.
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+_PR_SET_PDEATHSIG = 1
+LOG_TAIL_LINES = 30
+
+
+class TrainerProcessError(RuntimeError):
+    """The trainer process exited with a failure status; the message carries its log tail."""
+
+    def __init__(self, returncode: int, log_tail: str) -> None:
+        super().__init__(f"trainer exited with status {returncode}\n--- trainer log (last lines) ---\n{log_tail}")
+        self.returncode = returncode
+        self.log_tail = log_tail
+
+
+class TrainerCancelled(RuntimeError):
+    """The supervisor was asked to stop; the trainer's process group was killed."""
+
+
+@dataclass(frozen=True)
+class TrainerLaunch:
+    """How to start the trainer process."""
+
+    config_path: Path
+    log_path: Path
+    overrides: tuple[str, ...] = ()
+    mode: str = "rl"
+    work_dir: Path | None = None
+    metrics_file: Path | None = None
+    wait_timeout_s: float | None = None
+    nproc: int = 1
+    """Processes (devices); above 1 the trainer starts under ``torchrun``."""
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+    stop_grace_s: float = 10.0
+
+
+def trainer_command(launch: TrainerLaunch) -> list[str]:
+    """The command line of the trainer process group."""
+    if launch.nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {launch.nproc}")
+    if launch.nproc == 1:
+        command = [launch.python, "-m", MODULE]
+    else:
+        command = [launch.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch.nproc}", "-m", MODULE]
+    command += ["--config", str(launch.config_path), "--mode", launch.mode]
+    if launch.work_dir is not None:
+        command += ["--work-dir", str(launch.work_dir)]
+    if launch.metrics_file is not None:
+        command += ["--metrics-file", str(launch.metrics_file)]
+    if launch.wait_timeout_s is not None:
+        command += ["--wait-timeout", str(launch.wait_timeout_s)]
+    return command + list(launch.overrides)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """``preexec_fn`` asking Linux to SIGKILL the child when the thread that started it exits."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        return None
+    prctl = ctypes.CDLL(libc, use_errno=True).prctl  # resolved before fork
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
+
+
+def trainer_env(launch: TrainerLaunch) -> dict[str, str]:
+    """This process's environment without its process-group variables, plus ``launch.env``."""
+    inherited = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    return {**inherited, **launch.env}
+
+
+def start_trainer(launch: TrainerLaunch) -> subprocess.Popen[bytes]:
+    """Spawn the trainer in a new session (its pid is the process group id), logging to ``log_path``."""
+    launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = trainer_command(launch)
+    with open(launch.log_path, "ab") as log:
+        log.write(("$ " + " ".join(command) + "\n").encode())
+        log.flush()
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=trainer_env(launch),
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+        )
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(process: subprocess.Popen[bytes], grace_s: float) -> int:
+    """SIGTERM the process group, SIGKILL it after ``grace_s``; wait until none of it is left."""
+    pgid = process.pid
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if not group_alive(pgid):
+            break
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and group_alive(pgid):
+            process.poll()  # reap the leader so it stops counting as alive
+            time.sleep(0.05)
+    return process.wait()
+
+
+def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as handle:
+            return b"".join(deque(handle, maxlen=lines)).decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def supervise_trainer(launch: TrainerLaunch, stop: threading.Event | None = None, poll_s: float = 0.5) -> int:
+    """Run the trainer to completion; return 0, or raise.
+
+    :class:`TrainerProcessError` (with the log tail) for a failure status;
+    :class:`TrainerCancelled` when ``stop`` is set. Any exit from here, including an
+    exception raised into this thread, kills the process group first.
+    """
+    process = start_trainer(launch)
+    try:
+        while True:
+            code = process.poll()
+            if code is not None:
+                break
+            if stop is not None and stop.wait(poll_s):
+                raise TrainerCancelled(f"trainer (pid {process.pid}) stopped on request")
+            if stop is None:
+                time.sleep(poll_s)
+    finally:
+        if process.poll() is None or group_alive(process.pid):
+            kill_group(process, launch.stop_grace_s)
+    if code != 0:
+        raise TrainerProcessError(code, read_tail(launch.log_path))
+    return 0
+
+
+@task(name="trainer", retries=0)
+def trainer_task(launch: TrainerLaunch) -> int:
+    """Prefect task: run and supervise the trainer process group (see :func:`supervise_trainer`)."""
+    return supervise_trainer(launch)

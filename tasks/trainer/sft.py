@@ -1,0 +1,148 @@
+"""Supervised fine-tuning (the pipeline's warm-start) on the RL trainer's engine.
+
+Each example is the rendered prompt followed by the reference answer and EOS; the loss
+is cross-entropy on the answer tokens only, averaged over all answer tokens of the batch:
+
+    loss = -(1 / N) * sum_{answer tokens t} log pi_theta(x_t | x_<t),   N = answer tokens in the batch
+
+computed over token-budget micro-batches (packed sequences) with one optimizer update
+per batch.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.tasks.data.loader import PromptRecord
+from asyncrl.tasks.data.prompting import PromptFormat, render_prompt
+from asyncrl.tasks.data.synthetic import format_final_answer
+from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches
+from asyncrl.tasks.trainer.engine import TrainEngine
+from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs
+from asyncrl.tasks.trainer.metrics import MetricsSink
+from asyncrl.tasks.trainer.packing import get_packer
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    steps: int
+    batch_size: int
+    """Examples per optimizer update."""
+    micro_batch_tokens: int
+    packer: str = "ffd"
+    seed: int = 0
+
+
+def sft_target(record: PromptRecord) -> str:
+    """The answer text trained on: the reference solution ending in ``#### <answer>``
+    (the final-answer line is appended when the solution lacks it)."""
+    final = format_final_answer(record.answer)
+    if not record.solution:
+        return final
+    if record.solution.rstrip().endswith(final):
+        return record.solution
+    return f"{record.solution}\n{final}"
+
+
+def sft_sequences(
+    records: Sequence[PromptRecord], tokenizer: Any, prompt_format: PromptFormat = "plain"
+) -> list[TokenSequence]:
+    """Prompt tokens (rendered as rollout renders them) and answer tokens + EOS per record."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("SFT needs a tokenizer with an EOS token")
+    sequences = []
+    for record in records:
+        prompt = tokenizer(render_prompt(record.prompt, prompt_format, tokenizer), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(sft_target(record), add_special_tokens=False)["input_ids"]
+        sequences.append(TokenSequence(tuple(prompt), (*answer, eos)))
+    return sequences
+
+
+def _micro_batches(sequences: Sequence[TokenSequence], settings: SFTSettings) -> list[MicroBatch]:
+    groups = get_packer(settings.packer)([len(s) for s in sequences], settings.micro_batch_tokens)
+    return build_micro_batches(sequences, groups, "packed")
+
+
+def _batch_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+    import torch
+
+    return -torch.where(mask, logp, torch.zeros_like(logp)).sum() / normaliser
+
+
+def sft_loss(engine: TrainEngine, sequences: Sequence[TokenSequence], settings: SFTSettings) -> float:
+    """The SFT loss of ``sequences`` (formula in the module docstring), without gradient."""
+    import torch
+
+    batches = _micro_batches(sequences, settings)
+    normaliser = float(sum(b.output_tokens for b in batches))
+    engine.module.eval()
+    total = 0.0
+    with torch.no_grad():
+        for batch in batches:
+            logp = micro_batch_logprobs(engine.ds, batch)
+            total += float(_batch_loss(logp, batch.loss_mask.to(logp.device), normaliser).item())
+    return total
+
+
+def sft_update(engine: TrainEngine, sequences: Sequence[TokenSequence], settings: SFTSettings) -> float:
+    """One optimizer update on ``sequences``; returns the batch loss before the update."""
+    batches = _micro_batches(sequences, settings)
+    normaliser = float(sum(b.output_tokens for b in batches))
+    engine.module.train()
+    total = 0.0
+    for batch in batches:
+        logp = micro_batch_logprobs(engine.ds, batch)
+        loss = _batch_loss(logp, batch.loss_mask.to(logp.device), normaliser)
+        engine.ds.backward(loss)
+        total += float(loss.item())
+    engine.ds.step()
+    return total
+
+
+def run_sft(
+    engine: TrainEngine,
+    sequences: Sequence[TokenSequence],
+    settings: SFTSettings,
+    metrics: MetricsSink | None = None,
+) -> list[float]:
+    """``settings.steps`` updates on batches drawn by reshuffling ``sequences`` each epoch;
+    returns the loss of each step's batch."""
+    if not sequences:
+        raise ValueError("SFT needs at least one example")
+    rng = random.Random(settings.seed)
+    order: list[int] = []
+    losses = []
+    for step in range(1, settings.steps + 1):
+        batch_ids = []
+        while len(batch_ids) < min(settings.batch_size, len(sequences)):
+            if not order:
+                order = list(range(len(sequences)))
+                rng.shuffle(order)
+            batch_ids.append(order.pop())
+        batch = [sequences[i] for i in batch_ids]
+        started = time.perf_counter()
+        loss = sft_update(engine, batch, settings)
+        elapsed = time.perf_counter() - started
+        losses.append(loss)
+        if metrics is not None:
+            tokens = sum(len(s) for s in batch)
+            metrics.log(
+                step,
+                {
+                    "sft_loss": loss,
+                    "sequence_tokens": float(tokens),
+                    "output_tokens": float(sum(len(s.output_ids) for s in batch)),
+                    "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+                    "step_time_s": elapsed,
+                    "learning_rate": engine.learning_rate(),
+                },
+            )
+    return losses

@@ -1,0 +1,410 @@
+"""One decoupled-PPO training step over B prompt groups (AReaL, arXiv 2505.24298).
+
+Phases, in order:
+
+1. advantages per group from the rewards (:func:`group_advantages`), broadcast to the
+   output tokens; computed over the whole group, before any stale sample is dropped, so
+   the baseline is the group's;
+2. staleness per sample, s = trainer_version - min(token_versions); samples with
+   s > max_staleness are dropped (counted and warned about, never trained);
+3. proximal log-probs log pi_prox of every kept output token, with the parameters as
+   they are at the start of the step, without gradient (decoupled objective only);
+4. the groups are split into ``mini_batches`` contiguous mini-batches; each is packed
+   into token-budget micro-batches, whose losses are accumulated (one backward each)
+   and normalised by the output-token count N of the whole mini-batch; then one
+   optimizer update per mini-batch.
+
+Gradient flows only through log pi_theta (the current forward pass); proximal and
+behaviour log-probs and advantages are constants. With several data-parallel ranks each
+rank trains on its share of each mini-batch; N is summed over ranks and the loss
+multiplied by the world size because DeepSpeed averages gradients over ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal
+
+from asyncrl.configs.run_config import TrainerConfig
+from asyncrl.storage.schema import Sample
+from asyncrl.tasks.trainer.advantages import AdvantageMethod, group_advantages
+from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build_micro_batches
+from asyncrl.tasks.trainer.engine import TrainEngine
+from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
+from asyncrl.tasks.trainer.loss import BehavCapMode, decoupled_ppo_loss
+from asyncrl.tasks.trainer.packing import get_packer, packing_efficiency
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """The trainer-config fields one RL step uses."""
+
+    objective: Literal["decoupled", "standard"] = "decoupled"
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    behav_weight_cap: float | None = 5.0
+    behav_cap_mode: BehavCapMode = "mask"
+    advantage: AdvantageMethod = "grpo"
+    mini_batches: int = 1
+    micro_batch_tokens: int = 4096
+    packer: str = "ffd"
+    max_staleness: int | None = None
+    """Drop samples with staleness above this; None keeps all."""
+
+    @staticmethod
+    def from_config(trainer: TrainerConfig, max_staleness: int | None) -> RLSettings:
+        return RLSettings(
+            objective=trainer.objective,
+            eps_clip=trainer.eps_clip,
+            eps_clip_high=trainer.eps_clip_high,
+            behav_weight_cap=trainer.behav_weight_cap,
+            behav_cap_mode=trainer.behav_cap_mode,
+            advantage=trainer.advantage,
+            mini_batches=trainer.mini_batches,
+            micro_batch_tokens=trainer.micro_batch_tokens,
+            packer=trainer.packer,
+            max_staleness=max_staleness,
+        )
+
+
+@dataclass(frozen=True)
+class TrainItem:
+    """One kept sample, ready to train on."""
+
+    sequence: TokenSequence
+    logp_behav: torch.Tensor  # (L,) float32
+    advantage: float
+    group: int
+    """Index of its group in the step (mini-batches split by group)."""
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """Kept samples with advantages, and what was measured and dropped."""
+
+    items: tuple[TrainItem, ...]
+    staleness: tuple[int, ...]
+    """Per sample of the step (dropped ones included), in input order."""
+    rewards: tuple[float, ...]
+    advantages: tuple[float, ...]
+    """Per sample of the step (dropped ones included)."""
+    dropped_stale: int
+    num_groups: int
+
+
+@dataclass
+class UpdateStats:
+    """Token-weighted sums over the micro-batches of one or more updates (see :meth:`means`)."""
+
+    loss: float = 0.0
+    updates: int = 0
+    tokens: int = 0
+    active: int = 0
+    clipped: float = 0.0
+    behav_weight_sum: float = 0.0
+    behav_weight_max: float = 0.0
+    capped: float = 0.0
+    kl_sum: float = 0.0
+    grad_norms: list[float] = field(default_factory=list)
+
+    def add_micro(self, loss: float, stats: dict[str, float]) -> None:
+        n_tokens, n_active = int(stats["n_tokens"]), int(stats["n_active"])
+        self.loss += loss
+        self.tokens += n_tokens
+        self.active += n_active
+        self.clipped += stats["clip_fraction"] * n_active
+        self.behav_weight_sum += stats["behav_weight_mean"] * n_tokens
+        self.behav_weight_max = max(self.behav_weight_max, stats["behav_weight_max"])
+        self.capped += stats["behav_capped_fraction"] * n_tokens
+        self.kl_sum += stats["approx_kl"] * n_tokens
+
+    def means(self) -> dict[str, float]:
+        """loss = mean over updates of the mini-batch loss; clip fraction over contributing
+        tokens, behaviour-weight stats and KL over loss tokens; grad_norm = the largest of
+        the updates' global gradient norms (NaN where DeepSpeed reports none, e.g. ZeRO 0)."""
+        tokens, active = max(self.tokens, 1), max(self.active, 1)
+        norms = [n for n in self.grad_norms if n is not None and math.isfinite(n)]
+        return {
+            "loss": self.loss / max(self.updates, 1),
+            "clip_fraction": self.clipped / active,
+            "behav_weight_mean": self.behav_weight_sum / tokens,
+            "behav_weight_max": self.behav_weight_max,
+            "behav_capped_fraction": self.capped / tokens,
+            "approx_kl": self.kl_sum / tokens,
+            "grad_norm": max(norms) if norms else math.nan,  # NaN: DeepSpeed reported none
+            "optimizer_updates": float(self.updates),
+        }
+
+
+@dataclass(frozen=True)
+class RLStepResult:
+    """What one step did, as plain numbers (see :meth:`metrics`)."""
+
+    prepared: PreparedStep
+    update: UpdateStats
+    sequence_tokens: int
+    output_tokens: int
+    micro_batches: int
+    packing_efficiency: float
+    proximal_time_s: float
+    update_time_s: float
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics of the step: loss, rewards, advantages, clipping, behaviour weights,
+        staleness distribution (``staleness/count_<s>``), throughput, packing efficiency."""
+        prepared = self.prepared
+        compute_time = self.proximal_time_s + self.update_time_s
+        out = {
+            **self.update.means(),
+            **_describe("reward", prepared.rewards),
+            **_describe("advantage", prepared.advantages),
+            **_describe("staleness", [float(s) for s in prepared.staleness]),
+            "dropped_stale": float(prepared.dropped_stale),
+            "groups": float(prepared.num_groups),
+            "samples": float(len(prepared.staleness)),
+            "trained_samples": float(len(prepared.items)),
+            "sequence_tokens": float(self.sequence_tokens),
+            "output_tokens": float(self.output_tokens),
+            "micro_batches": float(self.micro_batches),
+            "packing_efficiency": self.packing_efficiency,
+            "proximal_time_s": self.proximal_time_s,
+            "update_time_s": self.update_time_s,
+            "tokens_per_s": self.sequence_tokens / compute_time if compute_time > 0 else 0.0,
+        }
+        for staleness, count in sorted(Counter(prepared.staleness).items()):
+            out[f"staleness/count_{staleness}"] = float(count)
+        return out
+
+
+def _describe(name: str, values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {f"{name}_mean": 0.0, f"{name}_std": 0.0, f"{name}_min": 0.0, f"{name}_max": 0.0}
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / len(values)
+    return {f"{name}_mean": mean, f"{name}_std": math.sqrt(var), f"{name}_min": min(values), f"{name}_max": max(values)}
+
+
+def sample_staleness(sample: Sample, trainer_version: int) -> int:
+    """s = trainer_version - min(token_versions): versions the oldest token lags behind."""
+    return trainer_version - min(sample.token_versions)
+
+
+def prepare_step(
+    groups: Sequence[Sequence[Sample]], settings: RLSettings, trainer_version: int
+) -> PreparedStep:
+    """Advantages per group, staleness per sample, and the kept samples (phases 1 and 2)."""
+    import torch
+
+    items: list[TrainItem] = []
+    staleness: list[int] = []
+    rewards: list[float] = []
+    advantages: list[float] = []
+    dropped = 0
+    for g, group in enumerate(groups):
+        group_rewards = torch.tensor([[float(s.reward) for s in group]], dtype=torch.float64)  # (1, n)
+        group_adv = group_advantages(group_rewards, settings.advantage)[0].tolist()  # (n,)
+        for sample, advantage in zip(group, group_adv):
+            s = sample_staleness(sample, trainer_version)
+            staleness.append(s)
+            rewards.append(float(sample.reward))
+            advantages.append(float(advantage))
+            if settings.max_staleness is not None and s > settings.max_staleness:
+                dropped += 1
+                continue
+            items.append(
+                TrainItem(
+                    sequence=TokenSequence(tuple(sample.prompt_token_ids), tuple(sample.output_token_ids)),
+                    logp_behav=torch.tensor(list(sample.behaviour_logprobs), dtype=torch.float32),
+                    advantage=float(advantage),
+                    group=g,
+                )
+            )
+    if dropped:
+        logger.warning(
+            "dropped %d of %d samples staler than max_staleness=%s (trainer version %d); they are not trained",
+            dropped,
+            len(staleness),
+            settings.max_staleness,
+            trainer_version,
+        )
+    return PreparedStep(
+        items=tuple(items),
+        staleness=tuple(staleness),
+        rewards=tuple(rewards),
+        advantages=tuple(advantages),
+        dropped_stale=dropped,
+        num_groups=len(groups),
+    )
+
+
+def split_groups(num_groups: int, parts: int) -> list[range]:
+    """Contiguous group ranges of near-equal size (sizes differ by at most one), ``parts`` of them."""
+    if parts < 1:
+        raise ValueError(f"mini_batches must be >= 1, got {parts}")
+    parts = min(parts, max(num_groups, 1))
+    base, extra = divmod(num_groups, parts)
+    ranges, start = [], 0
+    for k in range(parts):
+        size = base + (1 if k < extra else 0)
+        ranges.append(range(start, start + size))
+        start += size
+    return ranges
+
+
+def _all_reduce(value: float, op: str) -> float:
+    """Sum or max of ``value`` over data-parallel ranks (the value itself with one rank)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
+def _rank_share(indices: Sequence[int], rank: int, world: int) -> list[int]:
+    return list(indices[rank::world])
+
+
+def compute_proximal(
+    engine: TrainEngine, items: Sequence[TrainItem], indices: Sequence[int], settings: RLSettings
+) -> dict[int, torch.Tensor]:
+    """log pi_prox of every output token of ``items[i] for i in indices`` with the current
+    parameters, without gradient; keyed by item index."""
+    if not indices:
+        return {}
+    sequences = [items[i].sequence for i in indices]
+    groups = get_packer(settings.packer)([len(s) for s in sequences], settings.micro_batch_tokens)
+    engine.module.eval()
+    values = sequence_logprobs(engine.ds, sequences, groups)
+    return dict(zip(indices, values))
+
+
+def ppo_update(
+    engine: TrainEngine,
+    items: Sequence[TrainItem],
+    proximal: dict[int, torch.Tensor] | None,
+    batches: Sequence[MicroBatch],
+    settings: RLSettings,
+    stats: UpdateStats,
+) -> None:
+    """One optimizer update over ``batches`` (micro-batches of ``items``), loss normalised by
+    the mini-batch's output-token count N summed over ranks (see the module docstring)."""
+    import torch
+
+    decoupled = settings.objective == "decoupled"
+    if decoupled and proximal is None:
+        raise ValueError("the decoupled objective needs proximal log-probs")
+    local_tokens = sum(batch.output_tokens for batch in batches)
+    normaliser = _all_reduce(float(local_tokens), "sum")
+    rounds = int(_all_reduce(float(len(batches)), "max"))
+    if normaliser == 0:
+        return
+    world = engine.world_size
+    engine.module.train()
+    for k in range(rounds):
+        if k < len(batches):
+            batch = batches[k]
+            logp_theta = micro_batch_logprobs(engine.ds, batch)  # (R*S,)
+            chosen = [items[i] for i in batch.sample_ids]
+            device = logp_theta.device
+            behav = batch.expand([item.logp_behav for item in chosen]).to(device)
+            adv = batch.expand([torch.full((len(item.sequence.output_ids),), item.advantage) for item in chosen])
+            prox = None
+            if decoupled and proximal is not None:
+                prox = batch.expand([proximal[i] for i in batch.sample_ids]).to(device)
+            loss, loss_stats = decoupled_ppo_loss(
+                logp_theta,
+                prox,
+                behav,
+                adv.to(device),
+                batch.loss_mask.to(device),
+                eps_clip=settings.eps_clip,
+                eps_clip_high=settings.eps_clip_high,
+                behav_weight_cap=settings.behav_weight_cap,
+                behav_cap_mode=settings.behav_cap_mode,
+                decoupled=decoupled,
+                token_normaliser=normaliser,
+            )
+            stats.add_micro(float(loss.item()), loss_stats.as_floats())
+        else:
+            # This rank has fewer micro-batches than another: a zero-weighted forward keeps
+            # the collective calls of backward/step in lockstep.
+            filler = build_micro_batches([items[0].sequence], [[0]], "packed")[0]
+            loss = micro_batch_logprobs(engine.ds, filler).sum() * 0.0
+        engine.ds.backward(loss * world)
+    engine.ds.step()
+    stats.updates += 1
+    norm = engine.ds.get_global_grad_norm()
+    if norm is not None:
+        stats.grad_norms.append(float(norm))
+
+
+def run_rl_step(
+    engine: TrainEngine,
+    groups: Sequence[Sequence[Sample]],
+    settings: RLSettings,
+    trainer_version: int,
+    layout: Layout = "packed",
+) -> RLStepResult:
+    """Train on ``groups`` (one step: proximal recompute, then one update per mini-batch)."""
+    prepared = prepare_step(groups, settings, trainer_version)
+    items = prepared.items
+    rank, world = engine.rank, engine.world_size
+    packer = get_packer(settings.packer)
+    plan: list[list[int]] = []  # per mini-batch: the item indices this rank trains
+    for group_range in split_groups(prepared.num_groups, settings.mini_batches):
+        members = [i for i, item in enumerate(items) if item.group in group_range]
+        if members:  # empty when every sample of these groups was dropped as stale
+            plan.append(_rank_share(members, rank, world))
+
+    started = time.perf_counter()
+    proximal = None
+    if settings.objective == "decoupled":
+        proximal = compute_proximal(engine, items, [i for local in plan for i in local], settings)
+    proximal_time = time.perf_counter() - started
+
+    started = time.perf_counter()
+    stats = UpdateStats()
+    lengths_all: list[int] = []
+    batches_all: list[list[int]] = []
+    output_tokens = micro_count = 0
+    for local in plan:
+        sequences = [items[i].sequence for i in local]
+        lengths = [len(s) for s in sequences]
+        index_groups = packer(lengths, settings.micro_batch_tokens) if lengths else []
+        batches_all += [[len(lengths_all) + j for j in group] for group in index_groups]
+        lengths_all += lengths
+        # Micro-batch sample ids index into `items` (packer indices mapped through `local`).
+        batches = [_reindex(batch, local) for batch in build_micro_batches(sequences, index_groups, layout)]
+        ppo_update(engine, items, proximal, batches, settings, stats)
+        output_tokens += sum(len(s.output_ids) for s in sequences)
+        micro_count += len(batches)
+    update_time = time.perf_counter() - started
+    efficiency = packing_efficiency(lengths_all, batches_all, settings.micro_batch_tokens) if lengths_all else 1.0
+    return RLStepResult(
+        prepared=prepared,
+        update=stats,
+        sequence_tokens=sum(lengths_all),
+        output_tokens=output_tokens,
+        micro_batches=micro_count,
+        packing_efficiency=efficiency,
+        proximal_time_s=proximal_time,
+        update_time_s=update_time,
+    )
+
+
+def _reindex(batch: MicroBatch, local: Sequence[int]) -> MicroBatch:
+    """The same micro-batch with ``sample_ids`` mapped from local positions to item indices."""
+    return replace(batch, sample_ids=tuple(local[j] for j in batch.sample_ids))

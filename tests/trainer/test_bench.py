@@ -1,0 +1,39 @@
+"""`asyncrl bench trainer`: dynamic micro-batching against fixed-count padded micro-batches."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from asyncrl.tasks.trainer.bench import BenchSettings, add_trainer_bench, format_table, run_trainer_bench
+
+
+def test_bench_rows_compare_packed_and_padded(engine: Any) -> None:
+    settings = BenchSettings(sequences=16, min_len=16, max_len=128, budget=256, fixed_count=4, repeats=1)
+    packed, fixed = run_trainer_bench(engine, settings)
+    assert (packed.variant, fixed.variant) == ("packed", "fixed")
+    assert packed.real_tokens == fixed.real_tokens
+    assert packed.computed_positions == packed.real_tokens  # no padding at all
+    assert fixed.computed_positions > fixed.real_tokens
+    assert packed.packing_efficiency > fixed.packing_efficiency
+    assert packed.micro_batches < fixed.micro_batches
+    assert packed.tokens_per_s > 0 and fixed.tokens_per_s > 0
+    assert "packed" in format_table([packed, fixed])
+
+
+def test_cli_entry_prints_table_and_writes_json(tiny_model_dir: Path, tmp_path: Path, capsys: Any) -> None:
+    parser = argparse.ArgumentParser(prog="asyncrl bench")
+    add_trainer_bench(parser.add_subparsers(dest="bench", required=True))
+    out = tmp_path / "bench.json"
+    args = parser.parse_args(
+        ["trainer", "--model", str(tiny_model_dir), "--sequences", "8", "--max-len", "64", "--budget", "128",
+         "--repeats", "1", "--json", str(out)]
+    )
+    assert args.handler(args) == 0
+    printed = capsys.readouterr().out
+    assert "tokens/s" in printed and "dynamic micro-batching:" in printed
+    result = json.loads(out.read_text())
+    assert [row["variant"] for row in result["rows"]] == ["packed", "fixed"]
+    assert result["speedup"] > 0

@@ -1,0 +1,113 @@
+"""The trainer process supervisor: failure status, cancellation, no orphan after a killed supervisor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl.tasks.trainer.process import (
+    TrainerCancelled,
+    TrainerLaunch,
+    TrainerProcessError,
+    group_alive,
+    supervise_trainer,
+    trainer_command,
+    trainer_task,
+)
+
+
+def _bad_config(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nmodel: {path: m}\ndata: {train_path: d}\nstorage: {root: s}\ntrainer: {batch_groups: 0}\n")
+    return path
+
+
+def _waiting_config(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """A valid config whose run root never gets trajectories: the trainer would wait forever."""
+    path = tmp_path / "wait.yaml"
+    path.write_text(
+        f"name: t\nwork_dir: {tmp_path / 'runs'}\nmodel: {{path: {tiny_model_dir}}}\ndata: {{train_path: d.parquet, max_prompt_tokens: 8}}\n"
+        f"rollout: {{max_new_tokens: 8}}\ntrainer: {{micro_batch_tokens: 64}}\nstorage: {{root: {tmp_path / 'store'}}}\n"
+    )
+    return path
+
+
+def test_command_line() -> None:
+    launch = TrainerLaunch(Path("c.yaml"), Path("l.log"), overrides=("trainer.max_steps=2",), nproc=2, python="py")
+    assert trainer_command(launch) == [
+        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "asyncrl.tasks.trainer.main",
+        "--config", "c.yaml", "--mode", "rl", "trainer.max_steps=2",
+    ]
+
+
+def test_failure_status_raises_with_the_log_tail(tmp_path: Path) -> None:
+    launch = TrainerLaunch(_bad_config(tmp_path), tmp_path / "trainer.log")
+    with pytest.raises(TrainerProcessError, match="trainer.batch_groups") as caught:
+        trainer_task.fn(launch)  # the Prefect task's body
+    assert caught.value.returncode == 2
+
+
+def test_stop_kills_the_process_group(tmp_path: Path, tiny_model_dir: Path) -> None:
+    launch = TrainerLaunch(_waiting_config(tmp_path, tiny_model_dir), tmp_path / "trainer.log", stop_grace_s=2.0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            supervise_trainer(launch, stop=stop, poll_s=0.1)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    pid = _wait_for_pid(tmp_path / "trainer.log", launch)
+    stop.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], TrainerCancelled)
+    assert not group_alive(pid)
+
+
+def test_trainer_dies_with_a_killed_supervisor(tmp_path: Path, tiny_model_dir: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from asyncrl.tasks.trainer.process import TrainerLaunch, start_trainer\n"
+        f"p = start_trainer(TrainerLaunch(Path({str(_waiting_config(tmp_path, tiny_model_dir))!r}), Path({str(tmp_path / 't.log')!r})))\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    supervisor = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert supervisor.stdout is not None
+    pid = int(supervisor.stdout.readline())
+    assert group_alive(pid)
+    supervisor.send_signal(signal.SIGKILL)
+    supervisor.wait()
+    deadline = time.monotonic() + 20
+    while group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(pid)
+
+
+def _wait_for_pid(log: Path, launch: TrainerLaunch) -> int:
+    """The trainer's pid, found as the process whose command line is the launch's."""
+    wanted = "\0".join(["-m", "asyncrl.tasks.trainer.main", "--config", str(launch.config_path)])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if wanted in cmdline:
+                    return int(entry)
+        time.sleep(0.05)
+    raise AssertionError(f"trainer process did not appear; log: {log.read_text() if log.exists() else ''}")

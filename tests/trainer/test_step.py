@@ -1,0 +1,110 @@
+"""One RL step on the real DeepSpeed engine (shared, reset before each test)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from asyncrl.tasks.trainer.batch import TokenSequence
+from asyncrl.tasks.trainer.logprobs import sequence_logprobs
+from asyncrl.tasks.trainer.step import RLSettings, prepare_step, run_rl_step
+
+TEST_LR = 1e-3  # the shared engine's learning rate (conftest)
+
+
+def _params(engine: Any) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in engine.module.parameters()]
+
+
+def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def _output_logprob_sums(engine: Any, samples: list[Any]) -> list[float]:
+    seqs = [TokenSequence(tuple(s.prompt_token_ids), tuple(s.output_token_ids)) for s in samples]
+    return [float(v.sum()) for v in sequence_logprobs(engine.ds, seqs, [[i] for i in range(len(seqs))])]
+
+
+def test_positive_advantage_raises_and_negative_lowers_logprob(engine: Any, trajectories: Any, model_logprobs: Any) -> None:
+    group = trajectories.group("g0", [1.0, 0.0], logprobs=model_logprobs, output_len=(8, 8))
+    before = _output_logprob_sums(engine, group)
+    result = run_rl_step(engine, [group], RLSettings(micro_batch_tokens=256), trainer_version=0)
+    after = _output_logprob_sums(engine, group)
+    assert result.prepared.advantages[0] > 0 > result.prepared.advantages[1]
+    assert after[0] > before[0] + 1e-3, (before, after)
+    assert after[1] < before[1] - 1e-3, (before, after)
+    assert result.update.updates == 1
+
+
+def test_proximal_equal_to_behaviour_gives_the_standard_ppo_update(
+    shared_engine: Any, engine: Any, trajectories: Any, model_logprobs: Any
+) -> None:
+    """On-policy data: pi_prox (recomputed at step start) equals pi_behav, so the decoupled
+    objective must reproduce standard PPO, including in the second mini-batch where u != 1."""
+    groups = [trajectories.group(f"g{k}", [1.0, 0.0, 0.5], logprobs=model_logprobs) for k in range(4)]
+    initial = _params(engine)
+    decoupled = run_rl_step(engine, groups, RLSettings(objective="decoupled", mini_batches=2, micro_batch_tokens=64), 0)
+    after_decoupled = _params(engine)
+    shared_engine.reset()
+    standard = run_rl_step(engine, groups, RLSettings(objective="standard", mini_batches=2, micro_batch_tokens=64), 0)
+    after_standard = _params(engine)
+    assert decoupled.update.updates == standard.update.updates == 2
+    assert decoupled.micro_batches > 2  # several micro-batches per mini-batch
+    assert _max_diff(initial, after_decoupled) > 1e-4
+    assert _max_diff(after_decoupled, after_standard) < 1e-6
+    assert decoupled.update.means()["behav_weight_max"] == pytest.approx(1.0, abs=1e-4)
+
+    # Control: off-policy behaviour log-probs make the two objectives differ.
+    shifted = [[type(s)(**{**vars(s), "behaviour_logprobs": [v - 0.3 for v in s.behaviour_logprobs]}) for s in g] for g in groups]
+    shared_engine.reset()
+    run_rl_step(engine, shifted, RLSettings(objective="decoupled", mini_batches=2, micro_batch_tokens=64), 0)
+    off_decoupled = _params(engine)
+    shared_engine.reset()
+    run_rl_step(engine, shifted, RLSettings(objective="standard", mini_batches=2, micro_batch_tokens=64), 0)
+    assert _max_diff(off_decoupled, _params(engine)) > 1e-5
+
+
+def test_micro_batch_split_does_not_change_the_update(shared_engine: Any, engine: Any, trajectories: Any) -> None:
+    """Loss normalised by the mini-batch's tokens: one big micro-batch or many small ones, same step."""
+    groups = [trajectories.group(f"g{k}", [1.0, 0.0, 0.0, 1.0], versions=0) for k in range(3)]
+    one = run_rl_step(engine, groups, RLSettings(micro_batch_tokens=1024), trainer_version=1)
+    params_one = _params(engine)
+    shared_engine.reset()
+    many = run_rl_step(engine, groups, RLSettings(micro_batch_tokens=40), trainer_version=1)
+    assert one.micro_batches == 1 and many.micro_batches >= 4
+    # Adam's first step is ~lr * sign(gradient) per coordinate, so rounding differences in
+    # near-zero gradients show up at a small fraction of lr; a wrong per-micro-batch
+    # weighting would move coordinates by O(lr). The equal losses pin the global scale.
+    assert _max_diff(params_one, _params(engine)) < 0.02 * TEST_LR
+    assert one.update.means()["loss"] == pytest.approx(many.update.means()["loss"], abs=1e-5)
+
+
+def test_stale_samples_are_dropped_and_counted(
+    engine: Any, trajectories: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fresh = trajectories.group("g0", [1.0, 0.0], versions=[4, 5])
+    mixed = trajectories.group("g1", [0.0, 1.0], versions=[0, 2])
+    settings = RLSettings(max_staleness=3, micro_batch_tokens=256)
+    with caplog.at_level(logging.WARNING):
+        result = run_rl_step(engine, [fresh, mixed], settings, trainer_version=5)
+    metrics = result.metrics()
+    assert result.prepared.staleness == (1, 0, 5, 3)
+    assert metrics["dropped_stale"] == 1 and metrics["trained_samples"] == 3
+    assert metrics["staleness_max"] == 5 and metrics["staleness/count_5"] == 1
+    assert "dropped 1 of 4 samples staler than max_staleness=3" in caplog.text
+
+    # A batch with nothing fresh enough: no optimizer update at all.
+    before = _params(engine)
+    all_stale = run_rl_step(engine, [mixed], RLSettings(max_staleness=1, micro_batch_tokens=256), trainer_version=5)
+    assert all_stale.update.updates == 0 and all_stale.prepared.dropped_stale == 2
+    assert _max_diff(before, _params(engine)) == 0.0
+
+
+def test_advantages_use_the_whole_group_before_drops(trajectories: Any) -> None:
+    group = trajectories.group("g0", [1.0, 0.0, 0.0, 0.0], versions=[0, 9, 9, 9])
+    prepared = prepare_step([group], RLSettings(max_staleness=2, advantage="drgrpo"), trainer_version=9)
+    assert prepared.advantages == pytest.approx((0.75, -0.25, -0.25, -0.25))
+    assert [item.advantage for item in prepared.items] == pytest.approx([-0.25, -0.25, -0.25])
