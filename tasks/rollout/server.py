@@ -42,8 +42,6 @@ key is set):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import ipaddress
 import json
 import os
@@ -53,7 +51,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,13 +58,13 @@ from types import TracebackType
 from typing import Self
 
 import httpx
+from asyncrl.tasks.process_group import die_with_parent_hook, kill_group, read_log_tail
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
 
 WORKER_EXTENSION = "asyncrl.tasks.rollout.weight_sync.WeightSyncExtension"
 AUTH_MIDDLEWARE = "asyncrl.tasks.rollout.auth.BearerAuthMiddleware"
 LOG_TAIL_LINES = 40
 _HEALTH_POLL_S = 0.5
-_PR_SET_PDEATHSIG = 1
 
 
 class RolloutServerError(RuntimeError):
@@ -200,14 +197,6 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def read_log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of ``log_path`` ('' if it does not exist)."""
-    try:
-        with open(log_path, encoding="utf-8", errors="replace") as handle:
-            return "".join(deque(handle, maxlen=lines))
-    except FileNotFoundError:
-        return ""
-
 
 def check_model_dir(model_dir: Path) -> Path:
     """``model_dir`` resolved, if it is a directory whose ``config.json`` is a JSON object.
@@ -279,24 +268,6 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
     return env
 
 
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to SIGTERM the child when its parent thread exits."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return None
-    prctl = ctypes.CDLL(libc_name, use_errno=True).prctl  # resolved before fork
-    parent = os.getpid()
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return hook
-
-
 class RolloutServer:
     """One vLLM server process: :meth:`start`, :meth:`wait_healthy`, :meth:`check_alive`, :meth:`stop`.
 
@@ -345,7 +316,7 @@ class RolloutServer:
                 env=server_env(config),
                 start_new_session=True,
                 # Only prctl runs between fork and exec (resolved before the fork).
-                preexec_fn=_die_with_parent_hook() if config.die_with_parent else None,  # noqa: PLW1509
+                preexec_fn=die_with_parent_hook(signal.SIGTERM) if config.die_with_parent else None,  # noqa: PLW1509
             )
         url, self._probe_url = server_urls(config, port)
         self._handle = RolloutServerHandle(
@@ -417,20 +388,7 @@ class RolloutServer:
         process = self._process
         if process is None:
             return None
-        pgid = process.pid
-        if _group_alive(pgid):
-            _signal_group(pgid, signal.SIGTERM)
-            deadline = time.monotonic() + self._config.stop_grace_s
-            while time.monotonic() < deadline and _group_alive(pgid):
-                process.poll()  # reap the leader so it does not count as alive
-                time.sleep(0.1)
-            if _group_alive(pgid):
-                _signal_group(pgid, signal.SIGKILL)
-        code = process.wait()
-        deadline = time.monotonic() + 10.0
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return code
+        return kill_group(process, self._config.stop_grace_s)
 
     def __enter__(self) -> Self:
         self.start()
@@ -448,21 +406,3 @@ class RolloutServer:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` exists (``killpg(pgid, 0)``)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass

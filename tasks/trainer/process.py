@@ -10,26 +10,23 @@ the trainer also gets SIGKILL if the supervising thread dies without cleaning up
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import task
 
+from asyncrl.tasks.process_group import die_with_parent_hook, group_alive, kill_group, read_log_tail
+
 MODULE = "asyncrl.tasks.trainer.main"
 # The supervisor's own process-group variables (if it is itself a torch.distributed
 # process, e.g. a test) must not leak: the trainer picks its own port and ranks.
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-_PR_SET_PDEATHSIG = 1
 LOG_TAIL_LINES = 30
 
 
@@ -82,24 +79,6 @@ def trainer_command(launch: TrainerLaunch) -> list[str]:
     return command + list(launch.overrides)
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """``preexec_fn`` asking Linux to SIGKILL the child when the thread that started it exits."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.util.find_library("c")
-    if libc is None:
-        return None
-    prctl = ctypes.CDLL(libc, use_errno=True).prctl  # resolved before fork
-    parent = os.getpid()
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return hook
-
-
 def trainer_env(launch: TrainerLaunch) -> dict[str, str]:
     """This process's environment without its process-group variables, plus ``launch.env``."""
     inherited = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
@@ -120,44 +99,8 @@ def start_trainer(launch: TrainerLaunch) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             env=trainer_env(launch),
             start_new_session=True,
-            preexec_fn=_die_with_parent(),
+            preexec_fn=die_with_parent_hook(signal.SIGKILL),
         )
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def kill_group(process: subprocess.Popen[bytes], grace_s: float) -> int:
-    """SIGTERM the process group, SIGKILL it after ``grace_s``; wait until none of it is left."""
-    pgid = process.pid
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        if not group_alive(pgid):
-            break
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and group_alive(pgid):
-            process.poll()  # reap the leader so it stops counting as alive
-            time.sleep(0.05)
-    return process.wait()
-
-
-def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as handle:
-            return b"".join(deque(handle, maxlen=lines)).decode(errors="replace")
-    except FileNotFoundError:
-        return ""
 
 
 def supervise_trainer(launch: TrainerLaunch, stop: threading.Event | None = None, poll_s: float = 0.5) -> int:
@@ -181,7 +124,7 @@ def supervise_trainer(launch: TrainerLaunch, stop: threading.Event | None = None
         if process.poll() is None or group_alive(process.pid):
             kill_group(process, launch.stop_grace_s)
     if code != 0:
-        raise TrainerProcessError(code, read_tail(launch.log_path))
+        raise TrainerProcessError(code, read_log_tail(launch.log_path, LOG_TAIL_LINES))
     return 0
 
 
