@@ -1,0 +1,105 @@
+"""Which rollout server gets the next request, and which servers are still in rotation.
+
+Each request goes to the live server with the fewest outstanding requests (ties: the
+one that was given the fewest requests so far, then list order). A server that fails
+(connection lost, 5xx, a weight load that did not take) is taken out of rotation for
+good, with its reason; when none is left, :class:`NoLiveServerError` lists every reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class ServerAddress(Protocol):
+    """Where a server is and how to authenticate; :class:`~asyncrl.tasks.rollout.server.RolloutServerHandle`
+    and :class:`ServerEndpoint` both fit."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def api_key(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ServerEndpoint:
+    """A server known only by its base URL (and key): e.g. one started elsewhere."""
+
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+
+
+class NoLiveServerError(RuntimeError):
+    """Every rollout server is out of rotation; the message gives each one's reason."""
+
+
+def bearer_headers(server: ServerAddress) -> dict[str, str]:
+    """``Authorization: Bearer <key>`` when the server has a key, else nothing."""
+    return {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+
+
+class ServerState:
+    """One server as the client sees it: load, version, updates seen, rotation status."""
+
+    def __init__(self, address: ServerAddress, index: int) -> None:
+        self.address = address
+        self.index = index
+        self.url = address.url.rstrip("/")
+        self.headers = bearer_headers(address)
+        self.outstanding = 0
+        self.assigned = 0
+        self.version = 0
+        """Weight version the server's engine is set to (its tokens carry it)."""
+        self.update_epoch = 0
+        """Incremented when a pause for a weight update is sent to this server."""
+        self.failure: str | None = None
+        """Why the server is out of rotation (None while it is in)."""
+
+    @property
+    def live(self) -> bool:
+        return self.failure is None
+
+    def __repr__(self) -> str:
+        status = "live" if self.live else f"out: {self.failure}"
+        return f"ServerState({self.url}, v{self.version}, outstanding={self.outstanding}, {status})"
+
+
+class ServerPool:
+    """Least-outstanding-requests routing over the servers still in rotation."""
+
+    def __init__(self, addresses: list[ServerAddress]) -> None:
+        if not addresses:
+            raise ValueError("servers: at least one rollout server is required")
+        self.servers = [ServerState(address, i) for i, address in enumerate(addresses)]
+        urls = [s.url for s in self.servers]
+        duplicates = sorted({u for u in urls if urls.count(u) > 1})
+        if duplicates:
+            raise ValueError(f"servers: duplicate server URLs {duplicates}")
+
+    def live(self) -> list[ServerState]:
+        """Servers in rotation, in list order."""
+        return [s for s in self.servers if s.live]
+
+    def acquire(self) -> ServerState:
+        """The live server with the fewest outstanding requests, now counting one more."""
+        live = self.live()
+        if not live:
+            raise self.no_live_error()
+        server = min(live, key=lambda s: (s.outstanding, s.assigned, s.index))
+        server.outstanding += 1
+        server.assigned += 1
+        return server
+
+    def release(self, server: ServerState) -> None:
+        server.outstanding -= 1
+
+    def take_out(self, server: ServerState, reason: str) -> None:
+        """Take ``server`` out of rotation (the first reason is kept)."""
+        if server.failure is None:
+            server.failure = reason
+
+    def no_live_error(self) -> NoLiveServerError:
+        reasons = "; ".join(f"{s.url}: {s.failure}" for s in self.servers)
+        return NoLiveServerError(f"all {len(self.servers)} rollout servers are out of rotation ({reasons})")

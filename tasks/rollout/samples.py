@@ -1,0 +1,143 @@
+"""What the rollout client returns: one :class:`SampleOutput` per sample, one
+:class:`UpdateStats` per weight update, and the :class:`PartialSample` a sample is built in.
+
+A sample may be produced by several requests (segments): each interruption (a weight
+update in ``recompute`` mode, a dead server) ends one segment, and the next segment is
+requested with prompt + tokens so far and the remaining budget. :class:`PartialSample`
+is the only place segments are joined, and it checks the invariants every sample keeps:
+the token, log-prob and version arrays have one entry per output token, and the total
+never exceeds the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+InterruptMode = Literal["recompute", "keep"]
+INTERRUPT_MODES: tuple[InterruptMode, ...] = ("recompute", "keep")
+
+
+@dataclass(frozen=True)
+class SampleTimings:
+    """When a sample was asked for and done, and what interrupted it on the way."""
+
+    submitted_at: float
+    """Wall-clock time (``time.time()``) at which ``generate_group`` accepted the sample."""
+    finished_at: float
+    """Wall-clock time at which its last token arrived."""
+    interruptions: int
+    """Weight updates that paused the sample while a server was generating it."""
+    retries: int
+    """Segments resubmitted because their server failed (died or refused a weight load)."""
+    segments: int
+    """Requests the sample took (1 if nothing interrupted it, more after abort or failure)."""
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    """One generated sample; its three per-token arrays have equal length."""
+
+    output_token_ids: list[int]
+    behaviour_logprobs: list[float]
+    """log pi_behav(token | prompt, earlier tokens): the raw model log-probability under
+    the weights that sampled the token (vLLM's ``raw_logprobs``)."""
+    token_versions: list[int]
+    """Policy (weight) version that sampled each token."""
+    finish_reason: FinishReason
+    timings: SampleTimings
+
+    def __post_init__(self) -> None:
+        n = len(self.output_token_ids)
+        if len(self.behaviour_logprobs) != n or len(self.token_versions) != n:
+            raise ValueError(
+                f"SampleOutput: {n} output_token_ids but {len(self.behaviour_logprobs)} behaviour_logprobs "
+                f"and {len(self.token_versions)} token_versions"
+            )
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one interruptible weight update cost."""
+
+    version: int
+    mode: InterruptMode
+    stall_s: float
+    """Seconds generation was stopped: first ``/pause`` sent -> last ``/resume`` answered."""
+    server_stall_s: dict[str, float]
+    """Per server URL: its ``/pause`` sent -> its ``/resume`` answered."""
+    load_s: dict[str, float]
+    """Per server URL: seconds the weight loader took."""
+    interrupted_segments: int
+    """Requests in flight on the paused servers when the pause was sent."""
+    failed_servers: dict[str, str] = field(default_factory=dict)
+    """Servers taken out of rotation during the update, with the reason."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Tokens one request produced, each with its log-prob and the version that sampled it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    """``stop``, ``length`` or ``abort`` (cut by a pause; to be continued)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"Segment: {n} token ids but {len(self.logprobs)} log-probs and {len(self.versions)} versions"
+            )
+
+
+class PartialSample:
+    """A sample being generated: the tokens so far of all finished segments."""
+
+    def __init__(self, prompt_token_ids: list[int], max_new_tokens: int, submitted_at: float) -> None:
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.max_new_tokens = max_new_tokens
+        self.submitted_at = submitted_at
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.interruptions = 0
+        self.retries = 0
+        self.segments = 0
+
+    @property
+    def remaining(self) -> int:
+        """Token budget left: max_new_tokens - tokens so far."""
+        return self.max_new_tokens - len(self.token_ids)
+
+    def next_prompt(self) -> list[int]:
+        """What the next segment continues from: prompt + tokens so far."""
+        return self.prompt_token_ids + self.token_ids
+
+    def extend(self, segment: Segment) -> None:
+        """Append a segment's tokens; ``ValueError`` if they overrun the budget."""
+        if len(segment.token_ids) > self.remaining:
+            raise ValueError(
+                f"segment of {len(segment.token_ids)} tokens overruns the remaining budget of {self.remaining} "
+                f"(max_new_tokens {self.max_new_tokens}, {len(self.token_ids)} tokens so far)"
+            )
+        self.token_ids.extend(segment.token_ids)
+        self.logprobs.extend(segment.logprobs)
+        self.versions.extend(segment.versions)
+
+    def finish(self, finish_reason: FinishReason, finished_at: float) -> SampleOutput:
+        return SampleOutput(
+            output_token_ids=list(self.token_ids),
+            behaviour_logprobs=list(self.logprobs),
+            token_versions=list(self.versions),
+            finish_reason=finish_reason,
+            timings=SampleTimings(
+                submitted_at=self.submitted_at,
+                finished_at=finished_at,
+                interruptions=self.interruptions,
+                retries=self.retries,
+                segments=self.segments,
+            ),
+        )

@@ -1,0 +1,173 @@
+"""Fixtures for the rollout client tests: real vLLM servers with the tiny model, and
+published weight versions (v0 = the tiny model, v1..v3 = perturbed copies).
+
+One server (``server_a``) serves the whole session (a start costs 30-90 s on 2 cores);
+tests that update its weights pick the next version from the server's current one, so
+they run in any order. The reference log-probs come from a transformers float32
+forward pass over the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from model_variants import perturbed_copy
+
+from asyncrl.storage.fs import open_root
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, RolloutServerHandle
+from asyncrl.tasks.rollout.weight_sync import update_server_weights
+
+API_KEY = "rollout-client-test-key"
+NUM_VERSIONS = 4
+"""Published versions 0..3; each update test uses one, the suite needs at most 2."""
+PERTURBATION_STD = 0.02
+"""Noise added to every tensor of version v >= 1 (the tiny model is initialised with std 0.02)."""
+_GEN_TOKENS = re.compile(r"^vllm:generation_tokens_total\{[^}]*\}\s+([0-9.eE+]+)", re.M)
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[int, Path]:
+    """Local HF directory of each weight version."""
+    base = tmp_path_factory.mktemp("rollout-models")
+    dirs = {0: tiny_model_dir}
+    for version in range(1, NUM_VERSIONS):
+        dirs[version] = perturbed_copy(dirs[0], base / f"v{version}", seed=version, std=PERTURBATION_STD)
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def weights_root(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[int, Path]) -> str:
+    """A run root (local directory) with every version published through :class:`WeightStore`."""
+    uri = "file://" + str(tmp_path_factory.mktemp("rollout-run-root"))
+    store = WeightStore(open_root(uri))
+    for version, directory in sorted(model_dirs.items()):
+        store.publish(version, directory)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def weight_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("rollout-weight-cache")
+
+
+def start_server(model_dir: Path, log_path: Path) -> RolloutServer:
+    server = RolloutServer(
+        RolloutServerConfig(
+            model_dir=model_dir, api_key=API_KEY, kv_cache_gib=1.0, log_path=log_path
+        )
+    )
+    server.start()
+    try:
+        server.wait_healthy()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def server_a(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[int, Path]) -> Iterator[RolloutServerHandle]:
+    server = start_server(model_dirs[0], tmp_path_factory.mktemp("server-a") / "server.log")
+    try:
+        yield server.handle
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def server_b(tmp_path: Path, model_dirs: dict[int, Path]) -> Iterator[RolloutServer]:
+    """A second server, for one test (it gets killed)."""
+    server = start_server(model_dirs[0], tmp_path / "server-b.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def loader(weights_root: str, weight_cache_dir: Path) -> Callable[[int], Callable[[RolloutServerHandle], Any]]:
+    """``loader(v)``: the weight loader the client calls per server for version v."""
+
+    def for_version(version: int) -> Callable[[RolloutServerHandle], Any]:
+        cache_dir = str(weight_cache_dir)
+        return lambda handle: update_server_weights(handle, weights_root, None, version, cache_dir=cache_dir)
+
+    return for_version
+
+
+def generated_tokens(handle: RolloutServerHandle) -> float:
+    """The server's ``vllm:generation_tokens_total`` counter (Prometheus ``/metrics``)."""
+    text = httpx.get(f"{handle.url}/metrics", headers=handle.headers(), timeout=30).text
+    match = _GEN_TOKENS.search(text)
+    assert match, f"no vllm:generation_tokens_total in {handle.url}/metrics"
+    return float(match.group(1))
+
+
+async def wait_generated(handle: RolloutServerHandle, since: float, at_least: float, timeout_s: float = 300) -> None:
+    """Wait until the server generated ``at_least`` tokens more than ``since``."""
+    deadline = time.monotonic() + timeout_s
+    while await asyncio.to_thread(generated_tokens, handle) - since < at_least:
+        assert time.monotonic() < deadline, f"{handle.url} generated fewer than {at_least} tokens in {timeout_s} s"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def hf_models(model_dirs: dict[int, Path]) -> Callable[[int], Any]:
+    """transformers float32 model of a version (loaded once)."""
+    cache: dict[int, Any] = {}
+
+    def get(version: int) -> Any:
+        if version not in cache:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            cache[version] = AutoModelForCausalLM.from_pretrained(model_dirs[version], dtype=torch.float32).eval()
+        return cache[version]
+
+    return get
+
+
+def reference_logprobs(
+    model_before: Any, model_after: Any, prompt: list[int], output: list[int], switch: int
+) -> list[float]:
+    """log p(output[i] | prompt, output[:i]) for every i, float32, as vLLM computes it in keep mode.
+
+    The KV cache of positions ``[0, P + switch - 1)`` (P = len(prompt)) comes from
+    ``model_before``; the later positions run through ``model_after`` on top of it. The
+    token at output index i is predicted by the logits at position P + i - 1, so output
+    tokens ``[0, switch)`` are ``model_before``'s and the rest ``model_after``'s
+    (the first new token is sampled by the first step run with the new weights, which
+    feeds the last old token). ``switch = len(output)`` is one model all along.
+    """
+    import torch
+
+    ids = torch.tensor([prompt + output])  # (1, T) with T = P + G
+    cut = len(prompt) + switch - 1
+    with torch.no_grad():
+        if switch >= len(output):
+            logits = model_before(ids).logits[0]  # (T, V)
+        else:
+            first = model_before(ids[:, :cut], use_cache=True)
+            second = model_after(ids[:, cut:], past_key_values=first.past_key_values)
+            logits = torch.cat([first.logits[0], second.logits[0]])  # (T, V)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # (T, V)
+    positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(output))  # (G,)
+    return logprobs[positions, torch.tensor(output)].tolist()  # (G,)
+
+
+@pytest.fixture(scope="session")
+def helpers() -> Any:
+    """The plain helpers above, for test modules (tests are not a package under importlib mode)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        reference_logprobs=reference_logprobs, wait_generated=wait_generated, generated_tokens=generated_tokens
+    )

@@ -1,0 +1,63 @@
+"""Two servers, one killed (SIGKILL of its process group) in the middle of generation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from asyncrl.tasks.rollout.client import RolloutClient
+from asyncrl.tasks.rollout.routing import NoLiveServerError
+from asyncrl.tasks.rollout.samples import SampleOutput
+from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerHandle
+
+PROMPT = [87, 104, 121, 32, 105, 115, 32, 116, 104, 101, 32, 115, 107, 121]
+LOGPROB_TOLERANCE = 1e-4
+N, MAX_NEW_TOKENS = 8, 120
+
+
+@pytest.mark.slow
+def test_requests_of_a_killed_server_finish_on_the_other_exactly_once(
+    server_a: RolloutServerHandle, server_b: RolloutServer, hf_models: Callable[[int], Any], helpers: Any
+) -> None:
+    handle_b = server_b.handle
+
+    async def run() -> tuple[list[SampleOutput], dict[str, str], dict[str, int], BaseException]:
+        async with RolloutClient([server_a, handle_b]) as both, RolloutClient([handle_b]) as only_b:
+            before = await asyncio.to_thread(helpers.generated_tokens, handle_b)
+            group = asyncio.create_task(both.generate_group(PROMPT, N, MAX_NEW_TOKENS, ignore_eos=True))
+            lonely = asyncio.create_task(only_b.generate_group(PROMPT, 2, MAX_NEW_TOKENS, ignore_eos=True))
+            await helpers.wait_generated(handle_b, before, at_least=(N // 2 + 2) * 8)
+            os.killpg(handle_b.pgid, signal.SIGKILL)
+            samples = await group
+            with pytest.raises(NoLiveServerError) as lonely_error:
+                await lonely
+            return samples, both.failed_servers(), both.server_versions(), lonely_error.value
+
+    samples, failed, versions, lonely_error = asyncio.run(run())
+    assert list(failed) == [handle_b.url] and "connection failed" in failed[handle_b.url]
+    assert list(versions) == [server_a.url]
+    assert f"all 1 rollout servers are out of rotation ({handle_b.url}: connection failed" in str(lonely_error)
+
+    assert len(samples) == N
+    # Least-outstanding routing put half of the group on each server; those on B moved to A.
+    assert sorted(s.timings.retries for s in samples) == [0] * (N // 2) + [1] * (N // 2)
+    worst = 0.0
+    for sample in samples:
+        tokens, token_versions = sample.output_token_ids, sample.token_versions
+        assert len(tokens) == len(sample.behaviour_logprobs) == len(token_versions) == MAX_NEW_TOKENS
+        assert sample.finish_reason == "length"
+        assert sample.timings.segments == 1 + sample.timings.retries
+        # B ran v0 (a fresh server); A may have been updated by other tests. Each token
+        # is its version's model over the whole sequence (A re-reads B's tokens).
+        full = {
+            v: helpers.reference_logprobs(hf_models(v), None, PROMPT, tokens, len(tokens)) for v in set(token_versions)
+        }
+        reference = [full[v][i] for i, v in enumerate(token_versions)]
+        worst = max(worst, max(abs(a - b) for a, b in zip(reference, sample.behaviour_logprobs)))
+    print(f"failover: max |behaviour - reference| log-prob = {worst:.3g}")
+    assert worst < LOGPROB_TOLERANCE

@@ -1,0 +1,157 @@
+"""Weight updates in the middle of generation, real weights, both interrupt modes.
+
+The strongest check is the log-prob one: every token's behaviour log-prob must equal a
+transformers float32 log-prob computed over exactly the recorded tokens, with exactly
+the recorded version per token. A lost, duplicated or mis-versioned token, or a wrong
+version boundary, changes the conditioning of the tokens after it and breaks the match
+(the test checks that a boundary one token off would be caught).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from asyncrl.tasks.rollout.client import RolloutClient
+from asyncrl.tasks.rollout.routing import NoLiveServerError
+from asyncrl.tasks.rollout.samples import InterruptMode, SampleOutput, UpdateStats
+from asyncrl.tasks.rollout.server import RolloutServerHandle
+
+PROMPT = [84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115]
+LOGPROB_TOLERANCE = 1e-4
+N, MAX_NEW_TOKENS = 4, 160
+
+
+def _run_update(
+    mode: InterruptMode, server: RolloutServerHandle, loader: Callable[[int], Any], helpers: Any
+) -> tuple[int, int, UpdateStats, list[SampleOutput], dict[str, int]]:
+    async def run() -> tuple[int, int, UpdateStats, list[SampleOutput], dict[str, int]]:
+        async with RolloutClient([server], interrupt_mode=mode) as client:
+            old = client.current_version
+            new = old + 1
+            before = await asyncio.to_thread(helpers.generated_tokens, server)
+            group = asyncio.create_task(client.generate_group(PROMPT, N, MAX_NEW_TOKENS, ignore_eos=True))
+            await helpers.wait_generated(server, before, at_least=N * 12)
+            stats = await client.update_weights(new, loader(new))
+            samples = await group
+            return old, new, stats, samples, client.server_versions()
+
+    return asyncio.run(run())
+
+
+def _max_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def _where(reference: list[float], sample: SampleOutput, switch: int) -> str:
+    """Failure detail: the version switch and the first tokens off the reference."""
+    bad = [i for i, (x, y) in enumerate(zip(reference, sample.behaviour_logprobs)) if abs(x - y) >= LOGPROB_TOLERANCE]
+    return f"switch at token {switch}, {len(bad)} tokens off, first {bad[:8]}, timings {sample.timings}"
+
+
+def _check_sample_shape(sample: SampleOutput, old: int, new: int) -> int:
+    """Common invariants; returns the number of old-version tokens."""
+    tokens, versions = sample.output_token_ids, sample.token_versions
+    assert len(tokens) == len(sample.behaviour_logprobs) == len(versions) == MAX_NEW_TOKENS  # ignore_eos: full budget
+    assert sample.finish_reason == "length"
+    assert versions == sorted(versions) and set(versions) == {old, new}, versions
+    assert sample.timings.interruptions == 1 and sample.timings.retries == 0
+    return versions.count(old)
+
+
+def _check_stats(stats: UpdateStats, new: int, mode: str, url: str, samples: list[SampleOutput]) -> None:
+    ends = [(s.finish_reason, len(s.output_token_ids), s.timings) for s in samples]
+    assert stats.version == new and stats.mode == mode and stats.failed_servers == {}
+    assert stats.interrupted_segments == N, ends
+    assert 0 < stats.load_s[url] < stats.server_stall_s[url] <= stats.stall_s
+    print(f"{mode} update to v{new}: stall {stats.stall_s:.3f} s (load {stats.load_s[url]:.3f} s)")
+
+
+@pytest.mark.slow
+def test_recompute_update_mid_generation(
+    caplog: pytest.LogCaptureFixture,
+    server_a: RolloutServerHandle, loader: Callable[[int], Any], hf_models: Callable[[int], Any], helpers: Any
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="asyncrl")  # segment ends, shown if the test fails
+    old, new, stats, samples, versions = _run_update("recompute", server_a, loader, helpers)
+    _check_stats(stats, new, "recompute", server_a.url, samples)
+    assert versions == {server_a.url: new}
+    full = {v: None for v in (old, new)}
+    worst = 0.0
+    for sample in samples:
+        switch = _check_sample_shape(sample, old, new)
+        assert sample.timings.segments == 2  # aborted once, resubmitted once
+        tokens = sample.output_token_ids
+        # Recompute: the new weights re-read prompt + old tokens, so each token is its
+        # version's model over the whole sequence.
+        for v in full:
+            full[v] = helpers.reference_logprobs(hf_models(v), None, PROMPT, tokens, len(tokens))
+        reference = full[old][:switch] + full[new][switch:]
+        assert _max_diff(reference, sample.behaviour_logprobs) < LOGPROB_TOLERANCE, _where(reference, sample, switch)
+        worst = max(worst, _max_diff(reference, sample.behaviour_logprobs))
+        # The check has power: the other version's log-probs are far off.
+        assert _max_diff(full[old][switch:], sample.behaviour_logprobs[switch:]) > 100 * LOGPROB_TOLERANCE
+        assert _max_diff(full[new][:switch], sample.behaviour_logprobs[:switch]) > 100 * LOGPROB_TOLERANCE
+    print(f"recompute: max |behaviour - reference| log-prob = {worst:.3g}")
+    assert worst < LOGPROB_TOLERANCE
+
+
+@pytest.mark.slow
+def test_keep_update_mid_generation(
+    caplog: pytest.LogCaptureFixture,
+    server_a: RolloutServerHandle, loader: Callable[[int], Any], hf_models: Callable[[int], Any], helpers: Any
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="asyncrl")
+    old, new, stats, samples, versions = _run_update("keep", server_a, loader, helpers)
+    _check_stats(stats, new, "keep", server_a.url, samples)
+    assert versions == {server_a.url: new}
+    before, after = hf_models(old), hf_models(new)
+    worst = 0.0
+    for sample in samples:
+        switch = _check_sample_shape(sample, old, new)
+        assert sample.timings.segments == 1  # kept in flight, never resubmitted
+        tokens = sample.output_token_ids
+        # Keep: the KV cache of the old tokens stays as the old weights computed it.
+        reference = helpers.reference_logprobs(before, after, PROMPT, tokens, switch)
+        assert _max_diff(reference, sample.behaviour_logprobs) < LOGPROB_TOLERANCE, _where(reference, sample, switch)
+        worst = max(worst, _max_diff(reference, sample.behaviour_logprobs))
+        for wrong in (switch - 1, switch + 1):  # a boundary one token off would be caught
+            shifted = helpers.reference_logprobs(before, after, PROMPT, tokens, wrong)
+            assert _max_diff(shifted, sample.behaviour_logprobs) > 100 * LOGPROB_TOLERANCE
+    print(f"keep: max |behaviour - reference| log-prob = {worst:.3g}")
+    assert worst < LOGPROB_TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["recompute", "keep"])
+def test_a_failed_weight_load_takes_the_server_out_and_says_why(
+    mode: InterruptMode, server_a: RolloutServerHandle, helpers: Any
+) -> None:
+    def broken_loader(handle: RolloutServerHandle) -> None:
+        raise OSError(f"weights of {handle.url} unreachable")
+
+    async def run() -> tuple[BaseException, BaseException, int, list[SampleOutput]]:
+        async with RolloutClient([server_a], interrupt_mode=mode) as client:
+            old = client.current_version
+            before = await asyncio.to_thread(helpers.generated_tokens, server_a)
+            group = asyncio.create_task(client.generate_group(PROMPT, 2, MAX_NEW_TOKENS, ignore_eos=True))
+            await helpers.wait_generated(server_a, before, at_least=8)
+            with pytest.raises(NoLiveServerError) as update_error:
+                await client.update_weights(old + 1, broken_loader)
+            with pytest.raises(NoLiveServerError) as group_error:
+                await group
+        # The server was resumed on its old weights: a new client generates there as before.
+        async with RolloutClient([server_a]) as fresh:
+            after = await fresh.generate_group(PROMPT, 1, 4)
+            return update_error.value, group_error.value, fresh.current_version - old, after
+
+    update_error, group_error, version_change, samples = asyncio.run(run())
+    expected = f"loading weight version .* failed: OSError\\('weights of {server_a.url} unreachable'\\)"
+    assert re.search(expected, str(update_error)) and re.search(expected, str(group_error))
+    assert version_change == 0
+    assert len(samples[0].output_token_ids) == 4
