@@ -260,10 +260,14 @@ def train_run(config: RunConfig, lineage: RunLineage | None = None, progress: Ca
                 ),
             )
 
+            reported = [0]
+
             def poll() -> None:
                 recorder.poll()
-                if progress is not None and recorder.metrics_by_step:
-                    progress(max(recorder.metrics_by_step), config.trainer.max_steps)
+                step = max(recorder.metrics_by_step, default=0)
+                if progress is not None and step > reported[0]:
+                    reported[0] = step
+                    progress(step, config.trainer.max_steps)
 
             supervisor.wait_any_failure(trainer, on_poll=poll)
             recorder.poll()
