@@ -13,6 +13,7 @@ from pathlib import Path
 
 from asyncrl.configs.loading import ConfigError, frozen_yaml, load_config
 from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
+from asyncrl.tasks.rollout.bench import add_rollout_bench
 from asyncrl.tasks.trainer.bench import add_trainer_bench
 
 
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     add_reward_bench(bench_commands)
     add_trainer_bench(bench_commands)
+    add_rollout_bench(bench_commands)
     return parser
 
 

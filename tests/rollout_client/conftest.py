@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from model_variants import perturbed_copy
+from asyncrl.tasks.model.variants import perturbed_copy
 
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from model_variants import perturbed_copy
+from asyncrl.tasks.model.variants import perturbed_copy
 
 
 @pytest.fixture(scope="session")

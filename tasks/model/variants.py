@@ -1,4 +1,4 @@
-"""Weight versions for tests: copies of an HF model directory with seeded noise."""
+"""Weight variants of a model: copies of an HF model directory with seeded noise (benchmarks, tests)."""
 
 from __future__ import annotations
 

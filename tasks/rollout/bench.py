@@ -1,0 +1,204 @@
+"""`asyncrl bench rollout`: standalone generation throughput of one vLLM server on a
+long-tailed length workload, and the stall per weight update in both interrupt modes.
+
+    tokens/s (concurrency c) = output tokens of all requests / wall seconds,
+    with c requests in flight at a time; request lengths L_i (ignore_eos) drawn from a
+    truncated power law, so a few long generations dominate as with reasoning models.
+    stall per update = first /pause sent -> last /resume answered (UpdateStats.stall_s),
+    measured while the server is generating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.tasks.rollout.samples import INTERRUPT_MODES
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    concurrencies: tuple[int, ...] = (1, 4, 16, 64)
+    requests: int = 64
+    min_tokens: int = 16
+    max_tokens: int = 512
+    length_exponent: float = 1.2
+    updates_per_mode: int = 3
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    concurrency: int
+    requests: int
+    output_tokens: int
+    seconds: float
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class StallRow:
+    mode: str
+    updates: int
+    stall_s_mean: float
+    stall_s_max: float
+    load_s_mean: float
+    interrupted_mean: float
+
+
+def long_tailed_lengths(n: int, settings: BenchSettings) -> list[int]:
+    """L ~ P(L) proportional to L^-a on [min_tokens, max_tokens] (a = length_exponent)."""
+    rng = random.Random(settings.seed)
+    support = range(settings.min_tokens, settings.max_tokens + 1)
+    weights = [length ** -settings.length_exponent for length in support]
+    return rng.choices(list(support), weights=weights, k=n)
+
+
+async def measure_throughput(client: Any, prompt: list[int], lengths: list[int], concurrency: int) -> ThroughputRow:
+    limit = asyncio.Semaphore(concurrency)
+    produced = 0
+
+    async def one(length: int) -> None:
+        nonlocal produced
+        async with limit:
+            outputs = await client.generate_group(prompt, 1, length, 1.0, ignore_eos=True)
+        produced += sum(len(o.output_token_ids) for o in outputs)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(length) for length in lengths))
+    seconds = time.perf_counter() - started
+    return ThroughputRow(concurrency, len(lengths), produced, seconds, produced / seconds)
+
+
+async def measure_stalls(
+    handle: Any, prompt: list[int], mode: str, store_uri: str, versions: list[int], cache_dir: str
+) -> StallRow:
+    """Updates while 8 long generations run; each update loads the next published version."""
+    from asyncrl.tasks.rollout.client import RolloutClient
+    from asyncrl.tasks.rollout.weight_sync import server_weight_version, update_server_weights
+
+    stats = []
+    async with RolloutClient([handle], interrupt_mode=mode, initial_version=server_weight_version(handle) or 0) as client:
+        for version in versions:
+            if version <= client.current_version:
+                continue
+            generation = asyncio.create_task(
+                asyncio.gather(*(client.generate_group(prompt, 1, 256, 1.0, ignore_eos=True) for _ in range(8)))
+            )
+            await asyncio.sleep(1.0)  # let the generations get going
+            stats.append(
+                await client.update_weights(
+                    version, lambda h, v=version: update_server_weights(h, store_uri, {}, v, cache_dir=cache_dir)
+                )
+            )
+            await generation
+    return StallRow(
+        mode=mode,
+        updates=len(stats),
+        stall_s_mean=statistics.fmean(s.stall_s for s in stats),
+        stall_s_max=max(s.stall_s for s in stats),
+        load_s_mean=statistics.fmean(statistics.fmean(s.load_s.values()) for s in stats),
+        interrupted_mean=statistics.fmean(s.interrupted_segments for s in stats),
+    )
+
+
+def perturbed_versions(model_dir: Path, store_uri: str, count: int, seed: int, work: Path) -> list[int]:
+    """Publish version 0 (the model) and 1..count: the model with seeded noise (std 0.02)."""
+    from asyncrl.storage.fs import open_root
+    from asyncrl.storage.weights import WeightStore
+    from asyncrl.tasks.model.variants import perturbed_copy
+
+    store = WeightStore(open_root(store_uri))
+    store.publish(0, model_dir)
+    for version in range(1, count + 1):
+        store.publish(version, perturbed_copy(model_dir, work / f"v{version}", seed=seed + version, std=0.02))
+    return list(range(1, count + 1))
+
+
+def run_rollout_bench(model_dir: Path | None, settings: BenchSettings) -> dict[str, Any]:
+    from asyncrl.tasks.model.tiny import write_tiny_model
+    from asyncrl.tasks.rollout.client import RolloutClient
+    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+
+    work = Path(tempfile.mkdtemp(prefix="asyncrl-bench-rollout-"))
+    model_dir = model_dir or write_tiny_model(work / "model", seed=settings.seed)
+    store_uri = f"file://{work / 'store'}"
+    n_updates = settings.updates_per_mode * len(INTERRUPT_MODES)
+    versions = perturbed_versions(model_dir, store_uri, n_updates, settings.seed, work)
+    lengths = long_tailed_lengths(settings.requests, settings)
+    prompt = list(range(10, 42))
+    config = RolloutServerConfig(model_dir=model_dir, kv_cache_gib=2.0, log_path=work / "server.log",
+                                 max_model_len=len(prompt) + settings.max_tokens + 8)
+
+    async def measure(server: RolloutServer) -> tuple[list[ThroughputRow], list[StallRow]]:
+        async with RolloutClient([server.handle]) as client:
+            await client.generate_group(prompt, 4, 32, 1.0, ignore_eos=True)  # warm-up
+            throughput = [await measure_throughput(client, prompt, lengths, c) for c in settings.concurrencies]
+        stalls = []
+        for index, mode in enumerate(INTERRUPT_MODES):
+            chunk = versions[index * settings.updates_per_mode : (index + 1) * settings.updates_per_mode]
+            stalls.append(await measure_stalls(server.handle, prompt, mode, store_uri, chunk, str(work / "cache")))
+        return throughput, stalls
+
+    with RolloutServer(config) as server:
+        throughput, stalls = asyncio.run(measure(server))
+    return {
+        "settings": asdict(settings),
+        "length_mean": statistics.fmean(lengths),
+        "length_p90": sorted(lengths)[int(0.9 * (len(lengths) - 1))],
+        "throughput": [asdict(row) for row in throughput],
+        "update_stall": [asdict(row) for row in stalls],
+    }
+
+
+def format_tables(result: dict[str, Any]) -> str:
+    lines = [
+        f"workload: {result['settings']['requests']} requests, output length mean {result['length_mean']:.0f}, "
+        f"p90 {result['length_p90']} (long-tailed, ignore_eos)",
+        "",
+        "| concurrency | output tokens | seconds | tokens/s |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [f"| {r['concurrency']} | {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} |"
+              for r in result["throughput"]]
+    lines += ["", "| interrupt mode | updates | stall mean (s) | stall max (s) | load mean (s) | interrupted |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['mode']} | {r['updates']} | {r['stall_s_mean']:.2f} | {r['stall_s_max']:.2f} | "
+              f"{r['load_s_mean']:.2f} | {r['interrupted_mean']:.1f} |" for r in result["update_stall"]]
+    return "\n".join(lines)
+
+
+def cmd_bench_rollout(args: argparse.Namespace) -> int:
+    settings = BenchSettings(
+        concurrencies=tuple(args.concurrency), requests=args.requests, max_tokens=args.max_tokens,
+        updates_per_mode=args.updates, seed=args.seed,
+    )
+    result = run_rollout_bench(Path(args.model) if args.model else None, settings)
+    print(format_tables(result))
+    print(json.dumps(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def add_rollout_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register `rollout` on the `bench` sub-command."""
+    parser = subparsers.add_parser("rollout", help="vLLM tokens/s by concurrency and weight-update stall by mode")
+    defaults = BenchSettings()
+    parser.add_argument("--model", default=None, help="HF model directory (default: a fresh tiny Qwen2)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(defaults.concurrencies))
+    parser.add_argument("--requests", type=int, default=defaults.requests)
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument("--updates", type=int, default=defaults.updates_per_mode, help="weight updates per mode")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--json", default=None, help="also write the result as JSON here")
+    parser.set_defaults(handler=cmd_bench_rollout)
+    return parser
