@@ -48,6 +48,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect's temporary local server waits 20 s by default; a busy 2-core machine needs more.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     config = load_config(args.config, args.overrides)
     from asyncrl.flows.progress import live_progress
     from asyncrl.flows.pipeline_flow import pipeline

@@ -90,8 +90,8 @@ async def measure_stalls(
         for version in versions:
             if version <= client.current_version:
                 continue
-            generation = asyncio.create_task(
-                asyncio.gather(*(client.generate_group(prompt, 1, 256, 1.0, ignore_eos=True) for _ in range(8)))
+            generation = asyncio.gather(
+                *(client.generate_group(prompt, 1, 256, 1.0, ignore_eos=True) for _ in range(8))
             )
             await asyncio.sleep(1.0)  # let the generations get going
             stats.append(
