@@ -53,6 +53,7 @@ from typing import Any
 
 import httpx
 
+from asyncrl.tasks.rollout.http_errors import error_text as _error_text
 from asyncrl.tasks.rollout.routing import ServerAddress, ServerPool, ServerState
 from asyncrl.tasks.rollout.samples import (
     INTERRUPT_MODES,
@@ -162,21 +163,6 @@ def versions_from_spans(spans: object, num_tokens: int, source: str) -> list[int
     if len(versions) != num_tokens:
         raise RuntimeError(f"{source}: weight_versions spans {spans} do not tile [0, {num_tokens})")
     return versions
-
-
-def _error_text(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:1000]
-    if isinstance(body, dict):
-        for key in ("error", "detail", "message"):
-            value = body.get(key)
-            if isinstance(value, dict):
-                value = value.get("message", value)
-            if value:
-                return str(value)[:1000]
-    return str(body)[:1000]
 
 
 def _raise_for_status(server: ServerState, path: str, response: httpx.Response) -> None:

@@ -31,6 +31,7 @@ from asyncrl.storage import paths
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WEIGHT_SUFFIX, WeightStore
+from asyncrl.tasks.rollout.http_errors import error_text as _error_text
 
 if TYPE_CHECKING:
     import torch
@@ -238,22 +239,6 @@ def _post(handle: RolloutServerHandle, path: str, timeout_s: float, **kwargs: An
         return httpx.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
     except httpx.HTTPError as exc:
         raise WeightSyncError(f"rollout server {handle.url}{path}: request failed: {exc!r}") from exc
-
-
-def _error_text(response: httpx.Response) -> str:
-    """The server's error message from a JSON body (``error``/``detail``/``message``), else the raw text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:2000]
-    if isinstance(body, dict):
-        for key in ("error", "detail", "message"):
-            value = body.get(key)
-            if isinstance(value, dict):
-                value = value.get("message", value)
-            if value:
-                return str(value)
-    return str(body)[:2000]
 
 
 def set_server_weight_version(handle: RolloutServerHandle, version: int, timeout_s: float = 30.0) -> None:
