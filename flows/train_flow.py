@@ -9,7 +9,6 @@ supervisor kills its process group in a `finally`).
 from __future__ import annotations
 
 import asyncio
-import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +32,7 @@ from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.prefect_tasks import supervise_rollout_server
 from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
-from asyncrl.tasks.rollout.weight_sync import update_server_weights
+from asyncrl.tasks.rollout.weight_sync import fetch_weight_version, update_server_weights
 from asyncrl.tasks.trainer.process import TrainerLaunch, supervise_trainer
 
 
@@ -83,15 +82,13 @@ def load_codec(model_dir: str) -> tuple[HFCodec, tuple[int, ...]]:
 def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int]:
     """The weights the rollout servers start with: the newest published version (a resumed
     run, or the SFT warm start of the pipeline), else `model.path` as version 0."""
-    store = WeightStore(paths.root)
-    latest = store.latest()
+    latest = WeightStore(paths.root).latest()
     if latest is None:
         return Path(config.model.path), 0
-    target = paths.work_dir / "serving" / f"v{latest}"
-    if not (target / "config.json").exists():
-        shutil.rmtree(target, ignore_errors=True)
-        store.download(latest, target)
-    return target, latest
+    model_dir, _ = fetch_weight_version(
+        config.storage.root, dict(config.storage.options), latest, paths.work_dir / "weights-cache"
+    )
+    return model_dir, latest
 
 
 def server_configs(config: RunConfig, paths: RunPaths, model_dir: Path) -> list[RolloutServerConfig]:

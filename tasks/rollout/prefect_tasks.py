@@ -10,12 +10,15 @@ parent-death signal (``RolloutServerConfig.die_with_parent``) stops it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from asyncrl.storage.fs import open_root
+from asyncrl.tasks.rollout.weight_sync import DEFAULT_CACHE_DIR, fetch_weight_version
 from asyncrl.tasks.rollout.registry import register_server, unregister_server
 from asyncrl.tasks.rollout.server import (
     RolloutServer,
@@ -66,6 +69,19 @@ def supervise_rollout_server(
     return code
 
 
+def config_for_version(
+    config: RolloutServerConfig,
+    run_root: str,
+    storage_options: dict[str, Any] | None,
+    version: int,
+    cache_dir: Path,
+) -> RolloutServerConfig:
+    """`config` serving published weight `version` of the run root (fetched into `cache_dir`,
+    reused if already there); an unpublished version names the available ones."""
+    model_dir, _ = fetch_weight_version(run_root, dict(storage_options or {}), version, cache_dir)
+    return dataclasses.replace(config, model_dir=model_dir)
+
+
 @task(name="rollout-server", cache_policy=NO_CACHE)  # a long-lived side effect: never cached
 def rollout_server_task(
     config: RolloutServerConfig,
@@ -73,6 +89,11 @@ def rollout_server_task(
     storage_options: dict[str, Any] | None,
     name: str,
     poll_interval_s: float = 5.0,
+    weights_version: int | None = None,
+    cache_dir: Path = Path(DEFAULT_CACHE_DIR),
 ) -> int | None:
-    """Prefect task: :func:`supervise_rollout_server` until the flow cancels it or the server dies."""
+    """Prefect task: :func:`supervise_rollout_server` until the flow cancels it or the server
+    dies; with `weights_version`, the server starts from that published version of the run."""
+    if weights_version is not None:
+        config = config_for_version(config, run_root, storage_options, weights_version, cache_dir)
     return supervise_rollout_server(config, run_root, storage_options, name, poll_interval_s)
