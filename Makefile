@@ -8,6 +8,9 @@ EXTRA ?= cpu
 CONSTRAINTS := $(if $(filter cpu,$(EXTRA)),-c infra/python-constraints.txt,)
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+# DeepSpeed's JIT ops are built per venv: a shared ~/.cache/torch_extensions is rebuilt by
+# every venv at another path, and a build killed midway leaves a lock that hangs the next one.
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
 .PHONY: setup system-deps test demo clean
 
