@@ -8,7 +8,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from asyncrl.storage import fs, paths
@@ -155,25 +154,3 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(
         assert quarantined == []  # the data is fine; the model is the wrong one
     else:
         assert [n for n in quarantined if n.startswith(bad)]
-
-    # ... and in vLLM: tokens a rollout server samples from the published version get the
-    # same log-probs from vLLM (behaviour) and from the trainer's engine.
-    import asyncio
-
-    from asyncrl.tasks.rollout.client import RolloutClient
-    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
-
-    prompt = trajectories.prompt_ids("What is 3+4*2?\n")
-
-    async def sample() -> list[Any]:
-        async with RolloutClient([server.handle], initial_version=3) as client:
-            return await client.generate_group(prompt, 2, 12, 1.0, ignore_eos=True)
-
-    with RolloutServer(RolloutServerConfig(model_dir=local, log_path=tmp_path / "vllm.log")) as server:
-        outputs = asyncio.run(sample())
-    seqs = [TokenSequence(tuple(prompt), tuple(o.output_token_ids)) for o in outputs]
-    ours = sequence_logprobs(engine.ds, seqs, [[0, 1]])
-    for output, trainer_logprobs in zip(outputs, ours):
-        assert output.token_versions == [3] * len(output.output_token_ids)
-        vllm_logprobs = torch.tensor(output.behaviour_logprobs)
-        assert float((vllm_logprobs - trainer_logprobs).abs().max()) < 1e-4
