@@ -284,6 +284,11 @@ class RolloutClient:
         """Weight version of each server in rotation, by URL."""
         return {s.url: s.version for s in self._pool.live()}
 
+    def streamed_tokens(self) -> dict[str, int]:
+        """Output tokens received so far from each server (in rotation or not), by URL: the
+        client's own, exact view of generation progress (vLLM's Prometheus counters lag)."""
+        return {s.url: s.streamed_tokens for s in self._pool.servers}
+
     def failed_servers(self) -> dict[str, str]:
         """Servers out of rotation, by URL, with the reason."""
         return {s.url: s.failure for s in self._pool.servers if s.failure is not None}
@@ -379,6 +384,7 @@ class RolloutClient:
                             raise RuntimeError(f"{source}: chunk log-probs do not match its token ids: {choice}")
                         token_ids.extend(ids)
                         logprobs.extend(float(c["logprob"]) for c in content)
+                        server.streamed_tokens += len(ids)
                         if choice.get("finish_reason") is not None:
                             finish_reason = choice["finish_reason"]
                             spans = choice.get("weight_versions")

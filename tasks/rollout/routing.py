@@ -54,6 +54,8 @@ class ServerState:
         """Weight version the server's engine is set to (its tokens carry it)."""
         self.update_epoch = 0
         """Incremented when a pause for a weight update is sent to this server."""
+        self.streamed_tokens = 0
+        """Output tokens received from this server so far (kept or not)."""
         self.failure: str | None = None
         """Why the server is out of rotation (None while it is in)."""
 

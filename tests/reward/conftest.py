@@ -82,9 +82,12 @@ def _suspects(marker: str, before: frozenset[int]) -> list[str]:
     return found
 
 
-def _connections() -> frozenset[tuple[object, ...]]:
+def _connections(services: frozenset[int]) -> frozenset[tuple[object, ...]]:
+    """Internet connections of this process and its descendants, except ``services``: the
+    session's long-lived servers (SeaweedFS, vLLM, Prefect), whose internal loopback traffic
+    (e.g. ``weed mini``'s master, volume and filer talking to each other) is not a sandbox's."""
     conns: set[tuple[object, ...]] = set()
-    for proc in [psutil.Process(), *_descendants()]:
+    for proc in [psutil.Process(), *(p for p in _descendants() if p.pid not in services)]:
         try:
             for c in proc.net_connections(kind="inet"):
                 conns.add((proc.pid, c.laddr, c.raddr, c.status))
@@ -98,6 +101,7 @@ class HostGuard:
 
     def __init__(self, marker: str) -> None:
         self.marker = marker
+        self.services = frozenset(p.pid for p in _descendants())
         self.before = self._snapshot()
         self.allowed: set[int] = set()
 
@@ -109,7 +113,7 @@ class HostGuard:
         return HostSnapshot(
             pids=frozenset(psutil.pids()),
             temp_entries=frozenset(os.listdir(tempfile.gettempdir())),
-            connections=_connections(),
+            connections=_connections(self.services),
         )
 
     def assert_clean(self, settle_s: float = 10.0) -> None:

