@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, model_validator
 
 from asyncrl.configs.base import StrictModel
+from asyncrl.tasks.data.synthetic import ArithmeticSpec
 from asyncrl.tasks.reward.config import RewardConfig
 
 
@@ -79,6 +80,9 @@ class OptimizerConfig(StrictModel):
     betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
     grad_clip: float | None = Field(1.0, gt=0.0)
     warmup_steps: int = Field(0, ge=0)
+    decay: Literal["constant", "cosine"] = "constant"
+    """After warm-up: keep lr, or cosine-decay it to min_lr_ratio * lr by the last update."""
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
 
 
 class TrainerConfig(StrictModel):
@@ -120,8 +124,37 @@ class TrackingConfig(StrictModel):
 
 
 class SyntheticDataConfig(StrictModel):
+    """Size and difficulty of the synthetic arithmetic task (see ``ArithmeticSpec``)."""
+
     n_train: int = Field(4000, ge=1)
     n_heldout: int = Field(200, ge=1)
+    min_steps: int = Field(ArithmeticSpec.min_steps, ge=1)
+    """Fewest operators of a problem."""
+    max_steps: int = Field(ArithmeticSpec.max_steps, ge=1)
+    """Most operators; P(k operators) is proportional to k ** -step_exponent."""
+    step_exponent: float = Field(ArithmeticSpec.step_exponent, ge=0.0)
+    mul_prob: float = Field(ArithmeticSpec.mul_prob, ge=0.0, le=1.0)
+    """Chance of ``*`` for each operator (else ``+`` or ``-``)."""
+    max_addend: int = Field(ArithmeticSpec.max_addend, ge=1)
+    max_factor: int = Field(ArithmeticSpec.max_factor, ge=2)
+
+    @model_validator(mode="after")
+    def _steps_ordered(self) -> SyntheticDataConfig:
+        if self.min_steps > self.max_steps:
+            raise ValueError(
+                f"pipeline.synthetic_data.min_steps ({self.min_steps}) must be <= max_steps ({self.max_steps})"
+            )
+        return self
+
+    def spec(self) -> ArithmeticSpec:
+        return ArithmeticSpec(
+            min_steps=self.min_steps,
+            max_steps=self.max_steps,
+            step_exponent=self.step_exponent,
+            mul_prob=self.mul_prob,
+            max_addend=self.max_addend,
+            max_factor=self.max_factor,
+        )
 
 
 class PipelineConfig(StrictModel):
@@ -132,6 +165,8 @@ class PipelineConfig(StrictModel):
     sft_steps: int = Field(0, ge=0)
     """Warm-start SFT updates on the reference solutions before RL (0 skips the stage)."""
     sft_batch_size: int = Field(16, ge=1)
+    sft_optimizer: OptimizerConfig | None = None
+    """Optimizer of the SFT stage (learning rate, schedule); None uses trainer.optimizer."""
     eval_samples: int = Field(4, ge=1)
     """Samples per held-out prompt for pass@1."""
     eval_prompts: int | None = Field(None, ge=1)

@@ -18,6 +18,7 @@ from asyncrl.configs.loading import public_dict
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.evaluate import EvalResult, evaluate
 from asyncrl.flows.lineage_recorder import file_ref
+from asyncrl.flows.run_artifacts import StepProgressArtifact, artifact_key, publish_training_report
 from asyncrl.flows.run_setup import RunPaths, prepare_run
 from asyncrl.flows.train_flow import TrainResult, load_codec, train_run
 from asyncrl.storage import fs
@@ -64,7 +65,9 @@ def prepare_inputs(config: RunConfig) -> None:
 
         targets = [Path(config.data.train_path)] + ([Path(config.data.eval_path)] if config.data.eval_path else [])
         if not all(path.exists() for path in targets):
-            problems = make_arithmetic_dataset(synthetic.n_train + synthetic.n_heldout, seed=config.seed)
+            problems = make_arithmetic_dataset(
+                synthetic.n_train + synthetic.n_heldout, seed=config.seed, spec=synthetic.spec()
+            )
             train, heldout = split_train_heldout(problems, synthetic.n_heldout, seed=config.seed)
             write_problems(Path(config.data.train_path), train)
             if config.data.eval_path:
@@ -156,14 +159,21 @@ def register_best(
     return best.version, lineage.register(model_id, config.pipeline.registered_model, ["best", "current"])
 
 
-def pipeline_run(config: RunConfig, progress: Callable[[int, int], None] | None = None) -> PipelineSummary:
-    """The whole pipeline as plain Python; writes `summary.json` into the run root."""
+def pipeline_run(
+    config: RunConfig,
+    progress: Callable[[int, int], None] | None = None,
+    on_trained: Callable[[TrainResult], None] | None = None,
+) -> PipelineSummary:
+    """The whole pipeline as plain Python; writes `summary.json` into the run root.
+    ``progress(step, total)`` is called per RL step, ``on_trained`` once RL ends."""
     started = time.monotonic()
     prepare_inputs(config)
     paths = prepare_run(config)
     run_sft(config, paths)
     lineage = RunLineage.start(config.tracking.mlflow_uri, config.tracking.experiment, config.name, public_dict(config))
     train = train_run(config, lineage=lineage, progress=progress)
+    if on_trained is not None:
+        on_trained(train)
     versions = sorted({min(train.logged_models, default=0), train.final_version})
     lineage = RunLineage.resume(config.tracking.mlflow_uri, train.mlflow_run_id)
     results = evaluate_versions(config, paths, versions)
@@ -214,6 +224,17 @@ def summary_markdown(summary: PipelineSummary) -> str:
 def pipeline(config: RunConfig) -> dict[str, Any]:
     """Prepare data, optional SFT warm start, asynchronous RL, evaluation, registration."""
     logger = get_run_logger()
-    summary = pipeline_run(config, progress=lambda step, total: logger.info("RL step %d/%d", step, total))
-    create_markdown_artifact(summary_markdown(summary), key="asyncrl-run-summary", description="asyncrl run summary")
+    progress_artifact = StepProgressArtifact(config.name, config.trainer.max_steps)
+
+    def progress(step: int, total: int) -> None:
+        logger.info("RL step %d/%d", step, total)
+        progress_artifact(step, total)
+
+    def report(train: TrainResult) -> None:
+        publish_training_report(config.name, train.step_metrics, train.scheduler, train.wall_s, train.final_version)
+
+    summary = pipeline_run(config, progress=progress, on_trained=report)
+    create_markdown_artifact(
+        summary_markdown(summary), key=artifact_key(config.name, "summary"), description="asyncrl run summary"
+    )
     return asdict(summary)

@@ -22,6 +22,7 @@ from prefect import flow, get_run_logger
 from asyncrl.configs.loading import public_dict
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.lineage_recorder import LineageRecorder, file_ref
+from asyncrl.flows.run_artifacts import StepProgressArtifact, publish_training_report
 from asyncrl.flows.run_setup import RunPaths, prepare_run
 from asyncrl.flows.scheduler import ControllerSettings, ControllerStats, PromptSchedule, RolloutController
 from asyncrl.storage.lineage import RunLineage
@@ -48,6 +49,8 @@ class TrainResult:
     mlflow_run_id: str
     logged_models: dict[int, str]
     scheduler: dict[str, float]
+    step_metrics: dict[int, dict[str, float]]
+    """The trainer's metrics of each step (reward, staleness, throughput, ...)."""
 
 
 class HFCodec:
@@ -267,9 +270,10 @@ def train_run(config: RunConfig, lineage: RunLineage | None = None, progress: Ca
                     progress(step, config.trainer.max_steps)
 
             supervisor.wait_any_failure(trainer, on_poll=poll)
-            recorder.poll()
-    except BaseException:
-        lineage.end("FAILED")
+            poll()  # the last step's metrics and version
+    except BaseException as exc:
+        # A cancelled run (Prefect's SIGTERM -> TerminationSignal) or Ctrl-C is KILLED, not FAILED.
+        lineage.end("FAILED" if isinstance(exc, Exception) else "KILLED")
         raise
     finally:
         supervisor.shutdown()
@@ -287,6 +291,7 @@ def train_run(config: RunConfig, lineage: RunLineage | None = None, progress: Ca
         mlflow_run_id=lineage.run_id,
         logged_models=dict(recorder.logged_versions),
         scheduler=scheduler_stats,
+        step_metrics=dict(recorder.metrics_by_step),
     )
 
 
@@ -295,8 +300,15 @@ def train(config: RunConfig) -> dict[str, Any]:
     """Asynchronous RL: rollout servers, reward pool, trainer and scheduler until
     `trainer.max_steps` steps are trained. Parameters are the validated run config."""
     logger = get_run_logger()
-    result = train_run(config, progress=lambda step, total: logger.info("step %d/%d", step, total))
+    progress_artifact = StepProgressArtifact(config.name, config.trainer.max_steps)
+
+    def progress(step: int, total: int) -> None:
+        logger.info("step %d/%d", step, total)
+        progress_artifact(step, total)
+
+    result = train_run(config, progress=progress)
     logger.info("trained %d steps to version %d in %.0f s", result.steps, result.final_version, result.wall_s)
+    publish_training_report(config.name, result.step_metrics, result.scheduler, result.wall_s, result.final_version)
     return {
         "steps": result.steps,
         "final_version": result.final_version,

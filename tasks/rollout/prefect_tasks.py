@@ -44,7 +44,9 @@ def supervise_rollout_server(
 
     ``on_ready`` is called with the handle once the server is healthy and registered.
     Raises :class:`~asyncrl.tasks.rollout.server.RolloutServerError` (with the log tail)
-    if the server fails to start or dies while watched.
+    if the server fails to start or dies while watched, and
+    :class:`~asyncrl.tasks.rollout.server.RolloutServerCancelled` if ``stop`` is set
+    before it is healthy (a start-up can take minutes; a cancelled run does not wait for it).
     """
     root = open_root(run_root, storage_options)
     stop = stop or threading.Event()
@@ -52,7 +54,7 @@ def supervise_rollout_server(
     registered = False
     try:
         handle = server.start()
-        seconds = server.wait_healthy()
+        seconds = server.wait_healthy(stop=stop)
         logger.info("rollout server %r healthy at %s after %.1f s", name, handle.url, seconds)
         register_server(root, name, handle)
         registered = True

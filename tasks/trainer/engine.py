@@ -10,6 +10,7 @@ number of dynamic micro-batches.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from collections.abc import Mapping
@@ -53,6 +54,8 @@ class EngineSettings:
     """transformers attention kernel; packed sequences are isolated by position_ids, which
     sdpa, eager and flash_attention_2 all honour."""
     seed: int = 0
+    total_updates: int | None = None
+    """Optimizer updates the run will make (for a decaying learning rate)."""
 
 
 @dataclass
@@ -132,23 +135,33 @@ def deepspeed_config(settings: EngineSettings) -> dict[str, Any]:
     }
 
 
-def warmup_factor(update: int, warmup_steps: int) -> float:
-    """Learning-rate multiplier of optimizer update ``update`` (0-based).
+def lr_factor(update: int, optimizer: OptimizerConfig, total_updates: int | None) -> float:
+    """Learning-rate multiplier of optimizer update ``update`` (0-based), W = warmup_steps:
 
-        factor = min(1, (update + 1) / warmup_steps)   if warmup_steps > 0, else 1
+        warm-up (update < W):   (update + 1) / W          (the first update already moves)
+        constant after W:       1
+        cosine after W:         m + (1 - m) * (1 + cos(pi * p)) / 2,
+                                p = min(1, (update - W) / max(1, T - W - 1)), m = min_lr_ratio
 
-    so the first update already moves the weights (lr / warmup_steps).
+    with T = ``total_updates``; cosine needs T (without it the rate stays constant).
     """
-    if warmup_steps <= 0:
+    warmup = optimizer.warmup_steps
+    if update < warmup:
+        return (update + 1) / warmup
+    if optimizer.decay == "constant" or total_updates is None:
         return 1.0
-    return min(1.0, (update + 1) / warmup_steps)
+    progress = min(1.0, (update - warmup) / max(1, total_updates - warmup - 1))
+    low = optimizer.min_lr_ratio
+    return low + (1.0 - low) * (1.0 + math.cos(math.pi * progress)) / 2.0
 
 
-def _warmup_scheduler(warmup_steps: int) -> Any:
+def _lr_scheduler(optimizer_config: OptimizerConfig, total_updates: int | None) -> Any:
     import torch
 
     def make(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: warmup_factor(update, warmup_steps))
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda update: lr_factor(update, optimizer_config, total_updates)
+        )
 
     return make
 
@@ -176,7 +189,9 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=settings.attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab_size = int(model.get_input_embeddings().weight.shape[0])
-    scheduler = _warmup_scheduler(settings.optimizer.warmup_steps) if settings.optimizer.warmup_steps else None
+    opt = settings.optimizer
+    scheduled = opt.warmup_steps > 0 or (opt.decay != "constant" and settings.total_updates is not None)
+    scheduler = _lr_scheduler(opt, settings.total_updates) if scheduled else None
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncrl.configs.loading import ConfigError, load_config
-from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.run_config import OptimizerConfig, RunConfig
 
 if TYPE_CHECKING:
     from asyncrl.storage.fs import RunRoot
@@ -86,14 +86,17 @@ def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[P
     return target, None
 
 
-def _engine(config: RunConfig, model_dir: Path):  # noqa: ANN202 - TrainEngine, imported lazily
+def _engine(config: RunConfig, model_dir: Path, total_updates: int, optimizer: OptimizerConfig):  # noqa: ANN202
+    """The DeepSpeed engine (a TrainEngine, imported lazily) with ``optimizer``;
+    ``total_updates`` sets the length of a decaying learning-rate schedule."""
     from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
 
     settings = EngineSettings(
-        optimizer=config.trainer.optimizer,
+        optimizer=optimizer,
         zero_stage=config.trainer.zero_stage,
         dtype=config.model.dtype,
         seed=config.seed,
+        total_updates=total_updates,
     )
     return build_engine(model_dir, settings)
 
@@ -106,7 +109,8 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
 
     root = open_root(config.storage.root, config.storage.options)
     model_dir, _ = initial_model_dir(root, config.model.path, work_dir)
-    engine = _engine(config, model_dir)
+    total_updates = config.trainer.max_steps * config.trainer.mini_batches
+    engine = _engine(config, model_dir, total_updates, config.trainer.optimizer)
     loop = LoopSettings(
         batch_groups=config.trainer.batch_groups,
         max_steps=config.trainer.max_steps,
@@ -155,7 +159,7 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
         raise ConfigError(f"pipeline.sft_steps: SFT mode needs at least 1 step, got {steps} (or pass --sft-steps)")
     root = open_root(config.storage.root, config.storage.options)
     model_dir, parent = initial_model_dir(root, config.model.path, work_dir)
-    engine = _engine(config, model_dir)
+    engine = _engine(config, model_dir, steps, config.pipeline.sft_optimizer or config.trainer.optimizer)
     sequences = sft_sequences(load_prompts(config.data.train_path), engine.tokenizer, config.data.prompt_format)
     settings = SFTSettings(
         steps=steps,

@@ -79,9 +79,18 @@ def trainer_command(launch: TrainerLaunch) -> list[str]:
     return command + list(launch.overrides)
 
 
+def torch_extensions_dir() -> Path:
+    """Where DeepSpeed builds its JIT ops unless ``TORCH_EXTENSIONS_DIR`` says otherwise: inside
+    this environment (as ``make`` sets it), not the shared ``~/.cache/torch_extensions`` that
+    every venv rebuilds and where a build killed midway leaves a lock that hangs the next."""
+    return Path(sys.prefix) / "torch_extensions"
+
+
 def trainer_env(launch: TrainerLaunch) -> dict[str, str]:
-    """This process's environment without its process-group variables, plus ``launch.env``."""
+    """This process's environment without its process-group variables, with a per-venv
+    ``TORCH_EXTENSIONS_DIR`` default (a Prefect worker is not started by ``make``), plus ``launch.env``."""
     inherited = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    inherited.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
     return {**inherited, **launch.env}
 
 

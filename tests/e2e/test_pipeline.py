@@ -48,6 +48,17 @@ def e2e_config(tmp_path: Path, root_uri: str, options: dict[str, Any]) -> dict[s
     }
 
 
+def latest_artifacts(keys: list[str]) -> dict[str, Any]:
+    """The newest Prefect artifact of each key, from the test server."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    with get_client(sync_client=True) as client:
+        wanted = ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=keys))
+        found = client.read_latest_artifacts(artifact_filter=wanted)
+    return {a.key: a for a in found}
+
+
 def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tmp_path: Path) -> None:
     bucket = s3_servers.create_bucket(seaweedfs_endpoint)
     options = s3_servers.storage_options(seaweedfs_endpoint)
@@ -90,6 +101,13 @@ def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tm
     assert "trainer.batch_groups" in run.data.params
     registered = client.get_model_version_by_alias("e2e-policy", "best")
     assert int(registered.tags["asyncrl.version"]) == summary["best_version"]
+
+    # the Prefect UI's artifacts: RL progress at 100 %, the reward-curve report, the summary
+    artifacts = latest_artifacts([f"{RUN}-rl-progress", f"{RUN}-rl-report", f"{RUN}-summary"])
+    assert artifacts[f"{RUN}-rl-progress"].type == "progress" and artifacts[f"{RUN}-rl-progress"].data == 100.0
+    report = artifacts[f"{RUN}-rl-report"].data
+    assert "Reward curve" in report and f"| steps | {STEPS} |" in report
+    assert f"{100 * stored['pass_at_1_after']:.1f}%" in artifacts[f"{RUN}-summary"].data
 
     # secrets never reach MLflow params or the frozen config
     secret = options["secret"]

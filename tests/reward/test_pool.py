@@ -116,6 +116,34 @@ def test_worker_killed_mid_sandbox_leaves_nothing_behind(pool: RewardPool, host_
     # host_guard: bwrap and the sleeping program died with their worker (--die-with-parent).
 
 
+POOL_OWNER = """
+import time
+from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.tasks.reward.pool import RewardPool
+pool = RewardPool(RewardConfig(), workers=2).start()
+print(*pool.worker_pids(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_workers_die_with_a_killed_pool_process() -> None:
+    """SIGKILL the process that owns the pool (a flow run killed by its Prefect worker):
+    no `close()` runs, yet no worker is left."""
+    import subprocess
+    import sys
+
+    import process_scan
+
+    with subprocess.Popen([sys.executable, "-c", POOL_OWNER], stdout=subprocess.PIPE, text=True) as owner:
+        try:
+            assert owner.stdout is not None
+            workers = [process_scan.process_record(int(pid)) for pid in owner.stdout.readline().split()]
+            assert len(workers) == 2 and None not in workers
+        finally:
+            owner.kill()
+    assert process_scan.wait_gone([w for w in workers if w is not None], timeout_s=10.0) == []
+
+
 def test_async_submission_of_concurrent_batches(pool: RewardPool) -> None:
     async def main() -> list[list[float]]:
         batches = [

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from asyncrl.tasks.rollout.server import (
     RolloutServer,
+    RolloutServerCancelled,
     RolloutServerConfig,
     RolloutServerError,
     server_command,
@@ -166,6 +167,38 @@ def test_server_dies_with_a_killed_supervisor(tiny_model_dir: Path, tmp_path: Pa
             return
         time.sleep(0.2)
     pytest.fail(f"server group {pgid} still alive 60 s after its supervisor was killed")
+
+
+@pytest.mark.slow
+def test_stop_during_start_up_stops_the_server_at_once(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A supervisor told to stop while its server starts (30 s to minutes here; a cancelled
+    run) does not wait for health: the server is stopped, nothing registered, nothing left."""
+    import threading
+    import uuid
+
+    import process_scan
+    from asyncrl.storage.fs import open_root
+    from asyncrl.tasks.rollout.prefect_tasks import supervise_rollout_server
+    from asyncrl.tasks.rollout.registry import list_servers
+
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv("ASYNCRL_TEST_MARKER", marker)  # inherited by the server and its engine
+    root_uri = f"file://{tmp_path}/run"
+    config = RolloutServerConfig(model_dir=tiny_model_dir, log_path=tmp_path / "server.log")
+    stop = threading.Event()
+    ready: list[object] = []
+    timer = threading.Timer(2.0, stop.set)
+    timer.start()
+    try:
+        with pytest.raises(RolloutServerCancelled, match="before it was healthy"):
+            supervise_rollout_server(config, root_uri, None, "rollout-0", stop=stop, on_ready=ready.append)
+    finally:
+        timer.cancel()
+    assert ready == [] and list_servers(open_root(root_uri)) == []
+    assert process_scan.processes_with_env("ASYNCRL_TEST_MARKER", marker) == []
+    assert "vllm.entrypoints.openai.api_server" in (tmp_path / "server.log").read_text()  # it had started
 
 
 def test_supervisor_start_failure_registers_nothing(tmp_path: Path) -> None:

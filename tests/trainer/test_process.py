@@ -19,6 +19,7 @@ from asyncrl.tasks.trainer.process import (
     group_alive,
     supervise_trainer,
     trainer_command,
+    trainer_env,
     trainer_task,
 )
 
@@ -45,6 +46,15 @@ def test_command_line() -> None:
         "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "asyncrl.tasks.trainer.main",
         "--config", "c.yaml", "--mode", "rl", "trainer.max_steps=2",
     ]
+
+
+def test_jit_ops_build_inside_the_venv_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer started by a Prefect worker (not by `make`) builds DeepSpeed's ops in this venv, not ~/.cache."""
+    launch = TrainerLaunch(Path("c.yaml"), Path("l.log"))
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    assert trainer_env(launch)["TORCH_EXTENSIONS_DIR"] == str(Path(sys.prefix) / "torch_extensions")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/elsewhere")
+    assert trainer_env(launch)["TORCH_EXTENSIONS_DIR"] == "/elsewhere"
 
 
 def test_failure_status_raises_with_the_log_tail(tmp_path: Path) -> None:

@@ -1,0 +1,40 @@
+"""The Prefect UI report of a run: its reward curve and throughput figures."""
+
+from __future__ import annotations
+
+import math
+
+from asyncrl.flows.run_artifacts import CURVE_ROWS, artifact_key, sparkline, training_report_markdown
+
+
+def test_artifact_key_is_a_valid_prefect_key() -> None:
+    assert artifact_key("Demo_Run 1", "rl-report") == "demo-run-1-rl-report"
+    assert artifact_key("___", "summary") == "run-summary"
+
+
+def test_sparkline_scales_between_min_and_max() -> None:
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([2.0, 2.0]) == "▁▁"
+    assert sparkline([0.0, math.nan, 1.0]) == "▁ █"
+    assert sparkline([]) == ""
+
+
+def test_report_lists_the_curve_and_throughput() -> None:
+    steps = {
+        s: {"reward_mean": s / 40, "tokens_per_s": 100.0 * s, "staleness_max": float(s % 3), "step_time_s": 2.0}
+        for s in range(1, 41)
+    }
+    rollout = {"gen_tokens_per_s": 321.0, "weight_sync_stall_fraction": 0.05, "groups_written": 90, "admitted": 96}
+    text = training_report_markdown("demo", steps, rollout, wall_s=123.4, final_version=40)
+    assert "| steps | 40 |" in text and "| final weight version | 40 |" in text
+    assert "| reward, first -> last step | 0.025 -> 1.000 |" in text
+    assert "| trained tokens/s (mean over steps) | 2050 |" in text  # mean of 100..4000
+    assert "| generated tokens/s | 321 |" in text and "| groups written / admitted | 90 / 96 |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert len(rows) == CURVE_ROWS and rows[0].startswith("| 1 |") and rows[-1].startswith("| 40 |")
+    assert sparkline([s / 40 for s in range(1, 41)]) in text
+
+
+def test_report_of_a_run_without_steps_says_so() -> None:
+    text = training_report_markdown("empty", {}, {}, wall_s=1.0, final_version=0)
+    assert "| steps | 0 |" in text and "| reward, first -> last step | n/a -> n/a |" in text
