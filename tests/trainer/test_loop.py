@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from asyncrl.storage import fs, paths
@@ -24,12 +25,29 @@ from asyncrl.tasks.trainer.metrics import JsonlMetricsSink, read_jsonl_metrics
 from asyncrl.tasks.trainer.step import RLSettings
 
 RUN_ID = "trainer-test"
+VLLM_TOLERANCE = 1e-4
+"""|vLLM behaviour log-prob - trainer log-prob| allowed (float32 both; kernels differ)."""
 RL = RLSettings(micro_batch_tokens=256, max_staleness=4)
 
 
 def _trainer(root: Any, engine: Any, tmp_path: Path, max_steps: int, timeout: float = 5.0) -> RLTrainer:
     loop = LoopSettings(batch_groups=1, max_steps=max_steps, checkpoint_every=2, poll_interval_s=0.05, wait_timeout_s=timeout)
     return RLTrainer(root, RUN_ID, engine, RL, loop, tmp_path / "work", JsonlMetricsSink(tmp_path / "metrics.jsonl"))
+
+
+def sample_with_vllm(model_dir: Path, prompt: list[int], version: int, log_dir: Path) -> list[Any]:
+    """Two 12-token samples of ``prompt`` from a vLLM rollout server on ``model_dir``."""
+    import asyncio
+
+    from asyncrl.tasks.rollout.client import RolloutClient
+    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+
+    async def sample(server: RolloutServer) -> list[Any]:
+        async with RolloutClient([server.handle], initial_version=version) as client:
+            return await client.generate_group(prompt, 2, 12, 1.0, ignore_eos=True)
+
+    with RolloutServer(RolloutServerConfig(model_dir=model_dir, kv_cache_gib=1.0, log_path=log_dir / "vllm.log")) as server:
+        return asyncio.run(sample(server))
 
 
 def test_steps_record_before_publish_and_weights_reproduce_logprobs(
@@ -83,6 +101,15 @@ def test_steps_record_before_publish_and_weights_reproduce_logprobs(
     for a, b in zip(ours, theirs):
         assert a.shape == b.shape
         assert float((a - b).abs().max()) < 1e-5
+
+    # ... and in vLLM: tokens a rollout server samples from the published version carry
+    # behaviour log-probs equal to what the trainer's engine computes for them.
+    prompt = trajectories.prompt_ids("What is 3+4*2?\n")
+    vllm_outputs = sample_with_vllm(local, prompt, version=3, log_dir=tmp_path)
+    seqs = [TokenSequence(tuple(prompt), tuple(o.output_token_ids)) for o in vllm_outputs]
+    for output, trainer_logprobs in zip(vllm_outputs, sequence_logprobs(engine.ds, seqs, [[0, 1]])):
+        assert output.token_versions == [3] * len(output.output_token_ids)
+        assert float((torch.tensor(output.behaviour_logprobs) - trainer_logprobs).abs().max()) < VLLM_TOLERANCE
 
     # Restart on the same root: back to checkpoint 2, step 3 rolled back and redone with its
     # shard, numbered after the latest published version; then no data -> timeout.
