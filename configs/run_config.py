@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from asyncrl.configs.base import StrictModel
 from asyncrl.tasks.data.synthetic import ArithmeticSpec
+from asyncrl.tasks.process_group import check_cpu_cores
 from asyncrl.tasks.reward.config import RewardConfig
 
 
@@ -62,6 +63,16 @@ class RolloutConfig(StrictModel):
     """...or when the oldest unwritten group has waited this long, whichever comes first."""
     weight_poll_seconds: float = Field(0.5, gt=0.0)
     """How often the scheduler looks for a newly published weight version."""
+    ignore_eos: bool = False
+    """Generate every sample to its full budget, ignoring end-of-sequence tokens (benchmarks:
+    output lengths set by the budgets alone, identical in every run)."""
+    cpu_cores: tuple[int, ...] | None = None
+    """CPU ids the rollout servers (and their engine processes) are pinned to; None = no pinning."""
+
+    @field_validator("cpu_cores")
+    @classmethod
+    def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return check_cpu_cores(cores, "rollout.cpu_cores")
 
     @model_validator(mode="after")
     def _api_key_off_loopback(self) -> RolloutConfig:
@@ -109,6 +120,13 @@ class TrainerConfig(StrictModel):
     checkpoint_every: int = Field(5, ge=1)
     max_staleness: int | None = Field(None, ge=0)
     """Drop samples staler than this (default: rollout.eta)."""
+    cpu_cores: tuple[int, ...] | None = None
+    """CPU ids the trainer process (and its workers) is pinned to; None = no pinning."""
+
+    @field_validator("cpu_cores")
+    @classmethod
+    def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return check_cpu_cores(cores, "trainer.cpu_cores")
 
 
 class StorageConfig(StrictModel):

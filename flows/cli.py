@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from asyncrl.configs.loading import ConfigError, frozen_yaml, load_config
+from asyncrl.flows.bench_e2e import add_e2e_bench
 from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
 from asyncrl.tasks.rollout.bench import add_rollout_bench
 from asyncrl.tasks.trainer.bench import add_trainer_bench
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reward_bench(bench_commands)
     add_trainer_bench(bench_commands)
     add_rollout_bench(bench_commands)
+    add_e2e_bench(bench_commands)
     return parser
 
 

@@ -79,6 +79,8 @@ class ControllerSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    """Generate to the budget: no end-of-sequence or stop token ends a sample."""
     shard_groups: int = 4
     shard_seconds: float = 10.0
     weight_poll_seconds: float = 0.5
@@ -117,6 +119,12 @@ class PromptSchedule:
             random.Random(f"{self._seed}:{epoch}").shuffle(order)
             self._orders = {epoch: order}  # one epoch at a time is all the controller needs
         return self._records[order[position]]
+
+
+def sample_budget(record: PromptRecord, max_new_tokens: int) -> int:
+    """Output-token budget of each sample of ``record``: min(record.max_new_tokens, max_new_tokens),
+    or ``max_new_tokens`` when the prompt sets none."""
+    return max_new_tokens if record.max_new_tokens is None else min(record.max_new_tokens, max_new_tokens)
 
 
 def load_gate_state(root: RunRoot) -> GateState | None:
@@ -158,11 +166,18 @@ class ControllerStats:
     updates: list[UpdateStats] = field(default_factory=list)
     skipped_prompts: int = 0
     started_at: float = field(default_factory=time.monotonic)
+    finished_at: float | None = None
+    """When the controller stopped (None while it runs): rates are over its lifetime only,
+    not the shutdown of the servers that follows."""
 
     def summary(self) -> dict[str, float]:
-        elapsed = max(time.monotonic() - self.started_at, 1e-9)
+        """Counts and rates over elapsed = finished_at (or now) - started_at:
+        gen_tokens_per_s = output_tokens / elapsed, weight_sync_stall_fraction = stall / elapsed."""
+        end = time.monotonic() if self.finished_at is None else self.finished_at
+        elapsed = max(end - self.started_at, 1e-9)
         stall = sum(u.stall_s for u in self.updates)
         return {
+            "elapsed_s": elapsed,
             "admitted": self.admitted,
             "groups_written": self.groups_written,
             "shards_written": self.shards_written,
@@ -230,6 +245,7 @@ class RolloutController:
             self._raise_failure()
             await self._flush()
         finally:
+            self.stats.finished_at = time.monotonic()
             stop.set()
             for task in (*in_flight, watcher, flusher):
                 task.cancel()
@@ -284,10 +300,11 @@ class RolloutController:
         outputs = await self.generator.generate_group(
             prompt_ids,
             self.settings.n_samples,
-            self.settings.max_new_tokens,
+            sample_budget(record, self.settings.max_new_tokens),
             self.settings.temperature,
             self.settings.top_p,
-            stop_token_ids=self.settings.stop_token_ids,
+            ignore_eos=self.settings.ignore_eos,
+            stop_token_ids=() if self.settings.ignore_eos else self.settings.stop_token_ids,
         )
         texts = [self.codec.decode(o.output_token_ids) for o in outputs]
         results = await self.scorer.score(

@@ -51,6 +51,9 @@ class TrainResult:
     scheduler: dict[str, float]
     step_metrics: dict[int, dict[str, float]]
     """The trainer's metrics of each step (reward, staleness, throughput, ...)."""
+    ready_at: float = 0.0
+    """Unix time at which every rollout server was healthy and the scheduler started: the
+    start of the RL phase (the step metrics' ``time`` is on the same clock)."""
 
 
 class HFCodec:
@@ -106,6 +109,7 @@ def server_configs(config: RunConfig, paths: RunPaths, model_dir: Path) -> list[
             max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
             seed=config.seed + index,
             log_path=paths.log(f"rollout-{index}.log"),
+            cpu_cores=rollout.cpu_cores,
         )
         for index in range(rollout.num_servers)
     ]
@@ -123,6 +127,7 @@ def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_
         temperature=rollout.temperature,
         top_p=rollout.top_p,
         stop_token_ids=stop_token_ids,
+        ignore_eos=rollout.ignore_eos,
         shard_groups=rollout.shard_groups,
         shard_seconds=rollout.shard_seconds,
         weight_poll_seconds=rollout.weight_poll_seconds,
@@ -248,11 +253,13 @@ def train_run(config: RunConfig, lineage: RunLineage | None = None, progress: Ca
                 mode="rl",
                 work_dir=paths.work_dir / "trainer",
                 metrics_file=metrics_file,
+                cpu_cores=config.trainer.cpu_cores,
             )
             trainer = supervisor.start("trainer", lambda: supervise_trainer(launch, stop=supervisor.stop))
             while not all(event.is_set() for event in ready):
                 supervisor.raise_first_failure()
                 time.sleep(0.5)
+            ready_at = time.time()
             supervisor.start(
                 "scheduler",
                 lambda: run_scheduler(
@@ -292,6 +299,7 @@ def train_run(config: RunConfig, lineage: RunLineage | None = None, progress: Ca
         logged_models=dict(recorder.logged_versions),
         scheduler=scheduler_stats,
         step_metrics=dict(recorder.metrics_by_step),
+        ready_at=ready_at,
     )
 
 

@@ -1,5 +1,6 @@
 """Supervising OS process groups: the rollout servers and the trainer each run in a
-session of their own, so one signal reaches every process they spawned."""
+session of their own, so one signal reaches every process they spawned; each may be
+pinned to CPUs that all its processes inherit."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -33,6 +34,63 @@ def die_with_parent_hook(sig: signal.Signals) -> Callable[[], None] | None:
         prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
+
+    return hook
+
+
+def usable_cpus() -> frozenset[int]:
+    """The CPU ids this process may run on (its affinity mask; every CPU of the machine
+    where the platform has no affinity call)."""
+    if hasattr(os, "sched_getaffinity"):
+        return frozenset(os.sched_getaffinity(0))
+    return machine_cpus()
+
+
+def machine_cpus() -> frozenset[int]:
+    """The CPU ids of this machine: 0 .. os.cpu_count() - 1."""
+    return frozenset(range(os.cpu_count() or 1))
+
+
+def check_cpu_cores(cores: Sequence[int] | None, field: str) -> tuple[int, ...] | None:
+    """``cores`` as a sorted tuple of distinct CPU ids, or None (no pinning).
+
+    ``ValueError`` naming ``field`` for an empty list, a value that is not an int >= 0, a
+    CPU this machine does not have, or a platform without ``sched_setaffinity``. (Checked against the machine, not this process's
+    affinity: a process pinned elsewhere, e.g. the trainer re-reading the run config, must
+    accept the rollout's CPUs.)"""
+    if cores is None:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError(f"{field}: pinning to CPUs needs Linux (sched_setaffinity); leave it null here")
+    if isinstance(cores, (str, bytes)) or len(cores) == 0:
+        raise ValueError(f"{field}: expected a non-empty list of CPU ids (ints >= 0) or null, got {cores!r}")
+    for core in cores:
+        if isinstance(core, bool) or not isinstance(core, int) or core < 0:
+            raise ValueError(f"{field}: CPU ids are ints >= 0, got {core!r}")
+    machine = machine_cpus()
+    missing = sorted(set(cores) - machine)
+    if missing:
+        raise ValueError(
+            f"{field}: CPU {', '.join(map(str, missing))} does not exist on this machine "
+            f"(CPUs 0-{max(machine)})"
+        )
+    return tuple(sorted(set(cores)))
+
+
+def child_setup_hook(die_signal: signal.Signals | None, cpu_cores: Sequence[int] | None) -> Callable[[], None] | None:
+    """The ``preexec_fn`` of a supervised child: :func:`die_with_parent_hook` (when
+    ``die_signal`` is given) and, when ``cpu_cores`` is given, ``sched_setaffinity`` to those
+    CPUs before ``exec``, so the child and every process it spawns (vLLM's engine core, the
+    trainer's workers) run only there. None when there is nothing to do."""
+    die = die_with_parent_hook(die_signal) if die_signal is not None else None
+    cores = frozenset(cpu_cores) if cpu_cores is not None else None  # built before the fork
+    if cores is None:
+        return die
+
+    def hook() -> None:
+        if die is not None:
+            die()
+        os.sched_setaffinity(0, cores)
 
     return hook
 

@@ -4,6 +4,8 @@ Layouts (found by column names unless the caller names the fields):
 - ``prompt`` + ``answer`` (+ optional ``solution``): the synthetic task's Parquet;
 - ``question`` + ``answer``: GSM8K, whose answer text ends in ``#### N``; N (commas
   between digit groups dropped) becomes the answer, the text before it the solution.
+Any layout may add ``max_new_tokens`` (int >= 1 or null): that prompt's generation
+budget per sample, capped by ``rollout.max_new_tokens``.
 Formats by extension: ``.parquet``/``.pq`` (Parquet), ``.jsonl``/``.json``
 (JSON Lines; a ``.json`` file holding one JSON array of objects is read too).
 Paths may be local or any fsspec URI (``s3://...``).
@@ -24,6 +26,7 @@ JSONL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json")
 PROMPT_FIELDS: tuple[str, ...] = ("prompt", "question")
 ANSWER_FIELD = "answer"
 SOLUTION_FIELD = "solution"
+BUDGET_FIELD = "max_new_tokens"
 FINAL_ANSWER_MARKER = "####"
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
@@ -44,6 +47,8 @@ class PromptRecord:
     prompt: str
     answer: str
     solution: str | None = None
+    max_new_tokens: int | None = None
+    """This prompt's output budget per sample (column ``max_new_tokens``); None = the run's."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,25 @@ def to_record(row: Mapping[str, Any], row_index: int, fields: FieldNames, where:
     solution = embedded_solution
     if fields.solution is not None and row.get(fields.solution) not in (None, ""):
         solution = _text_value(row, fields.solution, where)
-    return PromptRecord(prompt_id=make_prompt_id(row_index, prompt), prompt=prompt, answer=answer, solution=solution)
+    return PromptRecord(
+        prompt_id=make_prompt_id(row_index, prompt),
+        prompt=prompt,
+        answer=answer,
+        solution=solution,
+        max_new_tokens=_budget_value(row, where),
+    )
+
+
+def _budget_value(row: Mapping[str, Any], where: str) -> int | None:
+    """The optional ``max_new_tokens`` field: an int >= 1 (an integral float is accepted), or None."""
+    value = row.get(BUDGET_FIELD)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DatasetError(f"{where}: field {BUDGET_FIELD!r} must be an int >= 1 or null, got {value!r}")
+    return value
 
 
 def _open_binary(path: str) -> Any:
@@ -156,6 +179,7 @@ def _read_parquet(
             columns = parquet.schema_arrow.names
             fields = resolve_fields(columns, path, prompt_field, answer_field, solution_field)
             wanted = [name for name in (fields.prompt, fields.answer, fields.solution) if name is not None]
+            wanted += [BUDGET_FIELD] if BUDGET_FIELD in columns else []
             table = parquet.read(columns=list(dict.fromkeys(wanted)))
         except DatasetError:
             raise

@@ -59,7 +59,7 @@ from types import TracebackType
 from typing import Self
 
 import httpx
-from asyncrl.tasks.process_group import die_with_parent_hook, kill_group, read_log_tail
+from asyncrl.tasks.process_group import check_cpu_cores, child_setup_hook, kill_group, read_log_tail
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
 
 WORKER_EXTENSION = "asyncrl.tasks.rollout.weight_sync.WeightSyncExtension"
@@ -122,8 +122,12 @@ class RolloutServerConfig:
     """Linux: the server gets SIGTERM when the *thread* that started it exits
     (``PR_SET_PDEATHSIG``), so a killed supervisor leaves no orphaned server. Start the
     server from a thread that outlives it (the main thread, or the supervising task)."""
+    cpu_cores: tuple[int, ...] | None = None
+    """Linux: CPU ids the server and every process it spawns (vLLM's engine core) are pinned
+    to (``sched_setaffinity`` before ``exec``); None = no pinning."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
         if not 0 <= self.port <= 65535:
             raise ValueError(f"RolloutServerConfig.port must be in [0, 65535], got {self.port}")
         if self.kv_cache_gib <= 0:
@@ -320,8 +324,8 @@ class RolloutServer:
                 stderr=subprocess.STDOUT,
                 env=server_env(config),
                 start_new_session=True,
-                # Only prctl runs between fork and exec (resolved before the fork).
-                preexec_fn=die_with_parent_hook(signal.SIGTERM) if config.die_with_parent else None,  # noqa: PLW1509
+                # Only prctl and sched_setaffinity run between fork and exec (resolved before the fork).
+                preexec_fn=child_setup_hook(signal.SIGTERM if config.die_with_parent else None, config.cpu_cores),  # noqa: PLW1509
             )
         url, self._probe_url = server_urls(config, port)
         self._handle = RolloutServerHandle(

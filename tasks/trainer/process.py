@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prefect import task
 
-from asyncrl.tasks.process_group import die_with_parent_hook, group_alive, kill_group, read_log_tail
+from asyncrl.tasks.process_group import check_cpu_cores, child_setup_hook, group_alive, kill_group, read_log_tail
 
 MODULE = "asyncrl.tasks.trainer.main"
 # The supervisor's own process-group variables (if it is itself a torch.distributed
@@ -59,6 +59,12 @@ class TrainerLaunch:
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     stop_grace_s: float = 10.0
+    cpu_cores: tuple[int, ...] | None = None
+    """Linux: CPU ids the trainer and its workers are pinned to (``sched_setaffinity`` before
+    ``exec``); None = no pinning."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "TrainerLaunch.cpu_cores"))
 
 
 def trainer_command(launch: TrainerLaunch) -> list[str]:
@@ -108,7 +114,7 @@ def start_trainer(launch: TrainerLaunch) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             env=trainer_env(launch),
             start_new_session=True,
-            preexec_fn=die_with_parent_hook(signal.SIGKILL),
+            preexec_fn=child_setup_hook(signal.SIGKILL, launch.cpu_cores),
         )
 
 

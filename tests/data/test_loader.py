@@ -188,3 +188,20 @@ def test_corrupt_parquet_is_reported(tmp_path: Path) -> None:
     path.write_bytes(b"not parquet at all")
     with pytest.raises(DatasetError, match=rf"^{re.escape(str(path))}: not a readable Parquet file"):
         load_prompts(path)
+
+
+def test_per_prompt_budget_column(tmp_path: Path) -> None:
+    path = tmp_path / "budgets.parquet"
+    pq.write_table(pa.table({"prompt": ["a?", "b?", "c?"], "answer": ["1", "2", "3"], "max_new_tokens": [8, None, 300]}), path)
+    assert [r.max_new_tokens for r in load_prompts(path)] == [8, None, 300]
+    rows = [{"prompt": "a?", "answer": "1", "max_new_tokens": 4.0}, {"prompt": "b?", "answer": "2"}]
+    assert [r.max_new_tokens for r in load_prompts(write_jsonl(tmp_path / "b.jsonl", rows))] == [4, None]
+    assert load_prompts(write_synthetic_dataset(tmp_path / "plain.parquet", 3, seed=0))[0].max_new_tokens is None
+
+
+@pytest.mark.parametrize("budget", [0, -3, 2.5, "16", True])
+def test_bad_budget_names_file_row_and_field(tmp_path: Path, budget: Any) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a?", "answer": "1", "max_new_tokens": budget}])
+    with pytest.raises(DatasetError) as info:
+        load_prompts(path)
+    assert str(info.value) == f"{path}, line 1 (row 0): field 'max_new_tokens' must be an int >= 1 or null, got {budget!r}"

@@ -208,3 +208,53 @@ def test_prompt_schedule_visits_every_prompt_once_per_epoch() -> None:
     second_epoch = [schedule.record(k).prompt_id for k in range(7, 14)]
     assert sorted(first_epoch) == sorted(second_epoch) == sorted(f"p{i}" for i in range(7))
     assert [PromptSchedule(records(7), seed=3).record(k).prompt_id for k in range(7)] == first_epoch
+
+
+class RecordingGenerator(ScriptedGenerator):
+    """Also records each request's budget, ignore_eos and stop tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[int, bool, tuple[int, ...]]] = []
+
+    async def generate_group(
+        self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
+        top_p: float = 1.0, *, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+    ) -> list[SampleOutput]:
+        self.requests.append((max_new_tokens, ignore_eos, tuple(stop_token_ids)))
+        return await super().generate_group(prompt_token_ids, n, max_new_tokens, temperature, top_p,
+                                            ignore_eos=ignore_eos, stop_token_ids=stop_token_ids)
+
+
+def budget_records(budgets: Sequence[int | None]) -> list[PromptRecord]:
+    return [PromptRecord(prompt_id=f"p{i}", prompt=f"Q{i}", answer="x", max_new_tokens=b) for i, b in enumerate(budgets)]
+
+
+@pytest.mark.parametrize(("ignore_eos", "stop_sent"), [(False, (7,)), (True, ())])
+def test_per_prompt_budgets_capped_and_eos_setting_reach_the_generator(
+    tmp_path: Path, ignore_eos: bool, stop_sent: tuple[int, ...]
+) -> None:
+    budgets = [4, None, 40, 1]  # settings.max_new_tokens = 16 caps 40; None takes it
+    generator = RecordingGenerator()
+    ctrl = RolloutController(
+        settings(max_groups=4, eta=1, ignore_eos=ignore_eos, stop_token_ids=(7,)), open_root(str(tmp_path / "run")),
+        PromptSchedule(budget_records(budgets), seed=0), render=lambda r: r.prompt, codec=DigitCodec(),
+        generator=generator, scorer=ExactScorer(), weight_loader=lambda version: (lambda address: None),
+    )
+    asyncio.run(run_for(ctrl, 0.6))
+    schedule = PromptSchedule(budget_records(budgets), seed=0)
+    expected = [min(16, schedule.record(k).max_new_tokens or 16) for k in range(4)]
+    assert [r[0] for r in generator.requests] == expected
+    assert {r[1:] for r in generator.requests} == {(ignore_eos, stop_sent)}
+
+
+def test_rates_end_when_the_controller_stops(tmp_path: Path) -> None:
+    ctrl = controller(tmp_path / "run", ScriptedGenerator(), max_groups=2)
+    asyncio.run(run_for(ctrl, 0.3))
+    stats = ctrl.stats
+    assert stats.finished_at is not None
+    first = stats.summary()
+    time.sleep(0.3)  # e.g. the servers shutting down after the run: not part of its rates
+    assert stats.summary() == first
+    assert first["elapsed_s"] == pytest.approx(stats.finished_at - stats.started_at)
+    assert first["gen_tokens_per_s"] == pytest.approx(stats.output_tokens / first["elapsed_s"])

@@ -1,0 +1,62 @@
+"""`asyncrl bench e2e` for real, in its quick setting: a standalone vLLM server, then the
+synchronous run and one asynchronous run (each a real `train_run`: vLLM, DeepSpeed,
+scheduler, reward pool, MLflow), rollout and trainer pinned to separate CPUs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.flows.cli import main
+from asyncrl.storage.fs import open_root
+from asyncrl.storage.shards import ShardReader
+from asyncrl.tasks.data.loader import load_prompts
+
+pytestmark = pytest.mark.slow
+
+STEPS, B, N, MAX_NEW = 3, 2, 2, 96
+
+
+def test_quick_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "e2e.json"
+    code = main(["bench", "e2e", "--etas", "0,2", "--modes", "recompute", "--steps", str(STEPS),
+                 "--batch-groups", str(B), "--n-samples", str(N), "--max-new-tokens", str(MAX_NEW),
+                 "--work-dir", str(tmp_path / "work"), "--json", str(out)])
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert code == 0, result["runs"]
+    assert "| 0 | sync |" in printed and "| 2 | recompute |" in printed and "ideal overlap bound" in printed
+
+    sync, async_run = result["runs"]
+    assert (sync["eta"], async_run["eta"]) == (0, 2)
+    for run in (sync, async_run):
+        assert run["steps"] == STEPS
+        assert 0 < run["wall_s"] < run["train_run_wall_s"]  # the RL phase leaves start-up and shutdown out
+        assert run["trained_tokens"] > 0 and run["trained_tokens_per_s"] > 0
+        assert sum(run["staleness_counts"].values()) == STEPS * B * N  # every trained sample, once
+        assert run["staleness_max"] <= run["eta"] and run["dropped_stale"] == 0
+        assert 0 < run["rollout_utilisation"] and 0 <= run["weight_sync_stall_fraction"] < 1
+        assert 0 < run["packing_efficiency"] <= 1
+        assert run["weight_updates"] >= STEPS - 1
+    assert sync["staleness_counts"] == {"0": STEPS * B * N}  # synchronous: nothing stale
+    assert sync["speedup"] == pytest.approx(1.0)
+    assert async_run["speedup"] == pytest.approx(sync["wall_s"] / async_run["wall_s"])
+
+    standalone = result["standalone"]
+    assert standalone["t_gen_s"] > 0 and len(standalone["batch_seconds"]) == STEPS
+    assert [r["concurrency"] for r in standalone["throughput"]] == [B * N, STEPS * B * N]  # eta 0 and 2 (capped)
+    assert result["t_train_s"] == pytest.approx(sync["training_only_s"])
+    assert 1.0 <= result["overlap_bound"] <= 2.0
+    assert async_run["speedup_over_bound"] == pytest.approx(async_run["speedup"] / result["overlap_bound"])
+    assert result["settings"]["rollout_cores"] != result["settings"]["trainer_cores"]
+
+    # The workload: every sample was generated to its prompt's budget (EOS ignored), in both runs.
+    budgets = {r.prompt_id: r.max_new_tokens for r in load_prompts(tmp_path / "work" / "data" / "train.parquet")}
+    assert max(budgets.values()) == MAX_NEW and min(budgets.values()) < MAX_NEW // 3  # long-tailed
+    for name in ("bench-e2e-eta0-recompute", "bench-e2e-eta2-recompute"):
+        reader = ShardReader(open_root(str(tmp_path / "work" / "runs" / name / "store")), name)
+        samples = [s for shard in reader.list_shards() for g in reader.read_groups(shard) for s in g]
+        assert len(samples) >= STEPS * B * N
+        assert all(len(s.output_token_ids) == budgets[s.prompt_id] for s in samples)

@@ -1,0 +1,206 @@
+"""The figures of `asyncrl bench e2e` on hand-made inputs, its settings and its report
+(the measurement itself runs in tests/bench/test_e2e_bench.py and `asyncrl bench e2e`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from asyncrl.flows.bench_e2e import (
+    E2EBenchSettings,
+    compare_runs,
+    format_tables,
+    mean_packing_efficiency,
+    overlap_bound,
+    rl_wall_s,
+    run_figures,
+    solution_budgets,
+    split_cores,
+    staleness_counts,
+    standalone_tokens_per_s,
+    trained_tokens,
+    training_only_s,
+)
+from asyncrl.flows.cli import build_parser
+from asyncrl.tasks.process_group import machine_cpus, usable_cpus
+
+READY = 1_000.0
+
+
+def step(time_s: float, tokens: float, step_time: float, packing: float, counts: dict[int, int],
+         dropped: int = 0) -> dict[str, float]:
+    """One step's metrics as the trainer writes them (only the fields the figures read, plus noise)."""
+    metrics = {"time": READY + time_s, "sequence_tokens": tokens, "step_time_s": step_time,
+               "packing_efficiency": packing, "dropped_stale": float(dropped), "loss": 0.0,
+               "staleness_max": float(max(counts))}
+    metrics.update({f"staleness/count_{s}": float(c) for s, c in counts.items()})
+    return metrics
+
+
+STEPS = {
+    1: step(10.0, 1000, 4.0, 0.9, {0: 8}),
+    2: step(25.0, 1500, 5.0, 0.8, {0: 4, 1: 4}),
+    3: step(40.0, 500, 3.0, 0.7, {1: 6, 2: 2}, dropped=2),
+}
+
+
+def test_wall_time_is_ready_to_last_step() -> None:
+    assert rl_wall_s(STEPS, READY) == pytest.approx(40.0)
+    assert rl_wall_s({2: STEPS[2], 1: STEPS[1]}, READY) == pytest.approx(25.0)  # the latest, whatever the order
+    with pytest.raises(ValueError, match="no step"):
+        rl_wall_s({}, READY)
+
+
+def test_tokens_step_times_packing_and_staleness_sum_over_steps() -> None:
+    assert trained_tokens(STEPS) == 3000
+    assert training_only_s(STEPS) == pytest.approx(12.0)
+    assert mean_packing_efficiency(STEPS) == pytest.approx(0.8)
+    assert staleness_counts(STEPS) == {0: 12, 1: 10, 2: 2}
+    assert list(staleness_counts({1: STEPS[3], 2: STEPS[1]})) == [0, 1, 2]  # sorted by staleness
+
+
+def test_overlap_bound() -> None:
+    assert overlap_bound(10.0, 10.0) == pytest.approx(2.0)
+    assert overlap_bound(30.0, 10.0) == pytest.approx(4 / 3)
+    assert overlap_bound(10.0, 30.0) == pytest.approx(4 / 3)
+    assert overlap_bound(5.0, 0.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="T_gen"):
+        overlap_bound(0.0, 0.0)
+    with pytest.raises(ValueError, match="T_gen"):
+        overlap_bound(-1.0, 2.0)
+
+
+def test_run_figures() -> None:
+    scheduler = {"gen_tokens_per_s": 300.0, "weight_sync_stall_fraction": 0.05, "weight_updates": 3}
+    figures = run_figures(2, "keep", STEPS, scheduler, READY, standalone_tokens_per_s=600.0)
+    assert figures["wall_s"] == pytest.approx(40.0)
+    assert figures["trained_tokens_per_s"] == pytest.approx(3000 / 40)
+    assert figures["rollout_utilisation"] == pytest.approx(0.5)
+    assert figures["weight_sync_stall_fraction"] == pytest.approx(0.05)
+    assert figures["packing_efficiency"] == pytest.approx(0.8)
+    assert figures["staleness_max"] == 2
+    assert figures["staleness_counts"] == {0: 12, 1: 10, 2: 2}
+    assert figures["dropped_stale"] == 2
+    assert (figures["eta"], figures["mode"], figures["steps"], figures["weight_updates"]) == (2, "keep", 3, 3)
+
+
+def run_row(eta: int, wall: float, training: float = 12.0, **extra: Any) -> dict[str, Any]:
+    return {"eta": eta, "mode": "recompute", "wall_s": wall, "training_only_s": training, **extra}
+
+
+def test_speedup_and_bound_against_the_synchronous_run() -> None:
+    runs = [run_row(0, 60.0, training=20.0), run_row(2, 40.0), run_row(4, 30.0)]
+    compared = compare_runs(runs, t_gen=30.0)
+    assert compared["t_train_s"] == pytest.approx(20.0)  # eta = 0's training time, not the others'
+    assert compared["overlap_bound"] == pytest.approx(50.0 / 30.0)
+    speedups = [r["speedup"] for r in compared["runs"]]
+    assert speedups == pytest.approx([1.0, 1.5, 2.0])
+    assert compared["runs"][1]["speedup_over_bound"] == pytest.approx(1.5 / (50.0 / 30.0))
+    assert "speedup" not in runs[1]  # the inputs are not modified
+
+
+def test_no_speedup_without_a_successful_synchronous_run() -> None:
+    failed = {"eta": 0, "mode": "recompute", "error": "ComponentFailed: trainer failed"}
+    compared = compare_runs([failed, run_row(2, 40.0)], t_gen=30.0)
+    assert compared["t_train_s"] is None and compared["overlap_bound"] is None
+    assert all("speedup" not in r for r in compared["runs"])
+    compared = compare_runs([run_row(0, 60.0), {"eta": 1, "mode": "keep", "error": "boom"}], t_gen=30.0)
+    assert "speedup" not in compared["runs"][1]
+
+
+def test_budgets_follow_the_solution_lengths() -> None:
+    assert solution_budgets([10, 20, 40, 5], 256) == [64, 128, 256, 32]
+    assert solution_budgets([1, 1000], 16) == [1, 16]  # never below 1 token
+    assert solution_budgets([], 16) == []
+
+
+def test_standalone_throughput_is_taken_at_the_runs_concurrency() -> None:
+    standalone = {"throughput": [{"concurrency": c, "tokens_per_s": float(c)} for c in (48, 16, 32)]}
+    assert standalone_tokens_per_s(standalone, 16) == 16.0
+    assert standalone_tokens_per_s(standalone, 40) == 32.0
+    assert standalone_tokens_per_s(standalone, 500) == 48.0
+    assert standalone_tokens_per_s(standalone, 4) == 16.0  # below every measured one: the smallest
+
+
+def test_settings_sweep_and_concurrency() -> None:
+    settings = E2EBenchSettings(etas=(0, 1, 2, 4, 8), modes=("recompute", "keep"), rollout_cores=None,
+                                trainer_cores=None, batch_groups=4, n_samples=4)
+    sweep = settings.sweep()
+    assert sweep[0] == (0, "recompute") and len(sweep) == 9  # eta = 0 once, then 4 etas x 2 modes
+    assert sweep[1:3] == [(1, "recompute"), (1, "keep")]
+    assert settings.concurrency(0) == 16 and settings.concurrency(2) == 48
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"etas": (1, 2)}, "etas"),
+        ({"etas": (0, -1)}, "etas"),
+        ({"etas": (0, 2, 2)}, "etas"),
+        ({"modes": ("recompute", "pause")}, "modes"),
+        ({"modes": ()}, "modes"),
+        ({"steps": 0}, "steps"),
+        ({"batch_groups": 0}, "batch_groups"),
+        ({"max_new_tokens": 2000}, "micro_batch_tokens"),
+        ({"rollout_cores": (-1,)}, "rollout_cores"),
+        ({"trainer_cores": (max(machine_cpus()) + 1,)}, "trainer_cores"),
+    ],
+)
+def test_bad_settings_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    base: dict[str, Any] = {"rollout_cores": None, "trainer_cores": None}
+    with pytest.raises(ValueError, match=f"^{field}"):
+        E2EBenchSettings(**{**base, **overrides})
+
+
+def test_rollout_and_trainer_cores_must_be_separate() -> None:
+    cpu = min(usable_cpus())
+    with pytest.raises(ValueError, match="rollout_cores, trainer_cores: both hold CPU"):
+        E2EBenchSettings(rollout_cores=(cpu,), trainer_cores=(cpu,))
+
+
+def test_default_cores_split_the_usable_cpus() -> None:
+    rollout, trainer = split_cores()
+    cpus = sorted(usable_cpus())
+    if len(cpus) < 2:
+        assert (rollout, trainer) == (None, None)
+    else:
+        assert rollout is not None and trainer is not None
+        assert sorted(rollout + trainer) == cpus and not set(rollout) & set(trainer)
+        assert max(rollout) < min(trainer)
+
+
+def test_cli_options() -> None:
+    args = build_parser().parse_args(["bench", "e2e", "--etas", "0,2", "--modes", "recompute", "--steps", "3",
+                                      "--rollout-cores", "none", "--json", "out.json"])
+    assert (args.etas, args.modes, args.steps, args.rollout_cores, args.json) == ((0, 2), ("recompute",), 3, "none", "out.json")
+    defaults = build_parser().parse_args(["bench", "e2e"])
+    assert defaults.etas == (0, 1, 2, 4, 8) and defaults.modes == ("recompute", "keep")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "e2e", "--etas", "0,x"])
+
+
+def test_report_has_every_run_and_the_bound() -> None:
+    settings = {"n_samples": 4, "steps": 8, "batch_groups": 4, "rollout_cores": [0], "trainer_cores": [1]}
+    runs = [
+        run_row(0, 60.0, training=20.0, trained_tokens_per_s=100.0, rollout_utilisation=0.31,
+                weight_sync_stall_fraction=0.02, packing_efficiency=0.91, staleness_max=0, staleness_counts={0: 128}),
+        run_row(2, 40.0, mode="keep", trained_tokens_per_s=150.0, rollout_utilisation=0.6,
+                weight_sync_stall_fraction=0.04, packing_efficiency=0.9, staleness_max=2,
+                staleness_counts={"0": 90, "1": 30, "2": 8}),  # keys as JSON gives them back
+        {"eta": 4, "mode": "recompute", "error": "ComponentFailed: trainer failed: boom\nlog tail"},
+    ]
+    result = {
+        "settings": settings,
+        "workload": {"groups": 32, "budget_mean": 70.2, "budget_p50": 52, "budget_p90": 140, "budget_max": 256},
+        "standalone": {"t_gen_s": 30.0, "throughput": [{"concurrency": 16, "tokens_per_s": 900.0}]},
+        **compare_runs(runs, t_gen=30.0),
+    }
+    table = format_tables(json.loads(json.dumps(result)))
+    assert "ideal overlap bound 1.67x" in table and "T_gen 30.0 s" in table and "T_train 20.0 s" in table
+    assert "| 0 | sync | 60.0 | 100 | 1.00 | 0.60 | 0.31 | 0.020 | 0.910 | 0 | 0:128 |" in table
+    assert "| 2 | keep | 40.0 | 150 | 1.50 | 0.90 | 0.60 | 0.040 | 0.900 | 2 | 0:90 1:30 2:8 |" in table
+    assert "| 4 | recompute | failed: ComponentFailed: trainer failed: boom |" in table
+    assert not math.isnan(result["overlap_bound"])
