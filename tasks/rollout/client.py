@@ -99,16 +99,22 @@ class _ServerFailure(Exception):
         self.partial = partial
 
 
+KEEPALIVE_S = 2.0
+"""Idle time after which the client drops a pooled connection (uvicorn closes at 5 s)."""
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
     temperature: float
     top_p: float
     ignore_eos: bool
     stop_token_ids: tuple[int, ...]
+    stream_interval: int = 1
 
     def params(self, max_tokens: int) -> dict[str, Any]:
         """vLLM ``SamplingParams`` of one segment; ``logprobs: 0`` = the sampled token's only."""
         return {
+            "stream_interval": self.stream_interval,
             "max_tokens": max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -206,6 +212,12 @@ class RolloutClient:
     Use as ``async with RolloutClient(servers) as client:``. Each server's engine
     version starts at ``initial_version`` if it was never set (vLLM's ``"default"``),
     else the client adopts the version the server reports.
+
+    ``stream_interval``: the server sends a request's tokens in chunks of this many (plus
+    its first token and whatever remains at the end). Nothing here needs per-token
+    chunks, and per-token streaming costs the API server CPU: on 2 cores with the tiny
+    model it fell seconds behind the engine, and a ``/pause`` waited behind that backlog
+    until the requests it meant to interrupt had ended.
     """
 
     def __init__(
@@ -217,12 +229,14 @@ class RolloutClient:
         request_timeout_s: float = 600.0,
         control_timeout_s: float = 120.0,
         max_segments: int = 1000,
+        stream_interval: int = 16,
     ) -> None:
         if interrupt_mode not in INTERRUPT_MODES:
             raise ValueError(f"interrupt_mode: must be one of {list(INTERRUPT_MODES)}, got {interrupt_mode!r}")
         if isinstance(initial_version, bool) or not isinstance(initial_version, int) or initial_version < 0:
             raise ValueError(f"initial_version: must be an int >= 0, got {initial_version!r}")
         _check_positive_int("max_segments", max_segments)
+        _check_positive_int("stream_interval", stream_interval)
         if request_timeout_s <= 0 or control_timeout_s <= 0:
             raise ValueError(
                 f"request_timeout_s and control_timeout_s must be > 0, got {request_timeout_s}, {control_timeout_s}"
@@ -231,6 +245,7 @@ class RolloutClient:
         self._mode: InterruptMode = interrupt_mode
         self._initial_version = initial_version
         self._max_segments = max_segments
+        self._stream_interval = stream_interval
         self._control_timeout = httpx.Timeout(control_timeout_s)
         # Read timeout = longest silence in one stream; a keep-mode pause is such a silence.
         self._request_timeout = httpx.Timeout(connect=30.0, read=request_timeout_s, write=60.0, pool=None)
@@ -258,7 +273,10 @@ class RolloutClient:
         server; unreachable servers are taken out of rotation (error if none is left).
         """
         if self._http is None:
-            self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them
+            # under a request (a request sent as the server closes gets no response).
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
+            self._http = httpx.AsyncClient(limits=limits)
         await asyncio.gather(*(self._probe(server) for server in self._pool.live()))
         if not self._pool.live():
             raise self._pool.no_live_error()
@@ -312,7 +330,9 @@ class RolloutClient:
         produced exactly once whatever updates or server failures happen meanwhile.
         """
         check_generate_args(prompt_token_ids, n, max_new_tokens, temperature, top_p)
-        options = SamplingOptions(float(temperature), float(top_p), bool(ignore_eos), tuple(stop_token_ids))
+        options = SamplingOptions(
+            float(temperature), float(top_p), bool(ignore_eos), tuple(stop_token_ids), self._stream_interval
+        )
         submitted_at = time.time()
         partials = [PartialSample(list(prompt_token_ids), max_new_tokens, submitted_at) for _ in range(n)]
         try:
@@ -544,13 +564,24 @@ class RolloutClient:
                 return
 
     async def _control(self, server: ServerState, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        """One control request (pause, resume, version...); ``_ServerFailure`` if unreachable or 5xx."""
-        try:
-            response = await self._client().request(
-                method, server.url + path, headers=server.headers, timeout=self._control_timeout, **kwargs
-            )
-        except httpx.TransportError as exc:
-            raise _ServerFailure(f"{path}: connection failed: {exc!r}") from None
+        """One control request (pause, resume, version...); ``_ServerFailure`` if unreachable or 5xx.
+
+        Control requests are idempotent: one that got no response because the server closed
+        a pooled connection as it was sent (``RemoteProtocolError``) is sent once more on a
+        new connection.
+        """
+        for attempt in (1, 2):
+            try:
+                response = await self._client().request(
+                    method, server.url + path, headers=server.headers, timeout=self._control_timeout, **kwargs
+                )
+                break
+            except httpx.RemoteProtocolError as exc:
+                if attempt == 2:
+                    raise _ServerFailure(f"{path}: connection failed: {exc!r}") from None
+                logger.debug("rollout server %s: %s %s got no response (%r); resending", server.url, method, path, exc)
+            except httpx.TransportError as exc:
+                raise _ServerFailure(f"{path}: connection failed: {exc!r}") from None
         _raise_for_status(server, path, response)
         body = response.json()
         return body if isinstance(body, dict) else {"result": body}

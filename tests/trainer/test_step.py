@@ -23,6 +23,12 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
+def _moved_fraction(a: list[torch.Tensor], b: list[torch.Tensor], threshold: float) -> float:
+    """Fraction of all coordinates that differ by more than ``threshold``."""
+    moved = sum(int(((x - y).abs() > threshold).sum()) for x, y in zip(a, b))
+    return moved / sum(x.numel() for x in a)
+
+
 def _output_logprob_sums(engine: Any, samples: list[Any]) -> list[float]:
     seqs = [TokenSequence(tuple(s.prompt_token_ids), tuple(s.output_token_ids)) for s in samples]
     return [float(v.sum()) for v in sequence_logprobs(engine.ds, seqs, [[i] for i in range(len(seqs))])]
@@ -75,10 +81,14 @@ def test_micro_batch_split_does_not_change_the_update(shared_engine: Any, engine
     shared_engine.reset()
     many = run_rl_step(engine, groups, RLSettings(micro_batch_tokens=40), trainer_version=1)
     assert one.micro_batches == 1 and many.micro_batches >= 4
-    # Adam's first step is ~lr * sign(gradient) per coordinate, so rounding differences in
-    # near-zero gradients show up at a small fraction of lr; a wrong per-micro-batch
-    # weighting would move coordinates by O(lr). The equal losses pin the global scale.
-    assert _max_diff(params_one, _params(engine)) < 0.02 * TEST_LR
+    # Adam's first step is ~lr * g / (|g| + eps) per coordinate: summation-order rounding
+    # can move the rare coordinates whose gradient is ~eps by a fraction of lr (2.4e-5 seen
+    # at lr 1e-3), while a wrong per-micro-batch weighting flips the sign of every
+    # coordinate where micro-batches disagree, moving a large share of them by ~2 lr.
+    # The equal losses pin the global scale.
+    after = _params(engine)
+    assert _moved_fraction(params_one, after, 0.01 * TEST_LR) < 1e-4
+    assert _max_diff(params_one, after) < 0.5 * TEST_LR
     assert one.update.means()["loss"] == pytest.approx(many.update.means()["loss"], abs=1e-5)
 
 
