@@ -109,7 +109,7 @@ class SamplingOptions:
     top_p: float
     ignore_eos: bool
     stop_token_ids: tuple[int, ...]
-    stream_interval: int = 1
+    stream_interval: int
 
     def params(self, max_tokens: int) -> dict[str, Any]:
         """vLLM ``SamplingParams`` of one segment; ``logprobs: 0`` = the sampled token's only."""

@@ -58,12 +58,11 @@ def test_quick_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     # The workload: every sample was generated to its prompt's budget (EOS ignored), in both runs.
     budgets = {r.prompt_id: r.max_new_tokens for r in load_prompts(tmp_path / "work" / "data" / "train.parquet")}
     assert max(budgets.values()) == MAX_NEW and min(budgets.values()) < MAX_NEW // 3  # long-tailed
-    for name in ("bench-e2e-eta0-recompute", "bench-e2e-eta2-recompute"):
+    for name, run in (("bench-e2e-eta0-recompute", sync), ("bench-e2e-eta2-recompute", async_run)):
         reader = ShardReader(open_root(str(tmp_path / "work" / "runs" / name / "store")), name)
         samples = [s for shard in reader.list_shards() for g in reader.read_groups(shard) for s in g]
         assert len(samples) >= STEPS * B * N
         assert all(len(s.output_token_ids) == budgets[s.prompt_id] for s in samples)
         # Every version after the first that generated a token reached the server through an
         # update of its own (the scheduler may skip versions, never merge two).
-        run = sync if "eta0" in name else async_run
         assert run["weight_updates"] >= len({v for s in samples for v in s.token_versions}) - 1

@@ -120,8 +120,7 @@ def test_recompute_update_mid_generation(
         assert _max_diff(reference, sample.behaviour_logprobs) < LOGPROB_TOLERANCE, _where(reference, sample, switch)
         worst = max(worst, _max_diff(reference, sample.behaviour_logprobs))
         # The check has power: the other version's log-probs are far off.
-        for part in (slice(0, switch), slice(switch, None)):
-            other = full[new] if part.start == 0 else full[old]
+        for other, part in ((full[new], slice(0, switch)), (full[old], slice(switch, None))):
             if other[part]:
                 assert _max_diff(other[part], sample.behaviour_logprobs[part]) > 100 * LOGPROB_TOLERANCE
     print(f"recompute: max |behaviour - reference| log-prob = {worst:.3g}")
