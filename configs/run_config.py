@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from asyncrl.configs.base import StrictModel
+from asyncrl.storage.retry import retry_policy
 from asyncrl.tasks.data.synthetic import ArithmeticSpec
 from asyncrl.tasks.process_group import check_cpu_cores
 from asyncrl.tasks.reward.config import RewardConfig
@@ -29,6 +30,9 @@ class DataConfig(StrictModel):
     """Prompt file: Parquet (`prompt`, `answer`) or GSM8K-style JSONL (`question`, `answer`)."""
     eval_path: str | None = None
     """Held-out prompts for evaluation; None disables evaluation."""
+    sft_path: str | None = None
+    """Warm-start examples for the SFT stage (`prompt`, `answer`, optional `solution`), kept
+    apart from the RL prompts; None trains the warm start on `train_path`."""
     max_prompt_tokens: int = Field(128, ge=1)
     """Prompts longer than this (in tokens) are refused by the scheduler."""
     prompt_format: Literal["plain", "chat"] = "plain"
@@ -130,10 +134,24 @@ class TrainerConfig(StrictModel):
 
 
 class StorageConfig(StrictModel):
+    # Options carry credentials: a validation error must not echo them.
+    model_config = ConfigDict(**StrictModel.model_config, hide_input_in_errors=True)
+
     root: str = Field(min_length=1)
     """Run root: a local directory, file:// or s3:// URI."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """fsspec storage options (endpoint, credentials). Never logged."""
+    """fsspec storage options (endpoint, credentials). Never logged. S3 retries:
+    `config_kwargs: {retries: {mode: standard, total_max_attempts: 5}}` (the defaults;
+    botocore's keys, see asyncrl.storage.retry)."""
+
+    @field_validator("options")
+    @classmethod
+    def _retry_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        try:
+            retry_policy(options, environ={})  # the options alone; the environment is read where the root opens
+        except ValueError as exc:
+            raise ValueError(f"storage.options.{exc}") from None
+        return options
 
 
 class TrackingConfig(StrictModel):
@@ -155,6 +173,12 @@ class SyntheticDataConfig(StrictModel):
     """Chance of ``*`` for each operator (else ``+`` or ``-``)."""
     max_addend: int = Field(ArithmeticSpec.max_addend, ge=1)
     max_factor: int = Field(ArithmeticSpec.max_factor, ge=2)
+    n_sft: int = Field(0, ge=0)
+    """Warm-start problems written to data.sft_path: distinct from the RL prompts
+    (data.train_path) and the held-out split, so RL and evaluation see unseen problems."""
+    sft_answer_only_share: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of the warm-start solutions that give only the final-answer line, no worked
+    steps (a mixed-quality demonstration set, like many real SFT mixtures)."""
 
     @model_validator(mode="after")
     def _steps_ordered(self) -> SyntheticDataConfig:
@@ -219,6 +243,13 @@ class RunConfig(StrictModel):
             raise ValueError("trainer.advantage: 'rloo' needs rollout.n_samples >= 2 (leave-one-out baseline)")
         if self.pipeline.synthetic_data is None and self.data.eval_path is None and self.pipeline.eval_prompts:
             raise ValueError("pipeline.eval_prompts: set data.eval_path to evaluate")
+        synthetic = self.pipeline.synthetic_data
+        if synthetic is not None and synthetic.n_sft > 0 and self.data.sft_path is None:
+            raise ValueError("pipeline.synthetic_data.n_sft: set data.sft_path, where the warm-start problems go")
+        if synthetic is not None and synthetic.sft_answer_only_share > 0 and synthetic.n_sft == 0:
+            raise ValueError(
+                "pipeline.synthetic_data.sft_answer_only_share: needs n_sft > 0 (it shapes the separate warm-start set)"
+            )
         if self.trainer.mini_batches > self.trainer.batch_groups:
             raise ValueError(
                 f"trainer.mini_batches: {self.trainer.mini_batches} exceeds trainer.batch_groups "

@@ -507,7 +507,7 @@ def format_tables(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def parse_int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
@@ -515,7 +515,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _cores(text: str) -> tuple[int, ...] | None:
-    return None if text.strip().lower() == "none" else _int_list(text)
+    return None if text.strip().lower() == "none" else parse_int_list(text)
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -549,7 +549,7 @@ def add_e2e_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "e2e", help="async speed-up end to end: eta = 0 vs eta > 0 in both interrupt modes, and the ideal overlap bound"
     )
     defaults = E2EBenchSettings()
-    parser.add_argument("--etas", type=_int_list, default=defaults.etas, help="comma-separated, must include 0 (default 0,1,2,4,8)")
+    parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated, must include 0 (default 0,1,2,4,8)")
     parser.add_argument("--modes", type=_modes, default=defaults.modes, help="comma-separated interrupt modes (default recompute,keep)")
     parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps per run")
     parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help="prompt groups per step (B)")

@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from asyncrl.configs.loading import ConfigError, frozen_yaml, load_config
+from asyncrl.flows.bench_ablation import add_ablation_bench
 from asyncrl.flows.bench_e2e import add_e2e_bench
+from asyncrl.flows.chaos_cli import add_chaos_command
 from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
 from asyncrl.tasks.rollout.bench import add_rollout_bench
 from asyncrl.tasks.trainer.bench import add_trainer_bench
@@ -107,12 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     add_reward_commands(commands)
+    add_chaos_command(commands)
     bench = commands.add_parser("bench", help="benchmarks that print figures (table and JSON)")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     add_reward_bench(bench_commands)
     add_trainer_bench(bench_commands)
     add_rollout_bench(bench_commands)
     add_e2e_bench(bench_commands)
+    add_ablation_bench(bench_commands)
     return parser
 
 

@@ -60,18 +60,27 @@ def prepare_inputs(config: RunConfig) -> None:
 
         write_tiny_model(Path(config.model.path), seed=config.seed)
     synthetic = config.pipeline.synthetic_data
-    if synthetic is not None:
-        from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, split_train_heldout, write_problems
+    if synthetic is None:
+        return
+    from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, mixed_solutions, split_train_heldout, write_problems
 
-        targets = [Path(config.data.train_path)] + ([Path(config.data.eval_path)] if config.data.eval_path else [])
-        if not all(path.exists() for path in targets):
-            problems = make_arithmetic_dataset(
-                synthetic.n_train + synthetic.n_heldout, seed=config.seed, spec=synthetic.spec()
-            )
-            train, heldout = split_train_heldout(problems, synthetic.n_heldout, seed=config.seed)
-            write_problems(Path(config.data.train_path), train)
-            if config.data.eval_path:
-                write_problems(Path(config.data.eval_path), heldout)
+    data = config.data
+    targets = [Path(p) for p in (data.train_path, data.eval_path, data.sft_path if synthetic.n_sft else None) if p]
+    if all(path.exists() for path in targets):
+        return
+    # One draw of distinct problems, shuffled and cut: held-out, RL prompts, warm-start set
+    # (no problem in two splits, all three from the same distribution).
+    problems = make_arithmetic_dataset(
+        synthetic.n_train + synthetic.n_heldout + synthetic.n_sft, seed=config.seed, spec=synthetic.spec()
+    )
+    rest, heldout = split_train_heldout(problems, synthetic.n_heldout, seed=config.seed)
+    train, sft = rest[: synthetic.n_train], rest[synthetic.n_train :]
+    write_problems(Path(data.train_path), train)
+    if data.eval_path:
+        write_problems(Path(data.eval_path), heldout)
+    if data.sft_path and sft:
+        solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed)
+        write_problems(Path(data.sft_path), sft, solutions=solutions)
 
 
 def run_sft(config: RunConfig, paths: RunPaths) -> int | None:
@@ -171,6 +180,9 @@ def pipeline_run(
     paths = prepare_run(config)
     run_sft(config, paths)
     lineage = RunLineage.start(config.tracking.mlflow_uri, config.tracking.experiment, config.name, public_dict(config))
+    if config.pipeline.sft_steps and config.data.sft_path:
+        # The warm start's own examples (RL's prompts are logged by train_run).
+        lineage.log_dataset(file_ref(config.data.sft_path, Path(config.data.sft_path).name), context="sft")
     train = train_run(config, lineage=lineage, progress=progress)
     if on_trained is not None:
         on_trained(train)

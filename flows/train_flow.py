@@ -8,14 +8,13 @@ supervisor kills its process group in a `finally`).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger
 
@@ -23,18 +22,24 @@ from asyncrl.configs.loading import public_dict
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.lineage_recorder import LineageRecorder, file_ref
 from asyncrl.flows.run_artifacts import StepProgressArtifact, publish_training_report
-from asyncrl.flows.run_setup import RunPaths, prepare_run
-from asyncrl.flows.scheduler import ControllerSettings, ControllerStats, PromptSchedule, RolloutController
+from asyncrl.flows.run_setup import prepare_run
+
+# load_codec is imported from here by the pipeline flow and the e2e benchmark.
+from asyncrl.flows.run_components import (
+    load_codec,
+    rl_trainer_launch,
+    run_scheduler,
+    server_configs,
+    serving_weights,
+)
 from asyncrl.storage.lineage import RunLineage
-from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.data.loader import PromptRecord, load_prompts
-from asyncrl.tasks.data.prompting import render_prompt
+from asyncrl.tasks.data.loader import load_prompts
 from asyncrl.tasks.reward.pool import RewardPool
-from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.prefect_tasks import supervise_rollout_server
-from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
-from asyncrl.tasks.rollout.weight_sync import fetch_weight_version, update_server_weights
-from asyncrl.tasks.trainer.process import TrainerLaunch, supervise_trainer
+from asyncrl.tasks.rollout.server import RolloutServerHandle
+from asyncrl.tasks.trainer.process import supervise_trainer
+
+__all__ = ["ComponentFailed", "RunSupervisor", "TrainResult", "load_codec", "train", "train_run"]
 
 
 class ComponentFailed(RuntimeError):
@@ -54,133 +59,6 @@ class TrainResult:
     ready_at: float = 0.0
     """Unix time at which every rollout server was healthy and the scheduler started: the
     start of the RL phase (the step metrics' ``time`` is on the same clock)."""
-
-
-class HFCodec:
-    """Prompt text <-> token ids with the model's own tokenizer."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
-
-
-def load_codec(model_dir: str) -> tuple[HFCodec, tuple[int, ...]]:
-    """The tokenizer and the stop token ids (eos of the tokenizer and generation config)."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    stop: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        stop.add(int(tokenizer.eos_token_id))
-    try:
-        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-    except OSError:
-        eos = None
-    stop.update([eos] if isinstance(eos, int) else list(eos or []))
-    return HFCodec(tokenizer), tuple(sorted(stop))
-
-
-def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int]:
-    """The weights the rollout servers start with: the newest published version (a resumed
-    run, or the SFT warm start of the pipeline), else `model.path` as version 0."""
-    latest = WeightStore(paths.root).latest()
-    if latest is None:
-        return Path(config.model.path), 0
-    model_dir, _ = fetch_weight_version(
-        config.storage.root, dict(config.storage.options), latest, paths.work_dir / "weights-cache"
-    )
-    return model_dir, latest
-
-
-def server_configs(config: RunConfig, paths: RunPaths, model_dir: Path) -> list[RolloutServerConfig]:
-    rollout = config.rollout
-    return [
-        RolloutServerConfig(
-            model_dir=model_dir,
-            host=rollout.host,
-            port=0 if rollout.base_port == 0 else rollout.base_port + index,
-            api_key=None if rollout.api_key is None else rollout.api_key.get_secret_value(),
-            kv_cache_gib=rollout.kv_cache_gib,
-            max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
-            seed=config.seed + index,
-            log_path=paths.log(f"rollout-{index}.log"),
-            cpu_cores=rollout.cpu_cores,
-        )
-        for index in range(rollout.num_servers)
-    ]
-
-
-def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_groups: int | None) -> ControllerSettings:
-    rollout = config.rollout
-    return ControllerSettings(
-        run_id=config.name,
-        batch_groups=config.trainer.batch_groups,
-        eta=rollout.eta,
-        n_samples=rollout.n_samples,
-        max_new_tokens=rollout.max_new_tokens,
-        max_prompt_tokens=config.data.max_prompt_tokens,
-        temperature=rollout.temperature,
-        top_p=rollout.top_p,
-        stop_token_ids=stop_token_ids,
-        ignore_eos=rollout.ignore_eos,
-        shard_groups=rollout.shard_groups,
-        shard_seconds=rollout.shard_seconds,
-        weight_poll_seconds=rollout.weight_poll_seconds,
-        seed=config.seed,
-        max_groups=max_groups,
-    )
-
-
-def run_scheduler(
-    config: RunConfig,
-    paths: RunPaths,
-    handles: list[RolloutServerHandle],
-    pool: RewardPool,
-    prompts: list[PromptRecord],
-    stop: threading.Event,
-    initial_version: int,
-) -> ControllerStats:
-    """The rollout controller on its own event loop, until `stop` is set."""
-    codec, stop_ids = load_codec(config.model.path)
-    options = dict(config.storage.options)
-
-    def loader(version: int) -> Callable[[RolloutServerHandle], Any]:
-        cache = str(paths.work_dir / "weights-cache")
-        return lambda handle: update_server_weights(handle, config.storage.root, options, version, cache_dir=cache)
-
-    async def main() -> ControllerStats:
-        stop_async = asyncio.Event()
-
-        async def relay_stop() -> None:
-            while not stop.is_set():
-                await asyncio.sleep(0.2)
-            stop_async.set()
-
-        relay = asyncio.create_task(relay_stop())
-        try:
-            async with RolloutClient(
-                handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version
-            ) as client:
-                controller = RolloutController(
-                    controller_settings(config, stop_ids, max_groups=None),
-                    paths.root,
-                    PromptSchedule(prompts, seed=config.seed),
-                    render=lambda record: render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer),
-                    codec=codec,
-                    generator=client,
-                    scorer=pool,
-                    weight_loader=loader,
-                )
-                return await controller.run(stop_async)
-        finally:
-            relay.cancel()
-
-    return asyncio.run(main())
 
 
 class RunSupervisor:
@@ -227,8 +105,8 @@ def train_run(config: RunConfig, lineage: RunLineage | None = None, progress: Ca
         config.tracking.mlflow_uri, config.tracking.experiment, config.name, public_dict(config)
     )
     lineage.log_dataset(file_ref(config.data.train_path, Path(config.data.train_path).name))
-    metrics_file = paths.work_dir / "trainer-metrics.jsonl"
-    recorder = LineageRecorder(lineage, paths.root, metrics_file)
+    launch = rl_trainer_launch(config, paths)
+    recorder = LineageRecorder(lineage, paths.root, cast(Path, launch.metrics_file))  # always set for RL
     supervisor = RunSupervisor(max_workers=config.rollout.num_servers + 3)
     handles: list[RolloutServerHandle | None] = [None] * config.rollout.num_servers
     ready = [threading.Event() for _ in handles]
@@ -247,14 +125,6 @@ def train_run(config: RunConfig, lineage: RunLineage | None = None, progress: Ca
                         poll_interval_s=2.0, stop=supervisor.stop, on_ready=cb,
                     ),
                 )
-            launch = TrainerLaunch(
-                config_path=paths.private_config,
-                log_path=paths.log("trainer.log"),
-                mode="rl",
-                work_dir=paths.work_dir / "trainer",
-                metrics_file=metrics_file,
-                cpu_cores=config.trainer.cpu_cores,
-            )
             trainer = supervisor.start("trainer", lambda: supervise_trainer(launch, stop=supervisor.stop))
             while not all(event.is_set() for event in ready):
                 supervisor.raise_first_failure()

@@ -30,3 +30,29 @@ class UnknownWeightVersionError(KeyError):
     def __str__(self) -> str:
         # KeyError would print the repr (quoted) of its argument.
         return self.message
+
+
+class StorageOperationError(OSError):
+    """An object-store operation met a transient fault (5xx, throttling, dropped connection,
+    cut-off body) that its retries did not absorb, or with retries turned off.
+
+    ``operation`` names the storage call (``put_if_absent``, ``read``, ``list``...),
+    ``target`` the object or directory URI, ``attempts`` the attempts allowed per request
+    and ``cause`` the last fault. Nothing is half-written: the call either took effect
+    completely or not at all, and repeating it is safe.
+    """
+
+    def __init__(self, operation: str, target: str, attempts: int, cause: BaseException) -> None:
+        self.message = (
+            f"{operation} {target} failed: {type(cause).__name__}: {cause} "
+            f"(a transient storage fault left after {attempts} attempt(s) per request; "
+            f"storage.options.config_kwargs.retries.total_max_attempts sets the attempts)"
+        )
+        super().__init__(self.message)
+        self.operation = operation
+        self.target = target
+        self.attempts = attempts
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return self.message

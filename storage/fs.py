@@ -17,16 +17,24 @@ writes the storage layer does, and none of them exposes a partial object:
 Temporary files start with ``.`` and :func:`list_dir` never returns such names.
 S3 listings are never cached (``use_listings_cache=False``), so objects written
 by other processes are always seen.
+
+Transient S3 faults are retried in three layers (botocore per request, s3fs per
+call, this module per operation where the outcome is unknown), every retry
+idempotent; :mod:`asyncrl.storage.retry` states the rules and the options. A fault
+left after the retries raises :class:`StorageOperationError` naming the operation
+and the object; what earlier calls wrote stays intact.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import posixpath
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +42,14 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from asyncrl.storage import paths
+from asyncrl.storage import paths, retry
+from asyncrl.storage.errors import StorageOperationError
+from asyncrl.storage.retry import RetryPolicy
 
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 # AWS answers 409 ConditionalRequestConflict while another conditional write to the
 # same key is in flight; the write is retried and then fails (412) or succeeds.
-_CONFLICT_RETRIES = 5
-_CONFLICT_BACKOFF_S = 0.05
+_CONFLICT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,8 @@ class RunRoot:
     fs: fsspec.AbstractFileSystem = field(repr=False, compare=False)
     path: str
     """Root path as ``fs`` expects it: absolute local path or ``bucket/prefix``."""
+    retry: RetryPolicy = field(default=RetryPolicy(), compare=False)
+    """How S3 requests are retried (unused for local roots)."""
 
     @property
     def is_local(self) -> bool:
@@ -71,16 +82,26 @@ def open_root(uri: str, options: dict[str, Any] | None = None) -> RunRoot:
     """Open the run root ``uri`` (plain path, ``file://``, or ``s3://bucket/prefix``).
 
     ``options`` are fsspec storage options (for S3: ``endpoint_url``, ``key``,
-    ``secret``, ``client_kwargs``...). S3 listings are forced uncached so that
-    every listing sees other writers. A local root directory is created; an S3
-    bucket must exist already. Other protocols are refused: the atomic
-    put-if-absent of this module is only implemented for local and S3.
+    ``secret``, ``client_kwargs``, ``config_kwargs``...). S3 listings are forced
+    uncached so that every listing sees other writers. S3 retries follow
+    ``config_kwargs.retries`` (botocore's ``mode`` and ``total_max_attempts``), else
+    ``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS``, else standard mode with 5 attempts;
+    the policy is stated explicitly to botocore and given to s3fs as its ``retries``
+    (see :mod:`asyncrl.storage.retry`). A local root
+    directory is created; an S3 bucket must exist already. Other protocols are
+    refused: the atomic put-if-absent of this module is only implemented for local and S3.
     """
     if not uri:
         raise ValueError("run root URI is empty")
     storage_options = dict(options or {})
     protocol = fsspec.core.split_protocol(uri)[0] or "file"
+    policy = RetryPolicy()
     if protocol in _S3_PROTOCOLS:
+        try:
+            policy = retry.retry_policy(storage_options)
+        except ValueError as exc:
+            raise ValueError(f"run root {uri!r}: {exc}") from None
+        storage_options = retry.with_retry_config(storage_options, policy)
         storage_options["use_listings_cache"] = False
     elif protocol not in ("file", "local"):
         raise ValueError(
@@ -90,33 +111,47 @@ def open_root(uri: str, options: dict[str, Any] | None = None) -> RunRoot:
     root_path = root_path.rstrip("/")
     if not root_path:
         raise ValueError(f"run root {uri!r} names no directory or bucket")
-    root = RunRoot(uri=uri, fs=fs, path=root_path)
+    if protocol in _S3_PROTOCOLS:
+        # s3fs keeps its call-level retries in an attribute; the instance is shared only
+        # by roots with equal options, retry settings included, so they agree on it.
+        fs.retries = policy.attempts
+    root = RunRoot(uri=uri, fs=fs, path=root_path, retry=policy)
     if root.is_local:
         os.makedirs(root_path, exist_ok=True)
     return root
 
 
-def _s3_error_codes(exc: BaseException) -> set[str]:
-    """Error codes and HTTP statuses of the botocore errors in ``exc``'s cause chain."""
-    codes: set[str] = set()
-    current: BaseException | None = exc
-    while current is not None:
-        response = getattr(current, "response", None)
-        if isinstance(response, dict):
-            codes.add(str(response.get("Error", {}).get("Code", "")))
-            codes.add(str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")))
-        current = current.__cause__ or current.__context__
-    return codes
-
-
 def _precondition_failed(exc: BaseException) -> bool:
     """Whether an S3 error is a failed ``If-None-Match`` (HTTP 412, code PreconditionFailed)."""
-    return bool({"PreconditionFailed", "412"} & _s3_error_codes(exc))
+    return bool({"PreconditionFailed", "412"} & retry.s3_error_codes(exc))
 
 
 def _conditional_conflict(exc: BaseException) -> bool:
     """Whether an S3 error is a 409 ``ConditionalRequestConflict`` (a concurrent conditional write)."""
-    return "ConditionalRequestConflict" in _s3_error_codes(exc)
+    return "ConditionalRequestConflict" in retry.s3_error_codes(exc)
+
+
+@contextmanager
+def _named_faults(root: RunRoot, operation: str, relpath: str) -> Iterator[None]:
+    """Raise a transient fault the retries left as :class:`StorageOperationError` naming
+    ``operation`` and ``relpath``; every other error passes unchanged."""
+    try:
+        yield
+    except StorageOperationError:
+        raise
+    except Exception as exc:
+        if retry.is_transient(exc):
+            raise StorageOperationError(operation, root.display(relpath), root.retry.attempts, exc) from exc
+        raise
+
+
+def _s3_is_file(root: RunRoot, target: str) -> bool:
+    """Whether ``target`` is an object. Unlike ``fs.isfile``, which answers False on any
+    error, a fault propagates, so a busy store is never mistaken for a missing object."""
+    try:
+        return root.fs.info(target)["type"] == "file"
+    except FileNotFoundError:
+        return False
 
 
 def _local_temp(final: str) -> tuple[int, str]:
@@ -147,47 +182,88 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _exists_error(root: RunRoot, relpath: str) -> FileExistsError:
+    return FileExistsError(errno.EEXIST, "object already exists", root.display(relpath))
+
+
+def _holds(root: RunRoot, relpath: str, data: bytes) -> bool | None:
+    """Whether the object at ``relpath`` holds exactly ``data``; ``None`` if there is none."""
+    try:
+        return read_bytes(root, relpath) == data
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return False
+
+
 def put_if_absent(root: RunRoot, relpath: str, data: bytes) -> None:
     """Publish ``data`` at ``relpath`` unless an object is there; never overwrites.
 
-    Raises :class:`FileExistsError` (naming the object) if ``relpath`` exists,
-    on every backend (SeaweedFS's ``OSError`` for HTTP 412 is normalised).
+    Idempotent by content: if the object exists and holds exactly ``data``, the call
+    succeeds. On S3 this is how a retried conditional PUT is resolved: when the first
+    attempt stored the object but its answer was lost (dropped connection, 5xx from
+    a proxy), the retry gets 412; the object is then read back, and the call counts as
+    done only if the stored bytes equal ``data`` -- nothing is overwritten, and an
+    object with other bytes is never taken for ours. A writer that needs to know it
+    won (a claim) must put something unique to it in ``data``.
+    Otherwise raises :class:`FileExistsError` (naming the object) if ``relpath``
+    exists, on every backend (SeaweedFS's ``OSError`` for HTTP 412 is normalised).
     """
-    target = root.full_path(relpath)
     if root.is_local:
-        tmp = _write_local_temp(target, data)
-        try:
-            os.link(tmp, target)
-        except FileExistsError:
-            raise FileExistsError(errno.EEXIST, "object already exists", root.display(relpath)) from None
-        except OSError as exc:
-            if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                raise OSError(
-                    exc.errno,
-                    "the filesystem of this run root does not support hard links, which put-if-absent needs",
-                    root.display(relpath),
-                ) from exc
-            raise
-        finally:
-            os.unlink(tmp)
-        _fsync_dir(os.path.dirname(target))
+        _local_put_if_absent(root, relpath, data)
         return
-    for attempt in range(_CONFLICT_RETRIES):
+    target = root.full_path(relpath)
+    for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
         try:
-            root.fs.pipe_file(target, data, mode="create")
+            with _named_faults(root, "put_if_absent", relpath):
+                root.fs.pipe_file(target, data, mode="create")
             return
-        except FileExistsError:
-            raise FileExistsError(errno.EEXIST, "object already exists", root.display(relpath)) from None
+        except StorageOperationError:
+            raise
         except OSError as exc:
-            if _precondition_failed(exc):
-                raise FileExistsError(errno.EEXIST, "object already exists", root.display(relpath)) from exc
-            if not _conditional_conflict(exc) or attempt == _CONFLICT_RETRIES - 1:
+            if isinstance(exc, FileExistsError) or _precondition_failed(exc):
+                holds = _holds(root, relpath, data)
+                if holds:
+                    return
+                if holds is not None:
+                    raise _exists_error(root, relpath) from None
+                # Deleted between the 412 and the read: the key is free again.
+            elif not _conditional_conflict(exc) or attempt == _CONFLICT_ATTEMPTS:
                 raise
-        time.sleep(_CONFLICT_BACKOFF_S * (attempt + 1))
+        time.sleep(retry.backoff_s(attempt))
+    # Only reached when the key vanished after the last 412: another writer holds it in play.
+    raise _exists_error(root, relpath)
+
+
+def _local_put_if_absent(root: RunRoot, relpath: str, data: bytes) -> None:
+    target = root.full_path(relpath)
+    tmp = _write_local_temp(target, data)
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        if _holds(root, relpath, data):
+            return
+        raise _exists_error(root, relpath) from None
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(
+                exc.errno,
+                "the filesystem of this run root does not support hard links, which put-if-absent needs",
+                root.display(relpath),
+            ) from exc
+        raise
+    finally:
+        os.unlink(tmp)
+    _fsync_dir(os.path.dirname(target))
 
 
 def put_atomic_replace(root: RunRoot, relpath: str, data: bytes) -> None:
-    """Publish ``data`` at ``relpath``, replacing any object there in one atomic step."""
+    """Publish ``data`` at ``relpath``, replacing any object there in one atomic step.
+
+    On S3 one plain PUT: retrying it stores the same bytes again, so it is idempotent.
+    (A copy held up in the network longer than the client's read timeout could still
+    land after a later write; no layer can rule that out for a plain PUT.)
+    """
     target = root.full_path(relpath)
     if root.is_local:
         tmp = _write_local_temp(target, data)
@@ -198,14 +274,16 @@ def put_atomic_replace(root: RunRoot, relpath: str, data: bytes) -> None:
             raise
         _fsync_dir(os.path.dirname(target))
         return
-    root.fs.pipe_file(target, data)
+    with _named_faults(root, "put_atomic_replace", relpath):
+        root.fs.pipe_file(target, data)
 
 
 def upload_file(root: RunRoot, local_path: Path, relpath: str) -> None:
     """Copy the local file ``local_path`` to ``relpath`` (replacing it if present).
 
     Local roots get the whole file or nothing at ``relpath``; on S3 a large file
-    is a multipart upload, also visible only once complete.
+    is a multipart upload, also visible only once complete. Retrying either stores
+    the same bytes again.
     """
     target = root.full_path(relpath)
     if root.is_local:
@@ -220,11 +298,16 @@ def upload_file(root: RunRoot, local_path: Path, relpath: str) -> None:
                 os.unlink(tmp)
             raise
         return
-    root.fs.put_file(str(local_path), target)
+    with _named_faults(root, "upload", relpath):
+        root.fs.put_file(str(local_path), target)
 
 
 def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
-    """Copy the object ``relpath`` to the local file ``local_path``."""
+    """Copy the object ``relpath`` to the local file ``local_path``, whole or not at all.
+
+    The bytes land in a hidden temporary sibling that is renamed to ``local_path``
+    once complete, so a fault mid-download leaves no partial file.
+    """
     source = root.full_path(relpath)
     local_path.parent.mkdir(parents=True, exist_ok=True)
     if root.is_local:
@@ -232,9 +315,17 @@ def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
             raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
         shutil.copyfile(source, local_path)
         return
-    if not root.fs.isfile(source):
-        raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
-    root.fs.get_file(source, str(local_path))
+    fd, tmp = tempfile.mkstemp(dir=local_path.parent, prefix=f".{local_path.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        with _named_faults(root, "download", relpath):
+            if not _s3_is_file(root, source):
+                raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
+            root.fs.get_file(source, tmp)
+        os.replace(tmp, local_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def read_bytes(root: RunRoot, relpath: str) -> bytes:
@@ -244,25 +335,34 @@ def read_bytes(root: RunRoot, relpath: str) -> bytes:
         if root.is_local:
             with open(source, "rb") as handle:
                 return handle.read()
-        return bytes(root.fs.cat_file(source))
+        with _named_faults(root, "read", relpath):
+            return bytes(root.fs.cat_file(source))
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath)) from None
 
 
 def read_many(root: RunRoot, relpaths: Iterable[str]) -> dict[str, bytes]:
-    """Contents of several objects keyed by relative path (S3: fetched concurrently)."""
+    """Contents of several objects keyed by relative path (S3: fetched concurrently).
+
+    The first missing object raises :class:`FileNotFoundError`, the first fault
+    :class:`StorageOperationError`, each naming its object.
+    """
     wanted = list(relpaths)
     if root.is_local or len(wanted) <= 1:
         return {relpath: read_bytes(root, relpath) for relpath in wanted}
     by_full = {root.full_path(relpath): relpath for relpath in wanted}
-    try:
-        contents = root.fs.cat(list(by_full), on_error="raise")
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(errno.ENOENT, "no such object", str(exc)) from None
-    missing = set(by_full) - set(contents)
-    if missing:
-        raise FileNotFoundError(errno.ENOENT, "objects not returned", sorted(missing))
-    return {by_full[full]: bytes(contents[full]) for full in by_full}
+    with _named_faults(root, "read", posixpath.commonpath(wanted) or "."):
+        contents = root.fs.cat(list(by_full), on_error="return")
+    result: dict[str, bytes] = {}
+    for full, relpath in by_full.items():
+        content = contents.get(full, FileNotFoundError(full))
+        if isinstance(content, FileNotFoundError):
+            raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
+        if isinstance(content, BaseException):
+            with _named_faults(root, "read", relpath):
+                raise content
+        result[relpath] = bytes(content)
+    return result
 
 
 def exists(root: RunRoot, relpath: str) -> bool:
@@ -270,7 +370,8 @@ def exists(root: RunRoot, relpath: str) -> bool:
     target = root.full_path(relpath)
     if root.is_local:
         return os.path.exists(target)
-    return bool(root.fs.exists(target))
+    with _named_faults(root, "exists", relpath):
+        return bool(root.fs.exists(target))
 
 
 def list_dir(root: RunRoot, reldir: str) -> list[str]:
@@ -287,7 +388,8 @@ def list_dir(root: RunRoot, reldir: str) -> list[str]:
             return []
     else:
         try:
-            entries = root.fs.ls(target, detail=False, refresh=True)
+            with _named_faults(root, "list", reldir):
+                entries = root.fs.ls(target, detail=False, refresh=True)
         except FileNotFoundError:
             return []
         names = []
@@ -300,7 +402,10 @@ def list_dir(root: RunRoot, reldir: str) -> list[str]:
 
 
 def delete(root: RunRoot, relpath: str, missing_ok: bool = False) -> None:
-    """Delete the object ``relpath``; :class:`FileNotFoundError` names it if absent (unless ``missing_ok``)."""
+    """Delete the object ``relpath``; :class:`FileNotFoundError` names it if absent (unless ``missing_ok``).
+
+    On S3 a DELETE of an absent key succeeds, so a retried DELETE is harmless.
+    """
     target = root.full_path(relpath)
     if root.is_local:
         try:
@@ -309,26 +414,53 @@ def delete(root: RunRoot, relpath: str, missing_ok: bool = False) -> None:
             if not missing_ok:
                 raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath)) from None
         return
-    if not missing_ok and not root.fs.isfile(target):
-        raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
-    try:
-        root.fs.rm_file(target)
-    except FileNotFoundError:
-        if not missing_ok:
-            raise
+    with _named_faults(root, "delete", relpath):
+        if not missing_ok and not _s3_is_file(root, target):
+            raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
+        try:
+            root.fs.rm_file(target)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
 
 
 def delete_tree(root: RunRoot, reldir: str) -> None:
-    """Delete everything under ``reldir``; a missing directory is not an error."""
+    """Delete everything under ``reldir``; a missing directory is not an error.
+
+    On S3 the keys go in bulk deletes, whose answer reports per-key failures that
+    s3fs does not raise; so each round lists what is left and deletes it, until a
+    listing is empty, at most ``root.retry.attempts + 1`` rounds (the last one only
+    confirms); :class:`OSError` then names the keys still listed.
+    """
     target = root.full_path(reldir)
     if root.is_local:
         if os.path.isdir(target):
             shutil.rmtree(target)
         return
+    with _named_faults(root, "delete_tree", reldir):
+        listed = _s3_delete_tree_round(root, target)
+        rounds = 1
+        while listed and rounds <= root.retry.attempts:
+            if rounds > 1:
+                time.sleep(retry.backoff_s(rounds - 1))
+            # This round's listing shows what the last bulk delete left; it deletes that again.
+            listed = _s3_delete_tree_round(root, target)
+            rounds += 1
+    if not listed:
+        return
+    raise OSError(
+        errno.EIO,
+        f"bulk deletes left {len(listed)} object(s) after {rounds} round(s): {sorted(listed)[:10]}",
+        root.display(reldir),
+    )
+
+
+def _s3_delete_tree_round(root: RunRoot, target: str) -> list[str]:
+    """List ``target`` and delete what is there; return the files the listing showed (none: done)."""
     try:
         found = root.fs.find(target, withdirs=True, detail=True)
     except FileNotFoundError:
-        return
+        return []
     files = [path for path, info in found.items() if info.get("type") != "directory"]
     if files:
         root.fs.rm(files)
@@ -337,12 +469,15 @@ def delete_tree(root: RunRoot, reldir: str) -> None:
     directories = [path for path, info in found.items() if info.get("type") == "directory"]
     for directory in sorted(set(directories) | {target}, key=len, reverse=True):
         root.fs.rm_file(directory.rstrip("/") + "/")
+    return files
 
 
 def move_no_overwrite(root: RunRoot, src: str, dst: str) -> None:
     """Move object ``src`` to ``dst`` (copy with put-if-absent, then delete ``src``).
 
-    Raises :class:`FileExistsError` naming ``dst`` if it exists; ``src`` is then kept.
+    Raises :class:`FileExistsError` naming ``dst`` if it holds other bytes; ``src`` is
+    then kept. A move interrupted between copy and delete completes when repeated
+    (put-if-absent of the same bytes succeeds).
     """
     put_if_absent(root, dst, read_bytes(root, src))
     delete(root, src)

@@ -109,10 +109,12 @@ class ShardWriter:
         return max(numbers) + 1 if numbers else 0
 
     def _claim_seq(self) -> int:
-        """Reserve a sequence number: put-if-absent of its claim, next number on conflict."""
+        """Reserve a sequence number: put-if-absent of its claim (unique bytes), next number on conflict."""
         seq = self._next_free_seq()
         for _ in range(self._max_attempts):
-            claim = json.dumps({"run_id": self._run_id, "claimed_at": time.time()}).encode()
+            # The random token makes each claim's bytes unique, so put-if-absent (idempotent by
+            # content) can never report two writers' claims of one number as both won.
+            claim = json.dumps({"run_id": self._run_id, "claimed_at": time.time(), "token": uuid.uuid4().hex}).encode()
             try:
                 fs.put_if_absent(self._root, paths.shard_seq_claim(seq), claim)
                 return seq

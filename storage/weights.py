@@ -92,6 +92,12 @@ class WeightStore:
         """Complete (published) versions, ascending."""
         return sorted(v for v in self._version_dirs() if self._is_complete(v))
 
+    def newest_complete(self) -> int | None:
+        """The highest complete version, or ``None`` before the first publish. It is ahead of
+        ``LATEST`` when a publisher died between writing a manifest and moving the pointer;
+        a publisher resuming must continue after it (``publish`` refuses a complete version)."""
+        return max(self.list_versions(), default=None)
+
     def publish(self, version: int, local_dir: Path) -> None:
         """Upload ``local_dir`` as ``version``, then its manifest, then move ``LATEST`` to it.
 

@@ -131,6 +131,31 @@ def lower_own_session_priority(nice: int) -> None:
         os.close(fd)
 
 
+def spawn_session(
+    command: Sequence[str],
+    log_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cores: Sequence[int] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a new session (its pid is the process group id) that gets SIGKILL
+    if this process dies, optionally pinned to ``cores``; stdout and stderr are appended to
+    ``log_path`` after a ``$ command`` line."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        log.write(("$ " + " ".join(command) + "\n").encode())
+        log.flush()
+        return subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=child_setup_hook(signal.SIGKILL, cores),  # noqa: PLW1509 - system calls only
+        )
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any process of group `pgid` exists (`killpg(pgid, 0)`)."""
     try:

@@ -158,6 +158,20 @@ def reference_solution(problem: Problem) -> str:
     return "\n".join([*lines, format_final_answer(value)])
 
 
+def mixed_solutions(problems: Sequence[Problem], answer_only_share: float, seed: int) -> list[str]:
+    """Solutions of a warm-start set: round(answer_only_share * n) of the n problems, chosen
+    uniformly with ``seed``, get only the final-answer line ``#### <answer>``; the others
+    get the worked :func:`reference_solution`. Every solution's final answer is correct."""
+    if not 0.0 <= answer_only_share <= 1.0:
+        raise ValueError(f"mixed_solutions: answer_only_share must be in [0, 1], got {answer_only_share}")
+    # A seed of its own: random.Random(seed).sample(range(n), k) draws the same numbers as a
+    # Random(seed).shuffle of n items (both are Fisher-Yates), so with a plain int seed the
+    # SFT batch order (seeded with the run seed) would serve all answer-only examples first.
+    rng = random.Random(f"answer-only:{seed}")
+    chosen = set(rng.sample(range(len(problems)), round(answer_only_share * len(problems))))
+    return [format_final_answer(p.answer) if i in chosen else p.solution for i, p in enumerate(problems)]
+
+
 def step_weights(spec: ArithmeticSpec) -> tuple[list[int], list[float]]:
     """Steps k = min_steps..max_steps and weights w_k = k ** -step_exponent (unnormalised)."""
     steps = list(range(spec.min_steps, spec.max_steps + 1))
@@ -227,17 +241,28 @@ def split_train_heldout(problems: Sequence[Problem], n_heldout: int, seed: int) 
     return train, heldout
 
 
-def write_problems(path: Path, problems: Sequence[Problem], metadata: dict[str, str] | None = None) -> Path:
+def write_problems(
+    path: Path,
+    problems: Sequence[Problem],
+    metadata: dict[str, str] | None = None,
+    solutions: Sequence[str] | None = None,
+) -> Path:
     """Write Parquet columns ``prompt``, ``answer`` (exact integer string), ``solution``
-    (reference solution) and ``num_steps``; atomic (temporary file, then rename)."""
+    (``solutions`` if given, else each problem's reference solution) and ``num_steps``;
+    atomic (temporary file, then rename)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    if solutions is None:
+        solutions = [p.solution for p in problems]
+    elif len(solutions) != len(problems):
+        raise ValueError(f"write_problems: {len(solutions)} solutions for {len(problems)} problems")
 
     table = pa.table(
         {
             "prompt": pa.array([p.prompt for p in problems], pa.string()),
             "answer": pa.array([p.answer for p in problems], pa.string()),
-            "solution": pa.array([p.solution for p in problems], pa.string()),
+            "solution": pa.array(list(solutions), pa.string()),
             "num_steps": pa.array([p.num_steps for p in problems], pa.int32()),
         }
     )

@@ -152,13 +152,13 @@ class RLTrainer:
             load_checkpoint(self._root, self._engine, checkpoint.step, self._work_dir)
             rolled_back = self._ledger.rollback_after(checkpoint.step) if writer else []
             _barrier()
-            latest = self._store.latest()
+            latest = self._store.newest_complete()
             state = TrainerState(checkpoint.step, max(checkpoint.version, -1 if latest is None else latest))
         else:
             # Ledger entries without any checkpoint (checkpoints deleted by hand): start over.
             rolled_back = self._ledger.rollback_after(0) if writer else []
             _barrier()
-            latest = self._store.latest()
+            latest = self._store.newest_complete()
             _barrier()
             if latest is None:
                 if writer:

@@ -6,7 +6,7 @@ before torch is imported, so a bad config fails at once.
 
 Modes: ``rl`` (default) resumes or starts the RL loop of :mod:`asyncrl.tasks.trainer.loop`
 and runs it to ``trainer.max_steps``; ``sft`` fine-tunes on the reference answers of
-``data.train_path`` and publishes the result as the next weight version (the warm start
+``data.sft_path`` (else ``data.train_path``) and publishes the result as the next weight version (the warm start
 of a later ``rl`` run).
 
 Exit status: 0 done, 2 bad config or arguments, 3 bad trajectory input (nothing consumed),
@@ -160,7 +160,8 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
     root = open_root(config.storage.root, config.storage.options)
     model_dir, parent = initial_model_dir(root, config.model.path, work_dir)
     engine = _engine(config, model_dir, steps, config.pipeline.sft_optimizer or config.trainer.optimizer)
-    sequences = sft_sequences(load_prompts(config.data.train_path), engine.tokenizer, config.data.prompt_format)
+    sft_path = config.data.sft_path or config.data.train_path
+    sequences = sft_sequences(load_prompts(sft_path), engine.tokenizer, config.data.prompt_format)
     settings = SFTSettings(
         steps=steps,
         batch_size=args.sft_batch_size or config.pipeline.sft_batch_size,
@@ -170,7 +171,7 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
     )
     losses = run_sft(engine, sequences, settings, FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]))
     version = 0 if parent is None else parent + 1
-    lineage = {"parent_version": parent, "stage": "sft", "steps": settings.steps, "data": config.data.train_path}
+    lineage = {"parent_version": parent, "stage": "sft", "steps": settings.steps, "data": sft_path}
     publish_weights(WeightStore(root), engine, version, lineage, work_dir)
     print(json.dumps({"event": "done", "mode": "sft", "version": version, "final_loss": losses[-1]}), flush=True)
     return EXIT_OK

@@ -11,7 +11,6 @@ the trainer also gets SIGKILL if the supervising thread dies without cleaning up
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from prefect import task
 
-from asyncrl.tasks.process_group import check_cpu_cores, child_setup_hook, group_alive, kill_group, read_log_tail
+from asyncrl.tasks.process_group import check_cpu_cores, group_alive, kill_group, read_log_tail, spawn_session
 
 MODULE = "asyncrl.tasks.trainer.main"
 # The supervisor's own process-group variables (if it is itself a torch.distributed
@@ -102,20 +101,7 @@ def trainer_env(launch: TrainerLaunch) -> dict[str, str]:
 
 def start_trainer(launch: TrainerLaunch) -> subprocess.Popen[bytes]:
     """Spawn the trainer in a new session (its pid is the process group id), logging to ``log_path``."""
-    launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = trainer_command(launch)
-    with open(launch.log_path, "ab") as log:
-        log.write(("$ " + " ".join(command) + "\n").encode())
-        log.flush()
-        return subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=trainer_env(launch),
-            start_new_session=True,
-            preexec_fn=child_setup_hook(signal.SIGKILL, launch.cpu_cores),
-        )
+    return spawn_session(trainer_command(launch), launch.log_path, env=trainer_env(launch), cores=launch.cpu_cores)
 
 
 def supervise_trainer(launch: TrainerLaunch, stop: threading.Event | None = None, poll_s: float = 0.5) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +107,21 @@ def sft_update(engine: TrainEngine, sequences: Sequence[TokenSequence], settings
     return total
 
 
+def batch_indices(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
+    """Endless batches of min(batch_size, n) example indices: each epoch visits all n
+    examples once in an order shuffled with ``seed``; a batch may span two epochs."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    while True:
+        batch: list[int] = []
+        while len(batch) < min(batch_size, n):
+            if not order:
+                order = list(range(n))
+                rng.shuffle(order)
+            batch.append(order.pop())
+        yield batch
+
+
 def run_sft(
     engine: TrainEngine,
     sequences: Sequence[TokenSequence],
@@ -117,17 +132,10 @@ def run_sft(
     returns the loss of each step's batch."""
     if not sequences:
         raise ValueError("SFT needs at least one example")
-    rng = random.Random(settings.seed)
-    order: list[int] = []
+    batches = batch_indices(len(sequences), settings.batch_size, settings.seed)
     losses = []
     for step in range(1, settings.steps + 1):
-        batch_ids = []
-        while len(batch_ids) < min(settings.batch_size, len(sequences)):
-            if not order:
-                order = list(range(len(sequences)))
-                rng.shuffle(order)
-            batch_ids.append(order.pop())
-        batch = [sequences[i] for i in batch_ids]
+        batch = [sequences[i] for i in next(batches)]
         started = time.perf_counter()
         loss = sft_update(engine, batch, settings)
         elapsed = time.perf_counter() - started

@@ -77,6 +77,12 @@ def test_later_override_wins_and_source_is_untouched() -> None:
         (["trainer.mini_batches=9"], "trainer.mini_batches: 9 exceeds trainer.batch_groups"),
         (["rollout.host=0.0.0.0"], "rollout.api_key: required when rollout.host is '0.0.0.0'"),
         (["trainer.behav_cap_mode=drop"], "trainer.behav_cap_mode: Input should be 'mask' or 'clamp'"),
+        (["pipeline.synthetic_data.n_sft=10"], "pipeline.synthetic_data.n_sft: set data.sft_path"),
+        (
+            ["pipeline.synthetic_data.sft_answer_only_share=0.3"],
+            "pipeline.synthetic_data.sft_answer_only_share: needs n_sft > 0",
+        ),
+        (["pipeline.synthetic_data.sft_answer_only_share=1.5"], "sft_answer_only_share: Input should be less than"),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(tmp_path: Path, overrides: list[str], needle: str) -> None:

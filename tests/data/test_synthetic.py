@@ -15,7 +15,9 @@ from asyncrl.tasks.data.synthetic import (
     ArithmeticSpec,
     Problem,
     make_arithmetic_dataset,
+    mixed_solutions,
     split_train_heldout,
+    write_problems,
     write_synthetic_dataset,
     write_synthetic_splits,
 )
@@ -173,3 +175,24 @@ def test_write_splits(tmp_path: Path) -> None:
     assert not set(train) & set(heldout)
     again = write_synthetic_splits(tmp_path / "again", n_train=400, n_heldout=50, seed=2)
     assert paths["train"].read_bytes() == again["train"].read_bytes()
+
+
+def test_mixed_solutions_give_the_asked_share_of_answer_only_lines(problems: list[Problem]) -> None:
+    chosen = problems[:200]
+    solutions = mixed_solutions(chosen, 0.3, seed=4)
+    answer_only = [s == f"#### {p.answer}" for p, s in zip(chosen, solutions, strict=True)]
+    assert sum(answer_only) == 60
+    for problem, solution, short in zip(chosen, solutions, answer_only, strict=True):
+        assert solution.endswith(f"#### {problem.answer}")  # every final answer is right
+        assert short or solution == problem.solution
+    assert mixed_solutions(chosen, 0.3, seed=4) == solutions
+    assert mixed_solutions(chosen, 0.3, seed=5) != solutions
+    assert mixed_solutions(chosen, 0.0, seed=4) == [p.solution for p in chosen]
+    with pytest.raises(ValueError, match="answer_only_share must be in"):
+        mixed_solutions(chosen, 1.2, seed=4)
+
+
+def test_write_problems_refuses_a_solution_count_mismatch(tmp_path: Path, problems: list[Problem]) -> None:
+    with pytest.raises(ValueError, match="2 solutions for 3 problems"):
+        write_problems(tmp_path / "x.parquet", problems[:3], solutions=["#### 1", "#### 2"])
+    assert not (tmp_path / "x.parquet").exists()

@@ -18,6 +18,14 @@ def test_put_if_absent_never_overwrites(root: RunRoot) -> None:
     assert fs.list_dir(root, "a/b") == ["obj.bin"]
 
 
+def test_put_if_absent_is_idempotent_by_content(root: RunRoot) -> None:
+    fs.put_if_absent(root, "c/obj", b"same bytes")
+    fs.put_if_absent(root, "c/obj", b"same bytes")  # a repeated publish of equal bytes is done, not a conflict
+    with pytest.raises(FileExistsError, match="c/obj"):
+        fs.put_if_absent(root, "c/obj", b"same bytes, longer")
+    assert fs.read_bytes(root, "c/obj") == b"same bytes"
+
+
 def test_concurrent_put_if_absent_has_one_winner(root_spec) -> None:
     roots = [root_spec.open() for _ in range(6)]
     outcomes: list[str] = []

@@ -59,6 +59,20 @@ def test_non_monotone_or_repeated_publish_is_refused(root: RunRoot, tmp_path: Pa
     assert fs.list_dir(root, paths.WEIGHTS_DIR) == ["LATEST", "v000002"]
 
 
+def test_a_publisher_killed_before_moving_the_pointer_continues_after_its_version(root: RunRoot, tmp_path: Path) -> None:
+    store = WeightStore(root)
+    assert store.newest_complete() is None
+    store.publish(0, hf_dir(tmp_path, 0))
+    store.publish(1, hf_dir(tmp_path, 1))
+    # The kill landed after v1's manifest and before LATEST moved to it.
+    fs.put_atomic_replace(root, paths.WEIGHTS_LATEST, json.dumps({"version": 0, "published_at": 1.0}).encode())
+    assert (store.latest(), store.newest_complete()) == (0, 1)
+    with pytest.raises(ValueError, match="weight version 1 is already published"):
+        store.publish(1, hf_dir(tmp_path / "again", 1))
+    store.publish(store.newest_complete() + 1, hf_dir(tmp_path, 2))
+    assert (store.latest(), store.list_versions()) == (2, [0, 1, 2])
+
+
 def test_unknown_version_names_available_ones(root: RunRoot, tmp_path: Path) -> None:
     store = WeightStore(root)
     store.publish(0, hf_dir(tmp_path, 0))
