@@ -3,7 +3,8 @@ them on the rollout servers, scores them, writes trajectory shards, and pushes e
 newly published weight version to the servers.
 
 Plain asyncio over narrow protocols (a group generator, a reward scorer); the Prefect
-flow in `flows/scheduler_flow.py` only wires real components into it.
+flow (`flows/train_flow.py`) and the scheduler process (`flows/scheduler_main.py`) only wire
+real components into it.
 
 Exactly-once across restarts: group k (k = 0, 1, ...) is always prompt
 `PromptSchedule.record(k)` and always has id `g{k:08d}`. The gate's admitted count is
