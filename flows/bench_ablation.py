@@ -27,13 +27,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
-from asyncrl.configs.run_config import TrainerConfig
+from asyncrl.configs.run_config import RunConfig, TrainerConfig
 from asyncrl.flows.bench_e2e import format_staleness, parse_int_list, staleness_counts
-
-if TYPE_CHECKING:
-    from asyncrl.configs.run_config import RunConfig
 
 Objective = str
 OBJECTIVES: tuple[str, ...] = get_args(TrainerConfig.model_fields["objective"].annotation)
@@ -132,20 +129,24 @@ def run_summary(
 def variant_config(base: RunConfig, work: Path, warm_start: Path, eta: int, objective: str) -> RunConfig:
     """``base`` with only eta and the objective changed, starting from ``warm_start``, in its
     own run root and scratch directory under ``work`` (no SFT, the inputs already exist)."""
-    from asyncrl.configs.run_config import RunConfig
-
-    raw = base.model_dump()
-    name = f"{base.name}-eta{eta}-{objective}"
-    raw["name"] = name
-    raw["work_dir"] = str(work / "runs")
+    raw = relocated(base, work, f"{base.name}-eta{eta}-{objective}")
     raw["model"]["path"] = str(warm_start)
     raw["rollout"]["eta"] = eta
     raw["trainer"]["objective"] = objective
     raw["pipeline"]["sft_steps"] = 0
-    raw["storage"]["root"] = str(work / "runs" / name / "store")
     raw["tracking"]["mlflow_uri"] = f"sqlite:///{work / 'mlflow.db'}"
     raw["tracking"]["experiment"] = f"{base.name}-ablation"
     return RunConfig.model_validate(raw)
+
+
+def relocated(base: RunConfig, work: Path, name: str) -> dict[str, Any]:
+    """``base`` as a dict, renamed ``name``, with its scratch directory and run root under
+    ``work/runs`` (``work/runs/<name>`` and ``work/runs/<name>/store``)."""
+    raw = base.model_dump()
+    raw["name"] = name
+    raw["work_dir"] = str(work / "runs")
+    raw["storage"]["root"] = str(work / "runs" / name / "store")
+    return raw
 
 
 def prepare_warm_start(base: RunConfig, work: Path) -> Path:
@@ -156,11 +157,7 @@ def prepare_warm_start(base: RunConfig, work: Path) -> Path:
     from asyncrl.storage.weights import WeightStore
 
     prepare_inputs(base)
-    raw = base.model_dump()
-    raw["name"] = f"{base.name}-ablation-base"
-    raw["work_dir"] = str(work / "runs")
-    raw["storage"]["root"] = str(work / "runs" / raw["name"] / "store")
-    warm_config = type(base).model_validate(raw)
+    warm_config = RunConfig.model_validate(relocated(base, work, f"{base.name}-ablation-base"))
     paths = prepare_run(warm_config)
     version = run_sft(warm_config, paths)
     if version is None:
