@@ -56,9 +56,11 @@ async def evaluate(
     max_new_tokens: int,
     temperature: float,
     stop_token_ids: Sequence[int],
-    concurrency: int = 16,
+    concurrency: int = 64,
 ) -> EvalResult:
-    """Generate `samples_per_prompt` answers per held-out prompt and score them."""
+    """Generate `samples_per_prompt` answers per held-out prompt and score them, with at most
+    `concurrency` prompt groups in flight (the server batches their samples; on the 2-core
+    machine 64 evaluated 200 prompts x 4 samples in 9-15 s, 16 in 30 s)."""
     limit = asyncio.Semaphore(concurrency)
     lengths: list[int] = []
 
