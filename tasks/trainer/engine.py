@@ -119,8 +119,9 @@ def deepspeed_config(settings: EngineSettings, *, torch_adam: bool = False) -> d
     """The DeepSpeed config dict: AdamW, optional clipping, ZeRO stage, unmanaged accumulation.
 
     ``torch_adam`` selects ``torch.optim.AdamW`` instead of DeepSpeed's fused Adam. The
-    CPU accelerator's fused Adam is a C++ op compiled on first use (about a minute on two
-    cores, once per environment); for the models a CPU trains, torch's AdamW is as fast.
+    CPU accelerator's fused Adam is a C++ op compiled on first use (54 s on two cores, once per
+    environment); for the models a CPU trains, torch's AdamW is about as fast (a training step
+    of the 3M-parameter demo model: 182-191 ms with it, 171-180 ms with the fused op).
     """
     opt = settings.optimizer
     adam_params: dict[str, Any] = {"lr": opt.lr, "betas": list(opt.betas), "weight_decay": opt.weight_decay, "eps": 1e-8}

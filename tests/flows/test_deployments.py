@@ -49,3 +49,13 @@ def test_a_bad_parameter_is_refused_by_name() -> None:
     bad["trainer"] = {**bad["trainer"], "batch_groups": 0}
     with pytest.raises(ParameterTypeError, match="batch_groups"):
         flow.validate_parameters({"config": bad})
+
+
+def test_deployments_run_the_demo_config() -> None:
+    """The config a Prefect UI user launches is the one `make demo` runs (measured in the README)."""
+    from asyncrl.configs.loading import load_config
+
+    demo = load_config(REPO / "configs" / "demo.yaml")
+    for name in ("train", "pipeline", "train-nightly"):
+        deployed = RunConfig.model_validate(DEPLOYMENTS[name]["parameters"]["config"])
+        assert deployed.model_dump() == demo.model_dump(), name
