@@ -59,8 +59,8 @@ async def evaluate(
     concurrency: int = 64,
 ) -> EvalResult:
     """Generate `samples_per_prompt` answers per held-out prompt and score them, with at most
-    `concurrency` prompt groups in flight (the server batches their samples; on the 2-core
-    machine 64 evaluated 200 prompts x 4 samples in 9-15 s, 16 in 30 s)."""
+    `concurrency` prompt groups in flight (the server batches their samples, so more groups in
+    flight keep a CPU server busier)."""
     limit = asyncio.Semaphore(concurrency)
     lengths: list[int] = []
 

@@ -102,6 +102,13 @@ def single_process_env(environ: Mapping[str, str] | None = None) -> dict[str, st
     return filled
 
 
+def on_cpu_accelerator() -> bool:
+    """Whether DeepSpeed runs on its CPU accelerator (no GPU found)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return bool(get_accelerator().device_name() == "cpu")
+
+
 def init_distributed() -> None:
     """Initialise the process group once: gloo on CPU, the accelerator's backend otherwise."""
     import deepspeed
@@ -111,7 +118,7 @@ def init_distributed() -> None:
     if dist.is_initialized():
         return
     os.environ.update(single_process_env())
-    backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
+    backend = "gloo" if on_cpu_accelerator() else get_accelerator().communication_backend_name()
     deepspeed.init_distributed(dist_backend=backend)
 
 
@@ -119,9 +126,9 @@ def deepspeed_config(settings: EngineSettings, *, torch_adam: bool = False) -> d
     """The DeepSpeed config dict: AdamW, optional clipping, ZeRO stage, unmanaged accumulation.
 
     ``torch_adam`` selects ``torch.optim.AdamW`` instead of DeepSpeed's fused Adam. The
-    CPU accelerator's fused Adam is a C++ op compiled on first use (54 s on two cores, once per
-    environment); for the models a CPU trains, torch's AdamW is about as fast (a training step
-    of the 3M-parameter demo model: 182-191 ms with it, 171-180 ms with the fused op).
+    CPU accelerator's fused Adam is a C++ op compiled on first use (about a minute on two
+    cores, once per environment); for the small models a CPU trains, torch's AdamW steps
+    about as fast.
     """
     opt = settings.optimizer
     adam_params: dict[str, Any] = {"lr": opt.lr, "betas": list(opt.betas), "weight_decay": opt.weight_decay, "eps": 1e-8}
@@ -188,7 +195,6 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         )
     import deepspeed
     import torch
-    from deepspeed.accelerator import get_accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -205,7 +211,7 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=deepspeed_config(settings, torch_adam=get_accelerator().device_name() == "cpu"),
+        config=deepspeed_config(settings, torch_adam=on_cpu_accelerator()),
         lr_scheduler=scheduler,
     )
     return TrainEngine(ds=engine, tokenizer=tokenizer, vocab_size=vocab_size, model_dir=model_dir)

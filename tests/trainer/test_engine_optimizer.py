@@ -17,7 +17,7 @@ def test_torch_adam_is_asked_for_only_when_requested() -> None:
     assert fused["params"] == {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}
 
 
-def test_cpu_engine_steps_with_torch_adamw(shared_engine: Any) -> None:
+def test_cpu_engine_uses_torch_adamw(shared_engine: Any) -> None:
     import torch
 
     optimizer = shared_engine.engine.ds.optimizer
