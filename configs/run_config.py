@@ -217,6 +217,18 @@ class PipelineConfig(StrictModel):
     """MLflow Model Registry name the best version is registered under."""
 
 
+class RunSettings(StrictModel):
+    """How the run's components are supervised."""
+
+    max_restarts: int = Field(3, ge=0)
+    """Restarts allowed per component (trainer, each rollout server, reward service,
+    scheduler) over the run; one more crash fails the run, naming the component."""
+    restart_backoff_s: float = Field(1.0, ge=0.0)
+    """Wait before the r-th restart: min(restart_backoff_s * 2**(r-1), 30 s)."""
+    component_start_timeout_s: float = Field(600.0, gt=0.0)
+    """A component not up this long after it was started counts as crashed."""
+
+
 class RunConfig(StrictModel):
     name: str = Field("asyncrl-run", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     seed: int = Field(0, ge=0)
@@ -230,6 +242,7 @@ class RunConfig(StrictModel):
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     storage: StorageConfig
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    run: RunSettings = Field(default_factory=RunSettings)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunConfig:

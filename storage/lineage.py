@@ -107,6 +107,16 @@ class RunLineage:
         tags = [InputTag(key="mlflow.data.context", value=context)]
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset=_dataset_entity(ref), tags=tags)])
 
+    def logged_versions(self) -> dict[int, str]:
+        """Weight version -> id of the READY LoggedModel this run already holds for it (a
+        re-run or retry of the run continues its record instead of logging versions twice)."""
+        found: dict[int, str] = {}
+        for model in self.client.search_logged_models(experiment_ids=[self.experiment_id]):
+            version = model.tags.get("asyncrl.version", "")
+            if model.source_run_id == self.run_id and version.isdigit() and str(model.status) in ("READY", "LoggedModelStatus.READY"):
+                found[int(version)] = model.model_id
+        return found
+
     def log_version(
         self,
         version: int,
@@ -185,6 +195,14 @@ class RunLineage:
         except MlflowException as exc:
             if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
                 raise
+        existing = [
+            v for v in self.client.search_model_versions(f"name='{registered_name}'")
+            if v.tags.get("asyncrl.model_id") == model_id
+        ]  # fmt: skip
+        if existing:  # a re-run of the same run: the model is registered already
+            for alias in aliases:
+                self.client.set_registered_model_alias(registered_name, alias, existing[0].version)
+            return str(existing[0].version)
         model = self.client.get_logged_model(model_id)
         registered = self.client.create_model_version(
             registered_name, source=model.artifact_location, run_id=self.run_id, model_id=model_id,

@@ -34,6 +34,7 @@ CHECKPOINTS_DIR = "checkpoints"
 SCHEDULER_DIR = "scheduler"
 SCHEDULER_STATE = f"{SCHEDULER_DIR}/state.json"
 ROLLOUT_SERVERS_DIR = "rollout/servers"
+REWARD_SERVICE = "rewards/service.json"
 
 _SHARD_RE = re.compile(r"^shard-(\d{8,})-v(\d{6,})-v(\d{6,})\.arrow$")
 _SEQ_CLAIM_RE = re.compile(r"^(\d{8,})$")
@@ -162,3 +163,8 @@ def checkpoint_dir(step: int) -> str:
     """Relative directory of the trainer checkpoint taken after step ``step``."""
     _check_non_negative("checkpoint step", step)
     return join(CHECKPOINTS_DIR, f"step-{step:08d}")
+
+
+def reward_service_path() -> str:
+    """Relative path of the reward service's registration (its URL, written once it serves)."""
+    return join(REWARD_SERVICE)

@@ -46,3 +46,30 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from asyncrl.tasks.model.tiny import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[None]:
+    """One Prefect test server for the tests that run flows in this process."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+RUN_MARKER = "ASYNCRL_RUN_TEST_MARKER"
+
+
+@pytest.fixture
+def process_marker(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A value of ``RUN_MARKER`` that every process a test starts inherits: the test checks
+    that none is left (``process_scan.processes_with_env(RUN_MARKER, value)``), and the
+    teardown kills what a failed test left."""
+    import uuid
+
+    from process_scan import kill_processes, processes_with_env
+
+    value = uuid.uuid4().hex
+    monkeypatch.setenv(RUN_MARKER, value)
+    yield value
+    kill_processes(processes_with_env(RUN_MARKER, value))

@@ -2,8 +2,8 @@
 in a bubblewrap sandbox, and user plug-in rewards, scored in a pool of worker processes.
 
 Every result carries a reason (``Reason``); a verifier crash or timeout is a zero reward
-with its reason, never a crashed service. Prefect wrappers live in ``service`` (imported
-separately so this package stays light).
+with its reason, never a crashed service. The service process of a run is ``server``
+(imported separately so this package stays light).
 """
 
 from __future__ import annotations

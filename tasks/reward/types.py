@@ -2,6 +2,13 @@
 
 Every result carries a reason. A reward of 0 never comes without one, so a broken
 verifier cannot pass for a bad policy, and the reasons are counted by the pool.
+
+Each type has a JSON form (``to_json`` / ``from_json``) for the reward service's HTTP
+API. It is exact: ``X.from_json(json.loads(json.dumps(x.to_json()))) == x`` for every
+field (floats are not rounded), except that a plug-in reference or metadata holding
+tuples comes back with lists (JSON has no tuples). ``from_json`` refuses unknown keys
+and wrong types with a ``ValueError`` that names the field, so a client of another
+version fails loudly instead of losing a field.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, get_args
+
+_NUMBER = (int, float)
 
 
 class Reason(StrEnum):
@@ -56,6 +65,14 @@ class StdioCase:
     input: str
     output: str
 
+    def to_json(self) -> dict[str, Any]:
+        return {"input": self.input, "output": self.output}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "StdioCase") -> StdioCase:
+        data = _object(data, where, required=("input", "output"))
+        return cls(input=_typed(data, "input", where, str), output=_typed(data, "output", where, str))
+
 
 @dataclass(frozen=True)
 class CodeTests:
@@ -71,6 +88,24 @@ class CodeTests:
     @property
     def count(self) -> int:
         return len(self.stdio) + len(self.asserts)
+
+    def to_json(self) -> dict[str, Any]:
+        """The tests file format of ``code_reward`` (``{"stdio": [...], "asserts": [...]}``)."""
+        return {"stdio": [case.to_json() for case in self.stdio], "asserts": list(self.asserts)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "CodeTests") -> CodeTests:
+        """Unlike a tests file, empty tests are accepted: the scorer answers them with bad_request."""
+        data = _object(data, where, optional=("stdio", "asserts"))
+        stdio = _typed(data, "stdio", where, list, default=[])
+        asserts = _typed(data, "asserts", where, list, default=[])
+        for i, code in enumerate(asserts):
+            if not isinstance(code, str):
+                raise ValueError(f"{where}.asserts[{i}]: expected str, got {type(code).__name__}")
+        return cls(
+            stdio=tuple(StdioCase.from_json(case, f"{where}.stdio[{i}]") for i, case in enumerate(stdio)),
+            asserts=tuple(asserts),
+        )
 
 
 @dataclass(frozen=True)
@@ -98,6 +133,27 @@ class RewardRequest:
                 f"RewardRequest.reference: a code request needs CodeTests, got {type(self.reference).__name__}"
             )
 
+    def to_json(self) -> dict[str, Any]:
+        """JSON form; a plug-in's reference and the metadata must be JSON-able as they are."""
+        reference = self.reference.to_json() if isinstance(self.reference, CodeTests) else self.reference
+        return {"kind": self.kind, "response": self.response, "reference": reference, "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "RewardRequest") -> RewardRequest:
+        data = _object(data, where, required=("kind", "response", "reference"), optional=("metadata",))
+        kind = _typed(data, "kind", where, str)
+        if kind not in REQUEST_KINDS:
+            raise ValueError(f"{where}.kind: {kind!r} is not one of {list(REQUEST_KINDS)}")
+        reference = data["reference"]
+        if kind == "code":
+            reference = CodeTests.from_json(reference, f"{where}.reference")
+        return cls(
+            kind=kind,
+            response=_typed(data, "response", where, str),
+            reference=reference,
+            metadata=dict(_typed(data, "metadata", where, dict, default={})),
+        )
+
 
 @dataclass(frozen=True)
 class TestOutcome:
@@ -110,6 +166,26 @@ class TestOutcome:
     reason: Reason
     detail: str = ""
     wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "reason": self.reason.value,
+            "detail": self.detail,
+            "wall_s": self.wall_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "TestOutcome") -> TestOutcome:
+        data = _object(data, where, required=("name", "passed", "reason"), optional=("detail", "wall_s"))
+        return cls(
+            name=_typed(data, "name", where, str),
+            passed=_typed(data, "passed", where, bool),
+            reason=_reason(data, where),
+            detail=_typed(data, "detail", where, str, default=""),
+            wall_s=float(_typed(data, "wall_s", where, _NUMBER, default=0.0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -129,24 +205,31 @@ class RewardResult:
             raise ValueError(f"RewardResult.reward: must be finite, got {self.reward}")
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON-able form (used by the CLI's ``--json``)."""
+        """Plain JSON-able form (the CLI's ``--json``, the reward service's answers); not
+        rounded, so that :meth:`from_json` gives back an equal result."""
         return {
             "reward": self.reward,
             "reason": self.reason.value,
             "detail": self.detail,
             "sandboxed": self.sandboxed,
-            "elapsed_s": round(self.elapsed_s, 4),
-            "tests": [
-                {
-                    "name": t.name,
-                    "passed": t.passed,
-                    "reason": t.reason.value,
-                    "detail": t.detail,
-                    "wall_s": round(t.wall_s, 4),
-                }
-                for t in self.tests
-            ],
+            "elapsed_s": self.elapsed_s,
+            "tests": [t.to_json() for t in self.tests],
         }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "RewardResult") -> RewardResult:
+        data = _object(
+            data, where, required=("reward", "reason"), optional=("detail", "sandboxed", "elapsed_s", "tests")
+        )
+        tests = _typed(data, "tests", where, list, default=[])
+        return cls(
+            reward=float(_typed(data, "reward", where, _NUMBER)),
+            reason=_reason(data, where),
+            detail=_typed(data, "detail", where, str, default=""),
+            tests=tuple(TestOutcome.from_json(test, f"{where}.tests[{i}]") for i, test in enumerate(tests)),
+            sandboxed=_typed(data, "sandboxed", where, (bool, type(None)), default=None),
+            elapsed_s=float(_typed(data, "elapsed_s", where, _NUMBER, default=0.0)),
+        )
 
 
 def failure(reason: Reason, detail: str, elapsed_s: float = 0.0, sandboxed: bool | None = None) -> RewardResult:
@@ -154,3 +237,43 @@ def failure(reason: Reason, detail: str, elapsed_s: float = 0.0, sandboxed: bool
     if reason == Reason.OK:
         raise ValueError("failure(): reason must not be 'ok'")
     return RewardResult(reward=0.0, reason=reason, detail=detail, elapsed_s=elapsed_s, sandboxed=sandboxed)
+
+
+def _object(data: Any, where: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``data`` as a JSON object holding every required key and no unknown one: a misspelt
+    or newer field must be refused, not silently dropped."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise ValueError(f"{where}: missing key(s) {missing}")
+    unknown = sorted(str(key) for key in set(data) - set(required) - set(optional))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {[*required, *optional]}")
+    return data
+
+
+_NO_DEFAULT: Any = object()
+
+
+def _typed(
+    data: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...], default: Any = _NO_DEFAULT
+) -> Any:
+    """``data[key]`` checked against ``kind`` (``default`` when absent and one is given).
+    ``bool`` is not accepted as a number, though Python counts it as an int."""
+    if key not in data and default is not _NO_DEFAULT:
+        return default
+    value = data[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise ValueError(f"{where}.{key}: expected {names}, got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def _reason(data: dict[str, Any], where: str) -> Reason:
+    value = _typed(data, "reason", where, str)
+    try:
+        return Reason(value)
+    except ValueError:
+        raise ValueError(f"{where}.reason: {value!r} is not one of {[r.value for r in Reason]}") from None

@@ -5,8 +5,10 @@ Per step k (1-based; ledger entry ``step-k``):
 1. take the oldest unconsumed shards holding >= B prompt groups (checked; bad input
    raises before anything is written);
 2. record them in the ledger as step k, before anything is published;
-3. run the RL step (:func:`run_rl_step`) with the trainer's version i as the
-   reference of staleness;
+3. run the RL step (:func:`run_rl_step`); staleness is measured in training steps,
+   against the k - 1 steps the trainer's weights have received, with each token's version
+   counted by the steps its weights received (its lineage's ``step``, see
+   :func:`asyncrl.tasks.trainer.step.sample_staleness`);
 4. publish the new weights as version i + 1 through the :class:`WeightStore` (HF files
    plus ``asyncrl_lineage.json``: parent version, step, shards);
 5. every ``checkpoint_every`` steps, save a checkpoint (step k, version i + 1).
@@ -19,7 +21,11 @@ shards are trained again from the checkpointed state. Weight versions published 
 the checkpoint are *not* re-published or deleted: the resumed trainer's version label is
 max(c.version, latest published) and it publishes from the next number on, so versions
 stay strictly increasing for the rollout servers; the lineage file of each version names
-the version it was actually trained from (``parent_version``).
+its ``step`` and the version label the trainer held (``parent_version``). After such a
+restart labels run ahead of updates (label k+1 holds c.step + 1 updates), which is why
+staleness reads updates from the lineage and never subtracts labels: the re-consumed
+shards, whose tokens come from versions up to k, are measured against the updates the
+weights actually received and trained, not dropped as if the rolled-back steps had happened.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pathlib import Path
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardReader
+from asyncrl.storage.weight_lineage import LINEAGE_FILE, VersionUpdates  # LINEAGE_FILE: also imported from here
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.trainer.checkpoint import (
     CheckpointState,
@@ -48,7 +55,6 @@ from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
 from asyncrl.tasks.trainer.metrics import MetricsSink
 from asyncrl.tasks.trainer.step import RLSettings, run_rl_step
 
-LINEAGE_FILE = "asyncrl_lineage.json"
 logger = logging.getLogger(__name__)
 
 
@@ -73,7 +79,8 @@ class LoopSettings:
 @dataclass(frozen=True)
 class TrainerState:
     step: int
-    """Steps done."""
+    """Steps done: the training steps the trainer's weights have received, the reference of
+    staleness (not ``version``, which runs ahead of it after a rollback)."""
     version: int
     """Version label of the weights the trainer holds (the latest it published or resumed at)."""
 
@@ -133,6 +140,7 @@ class RLTrainer:
         self._metrics = metrics
         self._ledger = Ledger(root)
         self._store = WeightStore(root)
+        self._updates = VersionUpdates(root)
         self._feed = ShardFeed(ShardReader(root, run_id), engine.vocab_size, rl.micro_batch_tokens)
         self._state: TrainerState | None = None
         self._consumed: set[str] = set()
@@ -193,7 +201,7 @@ class RLTrainer:
         _barrier()
         self._consumed.update(step_input.shards)
         self._feed.forget(step_input.shards)
-        result = run_rl_step(self._engine, step_input.groups, self._rl, state.version)
+        result = run_rl_step(self._engine, step_input.groups, self._rl, state.step, updates_of=self._updates)
 
         publish_started = time.perf_counter()
         lineage = {"parent_version": state.version, "step": step, "run_id": self._run_id, "shards": list(step_input.shards)}

@@ -1,4 +1,4 @@
-"""The Prefect task that runs the trainer as an OS process group and supervises it.
+"""The trainer as an OS process group: its command line, its start, and a supervisor.
 
 The trainer (``python -m asyncrl.tasks.trainer.main``, or ``torchrun`` with one process
 per device) runs in its own session, so the whole group can be signalled at once. The
@@ -17,8 +17,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from prefect import task
 
 from asyncrl.tasks.process_group import check_cpu_cores, group_alive, kill_group, read_log_tail, spawn_session
 
@@ -127,9 +125,3 @@ def supervise_trainer(launch: TrainerLaunch, stop: threading.Event | None = None
     if code != 0:
         raise TrainerProcessError(code, read_log_tail(launch.log_path, LOG_TAIL_LINES))
     return 0
-
-
-@task(name="trainer", retries=0)
-def trainer_task(launch: TrainerLaunch) -> int:
-    """Prefect task: run and supervise the trainer process group (see :func:`supervise_trainer`)."""
-    return supervise_trainer(launch)

@@ -5,8 +5,9 @@ Phases, in order:
 1. advantages per group from the rewards (:func:`group_advantages`), broadcast to the
    output tokens; computed over the whole group, before any stale sample is dropped, so
    the baseline is the group's;
-2. staleness per sample, s = trainer_version - min(token_versions); samples with
-   s > max_staleness are dropped (counted and warned about, never trained);
+2. staleness per sample in training steps (updates), s = max(0, U_trainer - min_t U(v_t))
+   (:func:`sample_staleness`); samples with s > max_staleness are dropped (counted and
+   warned about, never trained);
 3. proximal log-probs log pi_prox of every kept output token, with the parameters as
    they are at the start of the step, without gradient (decoupled objective only);
 4. the groups are split into ``mini_batches`` contiguous mini-batches; each is packed
@@ -26,7 +27,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -100,6 +101,8 @@ class PreparedStep:
     """Per sample of the step (dropped ones included)."""
     dropped_stale: int
     num_groups: int
+    clamped: int = 0
+    """Samples whose update lag was negative, counted as staleness 0 (see :func:`sample_staleness`)."""
 
 
 @dataclass
@@ -170,6 +173,7 @@ class RLStepResult:
             **_describe("advantage", prepared.advantages),
             **_describe("staleness", [float(s) for s in prepared.staleness]),
             "dropped_stale": float(prepared.dropped_stale),
+            "staleness_clamped": float(prepared.clamped),
             "groups": float(prepared.num_groups),
             "samples": float(len(prepared.staleness)),
             "trained_samples": float(len(prepared.items)),
@@ -194,27 +198,79 @@ def _describe(name: str, values: Sequence[float]) -> dict[str, float]:
     return {f"{name}_mean": mean, f"{name}_std": math.sqrt(var), f"{name}_min": min(values), f"{name}_max": max(values)}
 
 
-def sample_staleness(sample: Sample, trainer_version: int) -> int:
-    """s = trainer_version - min(token_versions): versions the oldest token lags behind."""
-    return trainer_version - min(sample.token_versions)
+UpdateCount = Callable[[int], int]
+"""Weight version label -> U(version), the training steps those weights received
+(:class:`asyncrl.storage.weight_lineage.VersionUpdates` reads it from the lineage files)."""
+
+
+def labels_as_updates(version: int) -> int:
+    """U(v) = v: the update count of a run that never rolled back, whose version labels
+    count its steps (what :func:`sample_staleness` assumes when given no lineage)."""
+    return version
+
+
+def update_lag(sample: Sample, trainer_updates: int, updates_of: UpdateCount = labels_as_updates) -> int:
+    """U_trainer - min over the sample's tokens t of U(v_t), unclamped (see :func:`sample_staleness`)."""
+    return trainer_updates - min(updates_of(v) for v in set(sample.token_versions))
+
+
+def sample_staleness(sample: Sample, trainer_updates: int, updates_of: UpdateCount = labels_as_updates) -> int:
+    """Staleness of one sample in training steps::
+
+        s = max(0, U_trainer - min_t U(v_t))
+
+    - U_trainer = ``trainer_updates``: training steps the trainer's current weights have
+      received, i.e. its step count before this update (after a restart: the checkpoint's
+      step plus the steps done since). It is not the trainer's version label, which after
+      a rollback is ahead of its updates by the steps the killed trainer published after
+      the checkpoint.
+    - U(v) = ``updates_of(v)``: training steps the weights of version v received, the
+      ``step`` of v's lineage (:func:`asyncrl.storage.weight_lineage.lineage_updates`).
+      A version published by a trainer killed after its last checkpoint keeps its step:
+      its branch no longer exists, but its tokens were sampled by weights with that many
+      updates and their behaviour log-probs are recorded, so they are valid behaviour data.
+    - min over the output tokens t: the token sampled by the weights with the fewest
+      updates lags the most. Without a rollback U grows with the label, so this is the
+      oldest token and s = trainer version - min(token_versions) as in AReaL; after a
+      rollback a newer label can hold fewer updates (resumed from checkpoint step c, the
+      trainer's first new version has c+1 updates, the killed trainer's last one k > c+1),
+      so the label order no longer tells which token lags.
+
+    Why the clamp: the difference is negative only when every token of the sample was
+    sampled by weights with more updates than the trainer's, which happens only on a branch
+    a rollback discarded (or with mislabelled data, which the run audit checks by label).
+    Such a sample does not lag the trainer: max_staleness bounds how many updates behind
+    the trainer's weights (pi_prox) the behaviour policy may be, and decoupled PPO corrects
+    for whatever pi_prox / pi_behav these tokens have (capped or masked above
+    ``behav_weight_cap``). So it counts as staleness 0, not as a negative value that would
+    sit below every real lag in the staleness figures; :func:`prepare_step` counts such
+    samples (metric ``staleness_clamped``) and logs them.
+    """
+    return max(0, update_lag(sample, trainer_updates, updates_of))
 
 
 def prepare_step(
-    groups: Sequence[Sequence[Sample]], settings: RLSettings, trainer_version: int
+    groups: Sequence[Sequence[Sample]],
+    settings: RLSettings,
+    trainer_updates: int,
+    updates_of: UpdateCount = labels_as_updates,
 ) -> PreparedStep:
-    """Advantages per group, staleness per sample, and the kept samples (phases 1 and 2)."""
+    """Advantages per group, staleness per sample (:func:`sample_staleness` with the
+    trainer's step count ``trainer_updates``), and the kept samples (phases 1 and 2)."""
     import torch
 
     items: list[TrainItem] = []
     staleness: list[int] = []
     rewards: list[float] = []
     advantages: list[float] = []
-    dropped = 0
+    dropped = clamped = 0
     for g, group in enumerate(groups):
         group_rewards = torch.tensor([[float(s.reward) for s in group]], dtype=torch.float64)  # (1, n)
         group_adv = group_advantages(group_rewards, settings.advantage)[0].tolist()  # (n,)
         for sample, advantage in zip(group, group_adv):
-            s = sample_staleness(sample, trainer_version)
+            lag = update_lag(sample, trainer_updates, updates_of)
+            clamped += int(lag < 0)
+            s = sample_staleness(sample, trainer_updates, updates_of)
             staleness.append(s)
             rewards.append(float(sample.reward))
             advantages.append(float(advantage))
@@ -231,11 +287,20 @@ def prepare_step(
             )
     if dropped:
         logger.warning(
-            "dropped %d of %d samples staler than max_staleness=%s (trainer version %d); they are not trained",
+            "dropped %d of %d samples staler than max_staleness=%s (trainer at %d training steps); "
+            "they are not trained",
             dropped,
             len(staleness),
             settings.max_staleness,
-            trainer_version,
+            trainer_updates,
+        )
+    if clamped:
+        logger.info(
+            "%d of %d samples hold tokens of weights with more updates than the trainer's %d "
+            "(a branch discarded by a rollback): staleness counted as 0",
+            clamped,
+            len(staleness),
+            trainer_updates,
         )
     return PreparedStep(
         items=tuple(items),
@@ -244,6 +309,7 @@ def prepare_step(
         advantages=tuple(advantages),
         dropped_stale=dropped,
         num_groups=len(groups),
+        clamped=clamped,
     )
 
 
@@ -355,11 +421,14 @@ def run_rl_step(
     engine: TrainEngine,
     groups: Sequence[Sequence[Sample]],
     settings: RLSettings,
-    trainer_version: int,
+    trainer_updates: int,
     layout: Layout = "packed",
+    *,
+    updates_of: UpdateCount = labels_as_updates,
 ) -> RLStepResult:
-    """Train on ``groups`` (one step: proximal recompute, then one update per mini-batch)."""
-    prepared = prepare_step(groups, settings, trainer_version)
+    """Train on ``groups`` (one step: proximal recompute, then one update per mini-batch);
+    ``trainer_updates`` and ``updates_of`` measure staleness (:func:`sample_staleness`)."""
+    prepared = prepare_step(groups, settings, trainer_updates, updates_of)
     items = prepared.items
     rank, world = engine.rank, engine.world_size
     packer = get_packer(settings.packer)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.flows.cli import main
+from asyncrl.cli.main import main
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.configs.loading import load_config
-from asyncrl.flows.bench_ablation import (
+from asyncrl.bench.ablation import (
     AblationSettings,
     eval_versions,
     format_table,

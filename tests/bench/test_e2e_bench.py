@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.flows.cli import main
+from asyncrl.cli.main import main
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.shards import ShardReader
 from asyncrl.tasks.data.loader import load_prompts

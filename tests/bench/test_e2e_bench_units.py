@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.flows.bench_e2e import (
+from asyncrl.bench.e2e import (
     E2EBenchSettings,
     compare_runs,
     format_tables,
@@ -24,7 +24,7 @@ from asyncrl.flows.bench_e2e import (
     trained_tokens,
     training_only_s,
 )
-from asyncrl.flows.cli import build_parser
+from asyncrl.cli.main import build_parser
 from asyncrl.tasks.process_group import machine_cpus, usable_cpus
 
 READY = 1_000.0

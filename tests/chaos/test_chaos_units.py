@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from run_root_builder import RunRootBuilder
 
-from asyncrl.flows.chaos import ChaosReport, ChaosSettings, KillRecord, kill_plan
-from asyncrl.flows.chaos_cli import format_report
-from asyncrl.flows.scheduler_main import EXIT_CONFIG, ServerSource, final_step_published, main, wait_for_servers
-from asyncrl.storage.audit import audit_run
+from asyncrl.chaos.run import ChaosReport, ChaosSettings, KillRecord, kill_plan
+from asyncrl.cli.chaos import format_report
+from asyncrl.tasks.scheduler.main import EXIT_CONFIG, ServerSource, final_step_published, main, wait_for_servers
+from asyncrl.tasks.run.audit import audit_run
 from asyncrl.storage.fs import open_root
 from asyncrl.tasks.rollout.registry import register_server
 from asyncrl.tasks.rollout.server import RolloutServerHandle
@@ -28,7 +28,7 @@ def build(tmp_path: Path) -> RunRootBuilder:
 
 def test_kill_plan_has_k_of_each_kind_in_a_seeded_order() -> None:
     plan = kill_plan(random.Random(3), 2)
-    assert sorted(plan) == ["rollout", "rollout", "scheduler", "scheduler", "trainer", "trainer"]
+    assert sorted(plan) == ["reward", "reward", "rollout", "rollout", "scheduler", "scheduler", "trainer", "trainer"]
     assert plan == kill_plan(random.Random(3), 2)
     assert {tuple(kill_plan(random.Random(seed), 2)) for seed in range(10)} != {tuple(plan)}
     assert kill_plan(random.Random(0), 0) == []
@@ -85,17 +85,17 @@ def test_report_table_lists_kills_and_every_violation(build: RunRootBuilder) -> 
     build.admit(5)
     audit = audit_run(build.root, "audit-test", 1)
     kills = [KillRecord("trainer", 11, 5.0, 1, 1, 5.2, up_at_s=6.0, recovered_at_s=9.5),
-             KillRecord("rollout-0", 12, 10.0, 2, 2, 12.0)]  # fmt: skip
-    report = ChaosReport("r", "/tmp/store", 0, 1, ["trainer", "rollout", "scheduler"], kills, 20.0, 2, 2, audit,
+             KillRecord("rollout-server-0", 12, 10.0, 2, 2, 12.0), KillRecord("reward-service", 13, 11.0, 2, 2, 11.0)]  # fmt: skip
+    report = ChaosReport("r", "/tmp/store", 0, 1, ["trainer", "rollout", "scheduler", "reward"], kills, 20.0, 2, 2, audit,
                          ["1 planned kills were not done (scheduler)"])  # fmt: skip
     table = format_report(report)
     assert "| 1 | trainer | 5.0 | 1 | 1 | 11 | 6.0 | 9.5 |" in table
-    assert "| 2 | rollout-0 | 10.0 | 2 | 2 | 12 | - | - |" in table
-    assert "restarts: trainer 1, rollout 1, scheduler 0 (planned: 3 kills, done: 2)" in table
+    assert "| 2 | rollout-server-0 | 10.0 | 2 | 2 | 12 | - | - |" in table
+    assert "restarts: trainer 1, rollout 1, scheduler 0, reward 1 (planned: 4 kills, done: 3)" in table
     assert "VIOLATION 1 planned kills were not done" in table
     assert "VIOLATION (a) 1 of 5 admitted groups are in no shard: g00000004" in table
     assert table.endswith("report: /tmp/store/chaos.json") and "result: FAILED (2 problems)" in table
-    assert not report.ok and report.to_json()["restarts"] == {"trainer": 1, "rollout": 1, "scheduler": 0}
+    assert not report.ok and report.to_json()["restarts"] == {"trainer": 1, "rollout": 1, "scheduler": 0, "reward": 1}
 
 
 def test_waiting_for_servers_after_none_was_live(build: RunRootBuilder) -> None:

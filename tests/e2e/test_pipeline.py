@@ -1,6 +1,8 @@
 """A short pipeline end to end, as the Prefect flow users run: tiny model, synthetic
 task, SFT warm start, asynchronous RL on a real vLLM server and DeepSpeed, evaluation,
-MLflow registration, with the run root on a real S3 server (SeaweedFS)."""
+MLflow registration, with the run root on a real S3 server (SeaweedFS). The Prefect server
+holds one run per stage and per component; a second run of the same config takes data,
+model, SFT and evaluation from the cache."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ from typing import Any
 
 import pytest
 import s3_servers
+from prefect_runs import run_tree
 import yaml
 from mlflow import MlflowClient
 
 from asyncrl.configs.loading import config_from_dict
-from asyncrl.flows.pipeline_flow import SUMMARY_FILE, pipeline
+from asyncrl.flows.pipeline import SUMMARY_FILE, pipeline
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
@@ -64,7 +67,9 @@ def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tm
     options = s3_servers.storage_options(seaweedfs_endpoint)
     config = config_from_dict(e2e_config(tmp_path, f"s3://{bucket}/{RUN}", options))
 
-    summary = pipeline(config)
+    state = pipeline(config, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
 
     root = open_root(config.storage.root, options)
     # weights: v0 = the SFT warm start, then one version per RL step
@@ -115,3 +120,24 @@ def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tm
     frozen = yaml.safe_load(fs.read_bytes(root, paths.CONFIG))
     assert secret not in json.dumps(frozen)
     assert frozen["storage"]["options"]["endpoint_url"] == options["endpoint_url"]
+
+    # One Prefect run per stage and per component, read back from the server.
+    tree = run_tree(state.state_details.flow_run_id)
+    stages = ["prepare-data", "init-model", "sft", "evaluate", "register"]
+    components = ["rollout-server-0", "reward-service", "trainer", "scheduler"]
+    assert all(tree.get(name) == "Completed" for name in stages + components), tree
+    assert tree[f"flow:{RUN}-train"] == "Completed" and tree[f"flow:{RUN}-scheduler"] == "Completed", tree
+    assert summary["stages"] == {"prepare-data": "run", "init-model": "run", "sft": "run", "evaluate": "run"}
+    assert summary["restarts"] == {name: 0 for name in components}
+
+    # The same config again: nothing is computed twice; the MLflow record is the same run.
+    again = pipeline(config, return_state=True)
+    assert again.is_completed(), again.message
+    second = again.result()
+    print(f"\npipeline wall time: first run {summary['wall_s']:.0f} s, second run {second['wall_s']:.0f} s")
+    assert second["stages"] == {"prepare-data": "cached", "init-model": "cached", "sft": "cached", "evaluate": "cached"}
+    assert run_tree(again.state_details.flow_run_id)["sft"] == "Cached"
+    assert second["mlflow_run_id"] == summary["mlflow_run_id"] and second["final_version"] == STEPS
+    assert second["pass_at_1_after"] == summary["pass_at_1_after"]
+    assert [e.step for e in Ledger(root).entries()] == list(range(1, STEPS + 1))  # nothing trained twice
+    assert len(client.search_logged_models(experiment_ids=[run.info.experiment_id])) == STEPS + 1

@@ -23,7 +23,7 @@ def load_flow(entrypoint: str):  # noqa: ANN201 - a prefect Flow
 
 
 def test_expected_deployments() -> None:
-    assert set(DEPLOYMENTS) >= {"train", "train-nightly", "evaluate", "pipeline"}
+    assert set(DEPLOYMENTS) >= {"train", "train-nightly", "evaluate", "pipeline", "scheduler"}
     assert DEPLOYMENTS["train-nightly"]["schedules"][0]["cron"]
 
 
@@ -56,6 +56,6 @@ def test_deployments_run_the_demo_config() -> None:
     from asyncrl.configs.loading import load_config
 
     demo = load_config(REPO / "configs" / "demo.yaml")
-    for name in ("train", "pipeline", "train-nightly"):
+    for name in ("train", "pipeline", "scheduler", "train-nightly"):
         deployed = RunConfig.model_validate(DEPLOYMENTS[name]["parameters"]["config"])
         assert deployed.model_dump() == demo.model_dump(), name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from asyncrl.flows.run_artifacts import CURVE_ROWS, artifact_key, sparkline, training_report_markdown
+from asyncrl.tasks.run.artifacts import CURVE_ROWS, artifact_key, sparkline, training_report_markdown
 
 
 def test_artifact_key_is_a_valid_prefect_key() -> None:

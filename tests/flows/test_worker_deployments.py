@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.flows.pipeline_flow import prepare_inputs
+from asyncrl.tasks.run.stages import prepare_inputs
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
@@ -178,7 +178,8 @@ def test_cancelled_train_run_leaves_no_process(stack: Stack, tiny_model_dir: Pat
     running = process_scan.processes_with_env("PREFECT__FLOW_RUN_ID", str(flow_run_id))
     commands = " | ".join(p.cmdline for p in running)
     for component in ("prefect.engine", "vllm.entrypoints.openai.api_server", "VLLM::EngineCore",
-                      "asyncrl.tasks.trainer.main", "asyncrl.tasks.reward.worker"):  # fmt: skip
+                      "asyncrl.tasks.trainer.main", "asyncrl.tasks.reward.server", "asyncrl.tasks.reward.worker",
+                      "asyncrl.tasks.scheduler.main"):  # fmt: skip
         assert component in commands, f"no {component} among the run's processes: {running}"
 
     cancelled_at = time.monotonic()

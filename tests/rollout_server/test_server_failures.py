@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from asyncrl.tasks.rollout.server import (
     RolloutServer,
-    RolloutServerCancelled,
     RolloutServerConfig,
     RolloutServerError,
     server_command,
@@ -180,37 +179,48 @@ def test_stop_during_start_up_stops_the_server_at_once(
 
     import process_scan
     from asyncrl.storage.fs import open_root
-    from asyncrl.tasks.rollout.prefect_tasks import supervise_rollout_server
     from asyncrl.tasks.rollout.registry import list_servers
+    from asyncrl.tasks.run.components import RolloutComponent
+    from asyncrl.tasks.run.supervisor import ComponentEvent, ComponentStatus, RestartPolicy, supervise
 
     marker = uuid.uuid4().hex
     monkeypatch.setenv("ASYNCRL_TEST_MARKER", marker)  # inherited by the server and its engine
-    root_uri = f"file://{tmp_path}/run"
+    root = open_root(f"file://{tmp_path}/run")
     config = RolloutServerConfig(model_dir=tiny_model_dir, log_path=tmp_path / "server.log")
+    component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None), tmp_path / "server.log")
     stop = threading.Event()
-    ready: list[object] = []
+    events: list[ComponentEvent] = []
+    status = ComponentStatus("rollout-0")
     timer = threading.Timer(2.0, stop.set)
     timer.start()
+    started = time.monotonic()
     try:
-        with pytest.raises(RolloutServerCancelled, match="before it was healthy"):
-            supervise_rollout_server(config, root_uri, None, "rollout-0", stop=stop, on_ready=ready.append)
+        outcome = supervise(component, stop, RestartPolicy(max_restarts=0), on_event=events.append, status=status)
     finally:
         timer.cancel()
-    assert ready == [] and list_servers(open_root(root_uri)) == []
+    assert time.monotonic() - started < 60, "the supervisor waited for the start-up"
+    assert outcome.end == "stopped" and outcome.component == "rollout-0" and outcome.restarts == 0
+    assert "ready" not in [event.kind for event in events] and not status.ready
+    assert not component.registered and list_servers(root) == []
     assert process_scan.processes_with_env("ASYNCRL_TEST_MARKER", marker) == []
     assert "vllm.entrypoints.openai.api_server" in (tmp_path / "server.log").read_text()  # it had started
 
 
 def test_supervisor_start_failure_registers_nothing(tmp_path: Path) -> None:
-    from asyncrl.storage.fs import open_root
-    from asyncrl.tasks.rollout.prefect_tasks import supervise_rollout_server
-    from asyncrl.tasks.rollout.registry import list_servers
+    import threading
 
-    root_uri = f"file://{tmp_path}/run"
+    from asyncrl.storage.fs import open_root
+    from asyncrl.tasks.rollout.registry import list_servers
+    from asyncrl.tasks.run.components import RolloutComponent
+    from asyncrl.tasks.run.supervisor import RestartPolicy, supervise
+
+    root = open_root(f"file://{tmp_path}/run")
     config = RolloutServerConfig(model_dir=tmp_path / "missing", log_path=tmp_path / "server.log")
+    component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None), tmp_path / "server.log")
     with pytest.raises(FileNotFoundError, match="missing"):
-        supervise_rollout_server(config, root_uri, None, "rollout-0")
-    assert list_servers(open_root(root_uri)) == []
+        supervise(component, threading.Event(), RestartPolicy(max_restarts=0))
+    assert list_servers(root) == []
+    assert not (tmp_path / "server.log").exists()  # nothing was spawned
 
 
 @pytest.mark.parametrize(

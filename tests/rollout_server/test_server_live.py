@@ -1,7 +1,7 @@
 """A real vLLM server on the tiny model: API, auth, in-place weight loads, shutdown.
 
-One server for the whole module, started the way a flow starts it
-(:func:`supervise_rollout_server` in a thread, with an API key); tests run in file
+One server for the whole module, started the way a run starts it (:func:`supervise` of a
+:class:`RolloutComponent` in a thread, with an API key and no restarts); tests run in file
 order and the last one kills the server's engine and checks the clean-up.
 """
 
@@ -23,13 +23,8 @@ import pytest
 import s3_servers
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.rollout.prefect_tasks import supervise_rollout_server
 from asyncrl.tasks.rollout.registry import list_servers, read_server
-from asyncrl.tasks.rollout.server import (
-    RolloutServerConfig,
-    RolloutServerError,
-    RolloutServerHandle,
-)
+from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
 from asyncrl.tasks.rollout.weight_sync import (
     WeightSyncError,
     server_weight_version,
@@ -37,6 +32,8 @@ from asyncrl.tasks.rollout.weight_sync import (
     tensor_sha256,
     update_server_weights,
 )
+from asyncrl.tasks.run.components import RolloutComponent
+from asyncrl.tasks.run.supervisor import ComponentFailed, ComponentStatus, RestartPolicy, supervise
 
 pytestmark = pytest.mark.slow
 
@@ -72,32 +69,29 @@ def live(tiny_model_dir: Path, weight_variants: dict[int, Path], tmp_path_factor
         log_path=base / "server.log",
         start_timeout_s=START_TIMEOUT_S,
     )
-    ready: list[RolloutServerHandle] = []
-    ready_event = threading.Event()
+    component = RolloutComponent(SERVER_NAME, SERVER_NAME, open_root(root_uri), lambda: (config, None), base / "server.log")
+    policy = RestartPolicy(max_restarts=0, start_timeout_s=START_TIMEOUT_S)
+    status = ComponentStatus(SERVER_NAME)
     stop = threading.Event()
     outcome: dict[str, Any] = {}
 
-    def on_ready(handle: RolloutServerHandle) -> None:
-        ready.append(handle)
-        ready_event.set()
-
     def run() -> None:
         try:
-            outcome["code"] = supervise_rollout_server(config, root_uri, None, SERVER_NAME, 0.5, stop, on_ready)
+            outcome["outcome"] = supervise(component, stop, policy, status=status)
         except BaseException as exc:  # noqa: BLE001 (the last test checks it)
             outcome["error"] = exc
-        finally:
-            ready_event.set()
 
     started = time.monotonic()
     thread = threading.Thread(target=run, name="rollout-supervisor", daemon=True)
     thread.start()
-    ready_event.wait(START_TIMEOUT_S + 60)
-    if not ready:
+    deadline = started + START_TIMEOUT_S + 60
+    while not status.ready and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not status.ready:
         stop.set()
         thread.join(60)
         raise RuntimeError(f"rollout server did not start: {outcome.get('error')!r}")
-    server = LiveServer(ready[0], root_uri, base / "cache", thread, stop, time.monotonic() - started, outcome)
+    server = LiveServer(component.handle, root_uri, base / "cache", thread, stop, time.monotonic() - started, outcome)
     print(f"\nrollout server healthy after {server.start_s:.1f} s")
     try:
         yield server
@@ -290,7 +284,8 @@ def test_set_weight_version_round_trips(live: LiveServer) -> None:
 
 
 def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
-    """Kill the engine core: the supervisor raises with the log tail, the group and entry are gone."""
+    """Kill the engine core: the supervisor (no restarts allowed) raises with the log tail,
+    the group and the entry are gone."""
     listing = subprocess.run(
         ["ps", "-o", "pid=,comm=", "-g", str(live.handle.pgid)], capture_output=True, text=True, check=True
     ).stdout
@@ -300,8 +295,9 @@ def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
     live.thread.join(180)
     assert not live.thread.is_alive()
     error = live.outcome.get("error")
-    assert isinstance(error, RolloutServerError), live.outcome
-    assert "exited with code" in str(error) and error.log_tail
+    assert isinstance(error, ComponentFailed), live.outcome
+    assert error.component == SERVER_NAME and error.restarts == 0
+    assert "exited with status" in str(error) and error.log_tail
     with pytest.raises(ProcessLookupError):
         os.killpg(live.handle.pgid, 0)
     assert list_servers(open_root(live.root_uri)) == []

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.flows.scheduler import (
+from asyncrl.tasks.scheduler.controller import (
     ControllerSettings,
     PromptSchedule,
     RolloutController,

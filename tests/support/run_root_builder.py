@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asyncrl.flows.scheduler import group_id, save_gate_state
-from asyncrl.flows.staleness_gate import GateState
+from asyncrl.tasks.scheduler.controller import group_id, save_gate_state
+from asyncrl.tasks.scheduler.staleness_gate import GateState
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.schema import Sample

@@ -20,7 +20,6 @@ from asyncrl.tasks.trainer.process import (
     supervise_trainer,
     trainer_command,
     trainer_env,
-    trainer_task,
 )
 
 
@@ -60,7 +59,7 @@ def test_jit_ops_build_inside_the_venv_unless_told_otherwise(monkeypatch: pytest
 def test_failure_status_raises_with_the_log_tail(tmp_path: Path) -> None:
     launch = TrainerLaunch(_bad_config(tmp_path), tmp_path / "trainer.log")
     with pytest.raises(TrainerProcessError, match="trainer.batch_groups") as caught:
-        trainer_task.fn(launch)  # the Prefect task's body
+        supervise_trainer(launch, poll_s=0.1)
     assert caught.value.returncode == 2
 
 

@@ -52,8 +52,9 @@ def test_kill_9_mid_run_then_resume_trains_every_shard_exactly_once(
         store=store_dir,
         data=tmp_path / "unused.parquet",
         # The resumed trainer keeps the last label published before the kill (4, or 5 if the
-        # kill lands late), so the redone step 4 sees the v0 samples as staler than run 1 did.
-        # A staleness bound that drops nothing in either run keeps the two step-4 updates equal.
+        # kill lands late), but staleness counts steps, so the redone step 4 sees the v0
+        # samples as stale as run 1 did (3 steps); a bound that drops nothing in either run
+        # keeps the two step-4 updates equal whatever the staleness rule.
         trainer={"batch_groups": 1, "max_steps": STEPS, "checkpoint_every": 3, "max_staleness": 2 * STEPS},
     )
     common = {"work_dir": tmp_path / "work", "metrics_file": tmp_path / "metrics.jsonl"}

@@ -37,7 +37,7 @@ def _output_logprob_sums(engine: Any, samples: list[Any]) -> list[float]:
 def test_positive_advantage_raises_and_negative_lowers_logprob(engine: Any, trajectories: Any, model_logprobs: Any) -> None:
     group = trajectories.group("g0", [1.0, 0.0], logprobs=model_logprobs, output_len=(8, 8))
     before = _output_logprob_sums(engine, group)
-    result = run_rl_step(engine, [group], RLSettings(micro_batch_tokens=256), trainer_version=0)
+    result = run_rl_step(engine, [group], RLSettings(micro_batch_tokens=256), trainer_updates=0)
     after = _output_logprob_sums(engine, group)
     assert result.prepared.advantages[0] > 0 > result.prepared.advantages[1]
     assert after[0] > before[0] + 1e-3, (before, after)
@@ -76,10 +76,10 @@ def test_proximal_equal_to_behaviour_gives_the_standard_ppo_update(
 def test_micro_batch_split_does_not_change_the_update(shared_engine: Any, engine: Any, trajectories: Any) -> None:
     """Loss normalised by the mini-batch's tokens: one big micro-batch or many small ones, same step."""
     groups = [trajectories.group(f"g{k}", [1.0, 0.0, 0.0, 1.0], versions=0) for k in range(3)]
-    one = run_rl_step(engine, groups, RLSettings(micro_batch_tokens=1024), trainer_version=1)
+    one = run_rl_step(engine, groups, RLSettings(micro_batch_tokens=1024), trainer_updates=1)
     params_one = _params(engine)
     shared_engine.reset()
-    many = run_rl_step(engine, groups, RLSettings(micro_batch_tokens=40), trainer_version=1)
+    many = run_rl_step(engine, groups, RLSettings(micro_batch_tokens=40), trainer_updates=1)
     assert one.micro_batches == 1 and many.micro_batches >= 4
     # Adam's first step is ~lr * g / (|g| + eps) per coordinate: summation-order rounding
     # can move the rare coordinates whose gradient is ~eps by a fraction of lr (2.4e-5 seen
@@ -99,7 +99,7 @@ def test_stale_samples_are_dropped_and_counted(
     mixed = trajectories.group("g1", [0.0, 1.0], versions=[0, 2])
     settings = RLSettings(max_staleness=3, micro_batch_tokens=256)
     with caplog.at_level(logging.WARNING):
-        result = run_rl_step(engine, [fresh, mixed], settings, trainer_version=5)
+        result = run_rl_step(engine, [fresh, mixed], settings, trainer_updates=5)
     metrics = result.metrics()
     assert result.prepared.staleness == (1, 0, 5, 3)
     assert metrics["dropped_stale"] == 1 and metrics["trained_samples"] == 3
@@ -108,13 +108,13 @@ def test_stale_samples_are_dropped_and_counted(
 
     # A batch with nothing fresh enough: no optimizer update at all.
     before = _params(engine)
-    all_stale = run_rl_step(engine, [mixed], RLSettings(max_staleness=1, micro_batch_tokens=256), trainer_version=5)
+    all_stale = run_rl_step(engine, [mixed], RLSettings(max_staleness=1, micro_batch_tokens=256), trainer_updates=5)
     assert all_stale.update.updates == 0 and all_stale.prepared.dropped_stale == 2
     assert _max_diff(before, _params(engine)) == 0.0
 
 
 def test_advantages_use_the_whole_group_before_drops(trajectories: Any) -> None:
     group = trajectories.group("g0", [1.0, 0.0, 0.0, 0.0], versions=[0, 9, 9, 9])
-    prepared = prepare_step([group], RLSettings(max_staleness=2, advantage="drgrpo"), trainer_version=9)
+    prepared = prepare_step([group], RLSettings(max_staleness=2, advantage="drgrpo"), trainer_updates=9)
     assert prepared.advantages == pytest.approx((0.75, -0.25, -0.25, -0.25))
     assert [item.advantage for item in prepared.items] == pytest.approx([-0.25, -0.25, -0.25])

@@ -1,0 +1,324 @@
+"""``asyncrl bench ablation``: held-out accuracy against staleness, decoupled vs standard PPO.
+
+The paper's algorithmic claim (AReaL, arXiv 2505.24298): as the staleness bound eta
+grows, standard PPO degrades while the decoupled objective stays near eta = 0. This
+bench measures it on our own system. From one run config (e.g. ``configs/demo.yaml``):
+
+1. the warm start once: the pipeline's inputs (synthetic task, tiny model) and its SFT
+   stage, in a base run ``<name>-ablation-base``; its published weights are the starting
+   model of every configuration;
+2. for every eta in ``etas`` and every objective in ``objectives``: the real RL run
+   (:func:`~asyncrl.tasks.run.rl.train_run`) with only ``rollout.eta`` and
+   ``trainer.objective`` changed (same seed, same prompt order, same steps), then
+   held-out pass@1 of the starting model, every ``eval_every`` versions and the final one
+   (:func:`~asyncrl.tasks.run.stages.evaluate_versions`, the pipeline's evaluation);
+3. a table, JSON, and a PNG with two panels: held-out pass@1 against the step, and the
+   training reward (moving mean over ``smooth`` steps) against the step.
+
+The staleness the runs actually reach is reported next to the bound (a bound is only a
+ceiling: a rollout no faster than training keeps samples fresh whatever eta is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, get_args
+
+from asyncrl.configs.run_config import RunConfig, TrainerConfig
+from asyncrl.bench.e2e import format_staleness, parse_int_list, staleness_counts
+
+Objective = str
+OBJECTIVES: tuple[str, ...] = get_args(TrainerConfig.model_fields["objective"].annotation)
+
+
+@dataclass(frozen=True)
+class AblationSettings:
+    """The sweep: every eta in ``etas`` with every objective in ``objectives``."""
+
+    etas: tuple[int, ...] = (0, 4, 8)
+    objectives: tuple[Objective, ...] = OBJECTIVES
+    eval_every: int = 10
+    """Evaluate every this many versions (and the first and last); 0: first and last only."""
+    smooth: int = 5
+    """Reward curve: moving mean over this many steps."""
+    work_dir: Path | None = None
+    """Run roots, MLflow database, logs; None = ``<config.work_dir>/<config.name>-ablation``."""
+    json_path: Path | None = None
+    png_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.etas or any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in self.etas):
+            raise ValueError(f"etas: must be ints >= 0, got {self.etas!r}")
+        if len(set(self.etas)) != len(self.etas):
+            raise ValueError(f"etas: a value repeats: {self.etas}")
+        bad = [o for o in self.objectives if o not in OBJECTIVES]
+        if not self.objectives or bad or len(set(self.objectives)) != len(self.objectives):
+            raise ValueError(f"objectives: must be distinct values of {list(OBJECTIVES)}, got {self.objectives!r}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every: must be >= 0, got {self.eval_every}")
+        if self.smooth < 1:
+            raise ValueError(f"smooth: must be >= 1, got {self.smooth}")
+
+    def sweep(self) -> list[tuple[int, Objective]]:
+        return [(eta, objective) for eta in self.etas for objective in self.objectives]
+
+
+# ----- plain functions of measured numbers -----
+
+
+def eval_versions(first: int, last: int, every: int) -> list[int]:
+    """Versions to evaluate: ``first``, every ``every``-th version after it, and ``last``
+    (``first`` and ``last`` only when ``every`` is 0)."""
+    if last < first:
+        raise ValueError(f"eval_versions: last version {last} is before the first {first}")
+    middle = range(first + every, last, every) if every > 0 else range(0)
+    return sorted({first, *middle, last})
+
+
+def moving_mean(values: Sequence[float], window: int) -> list[float]:
+    """m_i = mean(values[max(0, i - window + 1) .. i]): trailing mean, shorter at the start."""
+    if window < 1:
+        raise ValueError(f"moving_mean: window must be >= 1, got {window}")
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def run_summary(
+    eta: int,
+    objective: str,
+    step_metrics: Mapping[int, Mapping[str, float]],
+    pass_at_1: Mapping[int, float],
+    start_version: int,
+) -> dict[str, Any]:
+    """One configuration: final pass@1 (at the last evaluated version) and its change from
+    the starting model, the pass@1 curve by step (step = version - start_version), the
+    training reward by step, and the staleness reached."""
+    steps = sorted(step_metrics)
+    versions = sorted(pass_at_1)
+    counts = staleness_counts(step_metrics)
+    return {
+        "eta": eta,
+        "objective": objective,
+        "steps": len(steps),
+        "pass_at_1_start": pass_at_1[versions[0]],
+        "pass_at_1_final": pass_at_1[versions[-1]],
+        "pass_at_1_change": pass_at_1[versions[-1]] - pass_at_1[versions[0]],
+        "pass_at_1_curve": [[v - start_version, pass_at_1[v]] for v in versions],
+        "reward_curve": [[s, float(step_metrics[s]["reward_mean"])] for s in steps],
+        "staleness_max": max(counts, default=0),
+        "staleness_mean": sum(s * c for s, c in counts.items()) / max(sum(counts.values()), 1),
+        "staleness_counts": counts,
+        "dropped_stale": int(sum(m.get("dropped_stale", 0.0) for m in step_metrics.values())),
+        "clip_fraction_mean": sum(float(step_metrics[s].get("clip_fraction", 0.0)) for s in steps) / max(len(steps), 1),
+    }
+
+
+# ----- the runs -----
+
+
+def variant_config(base: RunConfig, work: Path, warm_start: Path, eta: int, objective: str) -> RunConfig:
+    """``base`` with only eta and the objective changed, starting from ``warm_start``, in its
+    own run root and scratch directory under ``work`` (no SFT, the inputs already exist)."""
+    raw = relocated(base, work, f"{base.name}-eta{eta}-{objective}")
+    raw["model"]["path"] = str(warm_start)
+    raw["rollout"]["eta"] = eta
+    raw["trainer"]["objective"] = objective
+    raw["pipeline"]["sft_steps"] = 0
+    raw["tracking"]["mlflow_uri"] = f"sqlite:///{work / 'mlflow.db'}"
+    raw["tracking"]["experiment"] = f"{base.name}-ablation"
+    return RunConfig.model_validate(raw)
+
+
+def relocated(base: RunConfig, work: Path, name: str) -> dict[str, Any]:
+    """``base`` as a dict, renamed ``name``, with its scratch directory and run root under
+    ``work/runs`` (``work/runs/<name>`` and ``work/runs/<name>/store``)."""
+    raw = base.model_dump()
+    raw["name"] = name
+    raw["work_dir"] = str(work / "runs")
+    raw["storage"]["root"] = str(work / "runs" / name / "store")
+    return raw
+
+
+def prepare_warm_start(base: RunConfig, work: Path) -> Path:
+    """The pipeline's inputs and SFT stage in the base run (skipped when already done);
+    returns a local directory with the warm-start weights (``base.model.path`` without SFT)."""
+    from asyncrl.tasks.run.stages import prepare_inputs, run_sft
+    from asyncrl.tasks.run.context import prepare_run
+    from asyncrl.storage.weights import WeightStore
+
+    prepare_inputs(base)
+    warm_config = RunConfig.model_validate(relocated(base, work, f"{base.name}-ablation-base"))
+    paths = prepare_run(warm_config)
+    if not warm_config.pipeline.sft_steps:
+        return Path(base.model.path)
+    version = run_sft(warm_config, paths)
+    target = work / "warm-start"
+    if not (target / "config.json").is_file():
+        WeightStore(paths.root).download(version, target)
+    return target
+
+
+def run_ablation(base: RunConfig, settings: AblationSettings, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Warm start once, then every (eta, objective) of the sweep; a configuration that fails
+    is recorded with its ``error`` and the sweep goes on. JSON and PNG are rewritten after
+    every configuration, so a long sweep keeps what it measured."""
+    from asyncrl.tasks.run.stages import evaluate_versions
+    from asyncrl.tasks.run.context import prepare_run
+    from asyncrl.tasks.run.rl import train_run
+
+    say = progress or (lambda line: None)
+    if base.data.eval_path is None:
+        raise ValueError("data.eval_path: the ablation compares held-out accuracy; set a held-out split")
+    work = settings.work_dir or Path(base.work_dir) / f"{base.name}-ablation"
+    work.mkdir(parents=True, exist_ok=True)
+    warm_start = prepare_warm_start(base, work)
+    say(f"warm start ready: {warm_start}")
+    result: dict[str, Any] = {
+        "config": base.name,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
+        "steps": base.trainer.max_steps,
+        "batch_groups": base.trainer.batch_groups,
+        "n_samples": base.rollout.n_samples,
+        "eval_prompts": base.pipeline.eval_prompts,
+        "eval_samples": base.pipeline.eval_samples,
+        "work_dir": str(work),
+        "runs": [],
+    }
+    sweep = settings.sweep()
+    for index, (eta, objective) in enumerate(sweep, start=1):
+        config = variant_config(base, work, warm_start, eta, objective)
+        try:
+            train = train_run(config)
+            start = min(train.logged_models, default=0)
+            versions = eval_versions(start, train.final_version, settings.eval_every)
+            evaluated = evaluate_versions(config, prepare_run(config), versions)
+            run = run_summary(
+                eta, objective, train.step_metrics, {v: r.pass_at_1 for v, r in evaluated.items()}, start
+            )
+            run["train_wall_s"] = train.wall_s
+        except Exception as exc:  # noqa: BLE001 - recorded; the other configurations still run
+            run = {"eta": eta, "objective": objective, "error": f"{type(exc).__name__}: {exc}"[:4000]}
+        result["runs"].append(run)
+        if settings.json_path is not None:
+            settings.json_path.write_text(json.dumps(result, indent=1))
+        if settings.png_path is not None:
+            plot_curves(result, settings.png_path, settings.smooth)
+        say(
+            f"[{index}/{len(sweep)}] eta={eta} {objective}: "
+            + (run.get("error") or f"pass@1 {run['pass_at_1_start']:.3f} -> {run['pass_at_1_final']:.3f}")
+        )
+    return result
+
+
+# ----- output -----
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    lines = [
+        f"{result['config']}: {result['steps']} steps of {result['batch_groups']} groups x {result['n_samples']} "
+        f"samples; pass@1 over {result['eval_prompts']} held-out prompts x {result['eval_samples']} samples",
+        "",
+        "| eta | objective | pass@1 start | pass@1 final | change | staleness max | staleness mean "
+        "| staleness (value:samples) | dropped | clip frac. |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["runs"]:
+        if "error" in r:
+            lines.append(f"| {r['eta']} | {r['objective']} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 7)
+            continue
+        lines.append(
+            f"| {r['eta']} | {r['objective']} | {r['pass_at_1_start']:.3f} | {r['pass_at_1_final']:.3f} | "
+            f"{r['pass_at_1_change']:+.3f} | {r['staleness_max']} | {r['staleness_mean']:.2f} | "
+            f"{format_staleness(r['staleness_counts'])} | {r['dropped_stale']} | {r['clip_fraction_mean']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_curves(result: Mapping[str, Any], path: Path, smooth: int) -> Path:
+    """Two panels: held-out pass@1 by step, training reward (moving mean) by step; colour =
+    eta, line style = objective (solid decoupled, dashed standard)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in result["runs"] if "error" not in r]
+    etas = sorted({r["eta"] for r in runs})
+    colours = {eta: plt.get_cmap("viridis")(i / max(len(etas) - 1, 1)) for i, eta in enumerate(etas)}
+    styles = {"decoupled": "-", "standard": "--"}
+    figure, (accuracy, reward) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in runs:
+        label = f"eta={r['eta']} {r['objective']}"
+        kwargs = {"color": colours[r["eta"]], "linestyle": styles[r["objective"]], "label": label}
+        steps, values = zip(*r["pass_at_1_curve"], strict=True)
+        accuracy.plot(steps, values, marker="o", **kwargs)
+        steps, rewards = zip(*r["reward_curve"], strict=True)
+        reward.plot(steps, moving_mean(rewards, smooth), **kwargs)
+    accuracy.set(xlabel="step", ylabel="held-out pass@1", title="Held-out accuracy")
+    reward.set(xlabel="step", ylabel=f"training reward (mean of {smooth} steps)", title="Training reward")
+    for axis in (accuracy, reward):
+        axis.grid(alpha=0.3)
+    accuracy.legend(fontsize=8)
+    figure.suptitle(f"Staleness ablation: {result['config']}, decoupled vs standard PPO")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _objectives(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def cmd_bench_ablation(args: argparse.Namespace) -> int:
+    import os
+
+    from asyncrl.configs.loading import load_config
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    base = load_config(args.config, args.overrides)
+    work = Path(args.work_dir) if args.work_dir else Path(base.work_dir) / f"{base.name}-ablation"
+    settings = AblationSettings(
+        etas=args.etas,
+        objectives=args.objectives,
+        eval_every=args.eval_every,
+        smooth=args.smooth,
+        work_dir=work,
+        json_path=Path(args.json) if args.json else work / "ablation.json",
+        png_path=Path(args.png) if args.png else work / "ablation.png",
+    )
+    result = run_ablation(base, settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_table(result))
+    print(f"curves: {settings.png_path}; figures: {settings.json_path}")
+    return 1 if any("error" in r for r in result["runs"]) else 0
+
+
+def add_ablation_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register ``ablation`` on the ``bench`` sub-command."""
+    parser = subparsers.add_parser(
+        "ablation", help="held-out accuracy for eta in {0, 4, 8} with the decoupled objective and standard PPO"
+    )
+    defaults = AblationSettings()
+    parser.add_argument("config", help="run config (YAML) whose warm start and RL settings every run shares")
+    parser.add_argument("overrides", nargs="*", help="a.b=value overrides of the config")
+    parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated staleness bounds (default 0,4,8)")
+    parser.add_argument("--objectives", type=_objectives, default=defaults.objectives,
+                        help="comma-separated: decoupled,standard (default both)")  # fmt: skip
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="evaluate every N versions (0: first and last)")
+    parser.add_argument("--smooth", type=int, default=defaults.smooth, help="reward curve moving-mean window (steps)")
+    parser.add_argument("--work-dir", default=None, help="run roots, MLflow and logs (default <work_dir>/<name>-ablation)")
+    parser.add_argument("--json", default=None, help="result JSON (default <work-dir>/ablation.json)")
+    parser.add_argument("--png", default=None, help="curves PNG (default <work-dir>/ablation.png)")
+    parser.set_defaults(handler=cmd_bench_ablation)
+    return parser

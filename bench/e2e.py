@@ -1,0 +1,565 @@
+"""``asyncrl bench e2e``: the speed-up of asynchronous RL, end to end.
+
+The same workload runs through the real RL run (:func:`~asyncrl.tasks.run.rl.train_run`:
+a vLLM server, the DeepSpeed trainer, the scheduler, the reward pool, MLflow lineage)
+once synchronously (eta = 0) and with every eta > 0 in every interrupt mode, with the
+rollout server and the trainer pinned to separate CPUs (``rollout.cpu_cores``,
+``trainer.cpu_cores``; the driver process running the scheduler and the reward workers
+is not pinned). Per configuration (formulas in the functions that compute them):
+
+- wall W: the RL phase, from "every rollout server healthy" to the last step's metrics
+  record (:func:`rl_wall_s`; start-up and shutdown are left out, ``train_run_wall_s``
+  keeps the whole);
+- trained tokens/s, speed-up over eta = 0, rollout utilisation against the same server's
+  standalone throughput, weight-sync stall fraction, mean packing efficiency, staleness
+  maximum and distribution (:func:`run_figures`, :func:`compare_runs`).
+
+Once: T_gen, the server alone generating the workload's ``steps`` batches one after the
+other (:func:`measure_standalone`); T_train, the eta = 0 run's step times summed
+(:func:`training_only_s`: at eta = 0 the rollout idles while a step trains); the ideal
+overlap bound (:func:`overlap_bound`) and each run's achieved speed-up over it.
+
+Workload: the tiny model and the synthetic task with its default long-tailed spec (the
+operator count k of a problem has P(k) ~ k^-1.5, so reference solutions run from 18 to
+~180 tokens, median ~40). An untrained model writes no solution: it ends a sample on EOS
+at random (about 1/300 per token for the tiny model), so its lengths would be roughly
+geometric and cut at the budget, unrelated to the task, and would differ from run to run.
+So each prompt carries a
+budget that follows its reference solution (the ``max_new_tokens`` column of the prompt
+file, :func:`solution_budgets`), and samples are generated to their budget with EOS
+ignored (``rollout.ignore_eos``): output lengths have the task's long tail and are the same
+in every run. Every configuration sees the same prompts in the same order (one seed for
+the prompt schedule, the servers and the trainer) and trains the same number of steps;
+with eta > 0 the trainer takes groups in the order they finish, so the trained samples
+may differ from eta = 0's (trained tokens/s accounts for that). The untrained model earns
+reward 0, so GRPO advantages are 0 and updates change no weight, but every step still
+costs its full forward, backward and optimizer work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.tasks.process_group import check_cpu_cores, usable_cpus
+from asyncrl.tasks.rollout.samples import INTERRUPT_MODES, InterruptMode
+
+if TYPE_CHECKING:
+    from asyncrl.configs.run_config import RunConfig
+    from asyncrl.tasks.run.rl import TrainResult
+
+STALENESS_COUNT_PREFIX = "staleness/count_"
+
+
+def split_cores() -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """(rollout CPUs, trainer CPUs): the first half of this process's usable CPUs (rounded
+    down) and the rest, e.g. ((0,), (1,)) on 2 CPUs; (None, None), no pinning, on 1 CPU."""
+    cpus = sorted(usable_cpus())
+    if len(cpus) < 2:
+        return None, None
+    half = len(cpus) // 2
+    return tuple(cpus[:half]), tuple(cpus[half:])
+
+
+@dataclass(frozen=True)
+class E2EBenchSettings:
+    """The sweep and its workload. The defaults (9 runs of 16 steps) took 12.5 minutes on 2
+    CPUs with another job using one of them; about 35 s of each run is start-up and shutdown."""
+
+    etas: tuple[int, ...] = (0, 1, 2, 4, 8)
+    """Staleness bounds; must include 0 (the synchronous baseline, run once)."""
+    modes: tuple[InterruptMode, ...] = INTERRUPT_MODES
+    """Interrupt modes of every eta > 0 (eta = 0 interrupts nothing: it runs with the first)."""
+    steps: int = 16
+    batch_groups: int = 4
+    n_samples: int = 4
+    max_new_tokens: int = 384
+    """Budget of the longest reference solution; shorter ones get proportionally less."""
+    max_prompt_tokens: int = 64
+    micro_batch_tokens: int = 1024
+    n_prompts: int = 256
+    seed: int = 0
+    rollout_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[0])
+    trainer_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[1])
+    kv_cache_gib: float = 1.0
+    work_dir: Path | None = None
+    """Model, prompt file, run roots and logs; None = a new temporary directory."""
+    json_path: Path | None = None
+    """Write the result here as JSON (after every configuration, so a long sweep keeps what it measured)."""
+
+    def __post_init__(self) -> None:
+        if not self.etas or any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in self.etas):
+            raise ValueError(f"etas: must be ints >= 0, got {self.etas!r}")
+        if 0 not in self.etas:
+            raise ValueError(f"etas: must include 0, the synchronous baseline of every speed-up; got {self.etas}")
+        if len(set(self.etas)) != len(self.etas):
+            raise ValueError(f"etas: a value repeats: {self.etas}")
+        if not self.modes or any(m not in INTERRUPT_MODES for m in self.modes) or len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"modes: must be distinct values of {list(INTERRUPT_MODES)}, got {self.modes!r}")
+        for name in ("steps", "batch_groups", "n_samples", "max_new_tokens", "max_prompt_tokens", "n_prompts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.micro_batch_tokens < self.max_prompt_tokens + self.max_new_tokens:
+            raise ValueError(
+                f"micro_batch_tokens: {self.micro_batch_tokens} is below max_prompt_tokens + "
+                f"max_new_tokens = {self.max_prompt_tokens + self.max_new_tokens}"
+            )
+        rollout = check_cpu_cores(self.rollout_cores, "rollout_cores")
+        trainer = check_cpu_cores(self.trainer_cores, "trainer_cores")
+        shared = sorted(set(rollout or ()) & set(trainer or ()))
+        if shared:
+            raise ValueError(
+                f"rollout_cores, trainer_cores: both hold CPU {', '.join(map(str, shared))}; "
+                "pin them to separate CPUs (or pin neither)"
+            )
+        object.__setattr__(self, "rollout_cores", rollout)
+        object.__setattr__(self, "trainer_cores", trainer)
+
+    def sweep(self) -> list[tuple[int, InterruptMode]]:
+        """(eta, mode) of every run: eta = 0 once, first; then each eta > 0 in each mode."""
+        return [(0, self.modes[0])] + [(eta, mode) for eta in sorted(self.etas) if eta > 0 for mode in self.modes]
+
+    def concurrency(self, eta: int) -> int:
+        """Most samples a run keeps in flight: c = (eta + 1) * B * n (the staleness gate admits
+        at most (i + eta + 1) * B groups while the servers hold version i)."""
+        return (eta + 1) * self.batch_groups * self.n_samples
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every run generates: group k's prompt token ids and budget, k < steps * B."""
+
+    model_dir: Path
+    train_path: Path
+    prompts: tuple[tuple[int, ...], ...]
+    budgets: tuple[int, ...]
+
+    def batches(self, batch_groups: int) -> list[range]:
+        """Group indices of each training step's batch, in admission order."""
+        return [range(start, start + batch_groups) for start in range(0, len(self.prompts), batch_groups)]
+
+
+# ----- the figures (plain functions of measured numbers) -----
+
+
+def solution_budgets(solution_tokens: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Per-prompt output budgets that follow the reference solutions' lengths L_i:
+
+        budget_i = max(1, ceil(max_new_tokens * L_i / max_j L_j))
+
+    so the longest solution gets ``max_new_tokens`` and the budgets keep the task's tail."""
+    if not solution_tokens:
+        return []
+    longest = max(max(solution_tokens), 1)
+    return [max(1, math.ceil(max_new_tokens * length / longest)) for length in solution_tokens]
+
+
+def rl_wall_s(step_metrics: Mapping[int, Mapping[str, float]], ready_at: float) -> float:
+    """W = max over steps of the step's metrics ``time`` (Unix, written once the step's
+    weights are published) - ``ready_at`` (every rollout server healthy, scheduler started)."""
+    if not step_metrics:
+        raise ValueError("rl_wall_s: no step was trained")
+    return max(float(m["time"]) for m in step_metrics.values()) - ready_at
+
+
+def trained_tokens(step_metrics: Mapping[int, Mapping[str, float]]) -> int:
+    """Sum over steps of ``sequence_tokens``: prompt + output tokens of every trained sample."""
+    return int(sum(m["sequence_tokens"] for m in step_metrics.values()))
+
+
+def training_only_s(step_metrics: Mapping[int, Mapping[str, float]]) -> float:
+    """Sum over steps of ``step_time_s`` (ledger record, RL step, weight publish): the time
+    the trainer computed, without its waits for data."""
+    return float(sum(m["step_time_s"] for m in step_metrics.values()))
+
+
+def staleness_counts(step_metrics: Mapping[int, Mapping[str, float]]) -> dict[int, int]:
+    """Samples per staleness value s (trainer version - oldest token version) over all steps:
+    the sum of each step's ``staleness/count_<s>`` (samples dropped as too stale included)."""
+    counts: Counter[int] = Counter()
+    for metrics in step_metrics.values():
+        for key, value in metrics.items():
+            if key.startswith(STALENESS_COUNT_PREFIX):
+                counts[int(key[len(STALENESS_COUNT_PREFIX) :])] += int(value)
+    return dict(sorted(counts.items()))
+
+
+def mean_packing_efficiency(step_metrics: Mapping[int, Mapping[str, float]]) -> float:
+    """Mean over steps of the step's packing efficiency (real tokens / token budget of its micro-batches)."""
+    return statistics.fmean(m["packing_efficiency"] for m in step_metrics.values())
+
+
+def overlap_bound(t_gen: float, t_train: float) -> float:
+    """Ideal speed-up of perfect overlap: (T_gen + T_train) / max(T_gen, T_train), between
+    1 (one side takes no time) and 2 (both take the same)."""
+    if t_gen < 0 or t_train < 0 or max(t_gen, t_train) == 0:
+        raise ValueError(f"overlap_bound: need times >= 0, not both 0; got T_gen={t_gen}, T_train={t_train}")
+    return (t_gen + t_train) / max(t_gen, t_train)
+
+
+def run_figures(
+    eta: int,
+    mode: str,
+    step_metrics: Mapping[int, Mapping[str, float]],
+    scheduler: Mapping[str, float],
+    ready_at: float,
+    standalone_tokens_per_s: float,
+) -> dict[str, Any]:
+    """One configuration's own figures:
+
+        wall_s                     = W (:func:`rl_wall_s`)
+        trained_tokens_per_s       = trained tokens (:func:`trained_tokens`) / W
+        gen_tokens_per_s           = output tokens of the samples the scheduler finished /
+                                     the scheduler's lifetime (ControllerStats.summary)
+        rollout_utilisation        = gen_tokens_per_s / the standalone tokens/s at the run's concurrency
+        weight_sync_stall_fraction = seconds generation was paused for weight updates / scheduler lifetime
+        packing_efficiency         = :func:`mean_packing_efficiency`
+        staleness_max, staleness_counts (:func:`staleness_counts`), dropped_stale = sum of ``dropped_stale``
+    """
+    wall = rl_wall_s(step_metrics, ready_at)
+    tokens = trained_tokens(step_metrics)
+    counts = staleness_counts(step_metrics)
+    gen = float(scheduler.get("gen_tokens_per_s", 0.0))
+    return {
+        "eta": eta,
+        "mode": mode,
+        "steps": len(step_metrics),
+        "wall_s": wall,
+        "trained_tokens": tokens,
+        "trained_tokens_per_s": tokens / wall,
+        "gen_tokens_per_s": gen,
+        "standalone_tokens_per_s": standalone_tokens_per_s,
+        "rollout_utilisation": gen / standalone_tokens_per_s,
+        "weight_sync_stall_fraction": float(scheduler.get("weight_sync_stall_fraction", 0.0)),
+        "weight_updates": int(scheduler.get("weight_updates", 0)),
+        "packing_efficiency": mean_packing_efficiency(step_metrics),
+        "staleness_max": max(counts, default=0),
+        "staleness_counts": counts,
+        "dropped_stale": int(sum(m.get("dropped_stale", 0.0) for m in step_metrics.values())),
+        "training_only_s": training_only_s(step_metrics),
+    }
+
+
+def compare_runs(runs: Sequence[Mapping[str, Any]], t_gen: float) -> dict[str, Any]:
+    """Figures across runs, against the eta = 0 run (the first without ``error``):
+
+        speedup            = W(eta = 0) / W
+        T_train            = training_only_s of the eta = 0 run
+        bound              = overlap_bound(T_gen, T_train)
+        speedup_over_bound = speedup / bound
+
+    Returns {"t_train_s", "overlap_bound", "runs": copies of ``runs`` with ``speedup`` and
+    ``speedup_over_bound`` added}; all None while no eta = 0 run succeeded."""
+    baseline = next((r for r in runs if r["eta"] == 0 and "error" not in r), None)
+    t_train = None if baseline is None else float(baseline["training_only_s"])
+    bound = None if t_train is None else overlap_bound(t_gen, t_train)
+    compared = []
+    for run in runs:
+        row = dict(run)
+        if baseline is not None and bound is not None and "error" not in run:
+            row["speedup"] = baseline["wall_s"] / run["wall_s"]
+            row["speedup_over_bound"] = row["speedup"] / bound
+        compared.append(row)
+    return {"t_train_s": t_train, "overlap_bound": bound, "runs": compared}
+
+
+# ----- the workload, the standalone measurement, the runs -----
+
+
+def prepare_workload(work: Path, settings: E2EBenchSettings) -> Workload:
+    """The tiny model, the synthetic prompts with their budgets (column ``max_new_tokens``),
+    and group k's prompt and budget exactly as the scheduler will draw them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from asyncrl.tasks.scheduler.controller import PromptSchedule, sample_budget
+    from asyncrl.tasks.run.components_setup import load_codec
+    from asyncrl.tasks.data.loader import BUDGET_FIELD, load_prompts
+    from asyncrl.tasks.data.prompting import render_prompt
+    from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, write_problems
+    from asyncrl.tasks.model.tiny import write_tiny_model
+
+    model_dir = work / "model"
+    if not (model_dir / "config.json").is_file():
+        write_tiny_model(model_dir, seed=settings.seed, overwrite=True)
+    codec, _ = load_codec(str(model_dir))
+    problems = make_arithmetic_dataset(settings.n_prompts, settings.seed)
+    budgets = solution_budgets([len(codec.encode(p.solution)) for p in problems], settings.max_new_tokens)
+    train_path = write_problems(work / "data" / "train.parquet", problems)
+    table = pq.read_table(train_path).append_column(BUDGET_FIELD, pa.array(budgets, pa.int32()))
+    pq.write_table(table, train_path)
+
+    schedule = PromptSchedule(load_prompts(train_path), seed=settings.seed)
+    records = [schedule.record(k) for k in range(settings.steps * settings.batch_groups)]
+    prompts = tuple(tuple(codec.encode(render_prompt(r.prompt, "plain"))) for r in records)
+    too_long = [len(p) for p in prompts if len(p) > settings.max_prompt_tokens]
+    if too_long:
+        raise ValueError(f"max_prompt_tokens: a prompt has {max(too_long)} tokens, over {settings.max_prompt_tokens}")
+    return Workload(
+        model_dir=model_dir,
+        train_path=train_path,
+        prompts=prompts,
+        budgets=tuple(sample_budget(r, settings.max_new_tokens) for r in records),
+    )
+
+
+def measure_standalone(workload: Workload, settings: E2EBenchSettings, work: Path) -> dict[str, Any]:
+    """The rollout server alone (same launch settings and CPUs as in the runs):
+
+        T_gen = seconds to generate the ``steps`` batches one after the other, each batch's
+                B * n samples in flight together (what a synchronous system waits for)
+        tokens/s at concurrency c = all steps * B * n samples with at most c in flight
+                (``measure_throughput`` of ``asyncrl bench rollout``), for each run's c
+
+    Each batch's requests use the prompt of its first group (prefill is a few dozen tokens;
+    decoding the budgets dominates); EOS is ignored, as in the runs."""
+    from asyncrl.tasks.rollout.bench import measure_throughput
+    from asyncrl.tasks.rollout.client import RolloutClient
+    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+
+    config = RolloutServerConfig(
+        model_dir=workload.model_dir,
+        kv_cache_gib=settings.kv_cache_gib,
+        max_model_len=settings.max_prompt_tokens + settings.max_new_tokens,
+        seed=settings.seed,
+        log_path=work / "standalone" / "server.log",
+        cpu_cores=settings.rollout_cores,
+    )
+    n = settings.n_samples
+    batches = workload.batches(settings.batch_groups)
+    all_lengths = [workload.budgets[k] for k in range(len(workload.budgets)) for _ in range(n)]
+    concurrencies = sorted({min(settings.concurrency(eta), len(all_lengths)) for eta in settings.etas})
+
+    async def measure(server: RolloutServer) -> dict[str, Any]:
+        async with RolloutClient([server.handle]) as client:
+            await client.generate_group(list(workload.prompts[0]), 4, 32, 1.0, ignore_eos=True)  # warm-up
+            per_batch = []
+            for batch in batches:
+                lengths = [workload.budgets[k] for k in batch for _ in range(n)]
+                row = await measure_throughput(client, list(workload.prompts[batch[0]]), lengths, len(lengths))
+                per_batch.append(row.seconds)
+            throughput = [
+                await measure_throughput(client, list(workload.prompts[0]), all_lengths, c) for c in concurrencies
+            ]
+        return {
+            "t_gen_s": sum(per_batch),
+            "batch_seconds": per_batch,
+            "gen_tokens": sum(all_lengths),
+            "throughput": [asdict(row) for row in throughput],
+        }
+
+    with RolloutServer(config) as server:
+        return asyncio.run(measure(server))
+
+
+def standalone_tokens_per_s(standalone: Mapping[str, Any], concurrency: int) -> float:
+    """The standalone tokens/s measured at the largest concurrency <= ``concurrency``
+    (the smallest measured one if none is)."""
+    rows = sorted(standalone["throughput"], key=lambda r: r["concurrency"])
+    fitting = [r for r in rows if r["concurrency"] <= concurrency]
+    return float((fitting[-1] if fitting else rows[0])["tokens_per_s"])
+
+
+def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path, eta: int, mode: str) -> RunConfig:
+    """The run config of one configuration: only eta and the interrupt mode differ between runs."""
+    from asyncrl.configs.loading import config_from_dict
+    from asyncrl.tasks.rollout.server import free_port
+
+    name = f"bench-e2e-eta{eta}-{mode}"
+    cores = {"rollout": settings.rollout_cores, "trainer": settings.trainer_cores}
+    return config_from_dict(
+        {
+            "name": name,
+            "seed": settings.seed,
+            "work_dir": str(work / "runs"),
+            "model": {"path": str(workload.model_dir)},
+            "data": {"train_path": str(workload.train_path), "max_prompt_tokens": settings.max_prompt_tokens},
+            "rollout": {
+                "base_port": free_port("127.0.0.1"),
+                "n_samples": settings.n_samples,
+                "max_new_tokens": settings.max_new_tokens,
+                "eta": eta,
+                "interrupt_mode": mode,
+                "ignore_eos": True,
+                "kv_cache_gib": settings.kv_cache_gib,
+                "shard_groups": 1,  # every finished group is written at once: no batching delay
+                "shard_seconds": 1.0,
+                "cpu_cores": None if cores["rollout"] is None else list(cores["rollout"]),
+            },
+            "trainer": {
+                "batch_groups": settings.batch_groups,
+                "max_steps": settings.steps,
+                "micro_batch_tokens": settings.micro_batch_tokens,
+                "checkpoint_every": settings.steps + 1,  # no checkpoint inside the timed phase
+                "optimizer": {"lr": 1.0e-5},
+                "cpu_cores": None if cores["trainer"] is None else list(cores["trainer"]),
+            },
+            "reward": {"pool": {"workers": 1}},
+            "storage": {"root": str(work / "runs" / name / "store")},
+            "tracking": {"mlflow_uri": f"sqlite:///{work / 'mlflow.db'}", "experiment": "bench-e2e"},
+        },
+        source=f"bench e2e ({name})",
+    )
+
+
+def workload_summary(workload: Workload, settings: E2EBenchSettings) -> dict[str, Any]:
+    budgets = sorted(workload.budgets)
+    return {
+        "groups": len(budgets),
+        "samples": len(budgets) * settings.n_samples,
+        "output_tokens": sum(budgets) * settings.n_samples,
+        "budget_mean": statistics.fmean(budgets),
+        "budget_p50": budgets[len(budgets) // 2],
+        "budget_p90": budgets[int(0.9 * (len(budgets) - 1))],
+        "budget_max": budgets[-1],
+    }
+
+
+def run_e2e_bench(settings: E2EBenchSettings, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Standalone measurement, then every configuration of ``settings.sweep()``; returns the
+    result (see :func:`format_tables`). A configuration that fails is recorded with its
+    ``error`` and the sweep goes on."""
+    from asyncrl.tasks.run.rl import train_run
+
+    say = progress or (lambda line: None)
+    work = settings.work_dir or Path(tempfile.mkdtemp(prefix="asyncrl-bench-e2e-"))
+    work.mkdir(parents=True, exist_ok=True)
+    workload = prepare_workload(work, settings)
+    say(f"workload ready in {work}; measuring the standalone server")
+    standalone = measure_standalone(workload, settings, work)
+    say(f"standalone: T_gen {standalone['t_gen_s']:.1f} s")
+    result: dict[str, Any] = {
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
+        "work_dir": str(work),
+        "workload": workload_summary(workload, settings),
+        "standalone": standalone,
+    }
+    runs: list[dict[str, Any]] = []
+    sweep = settings.sweep()
+    for index, (eta, mode) in enumerate(sweep, start=1):
+        config = bench_run_config(settings, workload, work, eta, mode)
+        try:
+            train = train_run(config)
+            run = run_figures(
+                eta, mode, train.step_metrics, train.scheduler, train.ready_at,
+                standalone_tokens_per_s(standalone, settings.concurrency(eta)),
+            )  # fmt: skip
+            run["train_run_wall_s"] = train.wall_s
+        except Exception as exc:  # noqa: BLE001 - recorded; the other configurations still run
+            run = {"eta": eta, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:4000]}
+        runs.append(run)
+        result.update(compare_runs(runs, standalone["t_gen_s"]))
+        if settings.json_path is not None:
+            settings.json_path.write_text(json.dumps(result, indent=1))
+        say(f"[{index}/{len(sweep)}] eta={eta} {mode}: " + (run.get("error") or f"wall {run['wall_s']:.1f} s"))
+    return result
+
+
+# ----- output -----
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def format_staleness(counts: Mapping[Any, int]) -> str:
+    """``{0: 40, 1: 8}`` -> ``0:40 1:8`` (staleness value: samples)."""
+    return " ".join(f"{s}:{c}" for s, c in sorted(counts.items(), key=lambda item: int(item[0])))
+
+
+def format_tables(result: Mapping[str, Any]) -> str:
+    """The workload, the standalone measurement, the bound, and one table row per run."""
+    w, s = result["workload"], result["standalone"]
+    lines = [
+        f"workload: {w['groups']} groups x {result['settings']['n_samples']} samples, output budget mean "
+        f"{w['budget_mean']:.0f}, p50 {w['budget_p50']}, p90 {w['budget_p90']}, max {w['budget_max']} tokens "
+        f"(long-tailed, EOS ignored); {result['settings']['steps']} steps of {result['settings']['batch_groups']} groups",
+        f"CPUs: rollout {result['settings']['rollout_cores']}, trainer {result['settings']['trainer_cores']}",
+        "standalone server: " + ", ".join(f"{r['tokens_per_s']:.0f} tokens/s at c={r['concurrency']}" for r in s["throughput"]),
+        f"T_gen {s['t_gen_s']:.1f} s (batch by batch), T_train {_fmt(result.get('t_train_s'), '.1f')} s "
+        f"(eta=0 step times): ideal overlap bound {_fmt(result.get('overlap_bound'), '.2f')}x",
+        "",
+        "| eta | mode | wall (s) | trained tok/s | speed-up | speed-up / bound | rollout util. | stall frac. "
+        "| packing eff. | staleness max | staleness (value:samples) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result.get("runs", []):
+        mode = "sync" if r["eta"] == 0 else r["mode"]
+        if "error" in r:
+            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 8)
+            continue
+        lines.append(
+            f"| {r['eta']} | {mode} | {r['wall_s']:.1f} | {r['trained_tokens_per_s']:.0f} | "
+            f"{_fmt(r.get('speedup'), '.2f')} | {_fmt(r.get('speedup_over_bound'), '.2f')} | "
+            f"{r['rollout_utilisation']:.2f} | {r['weight_sync_stall_fraction']:.3f} | {r['packing_efficiency']:.3f} | "
+            f"{r['staleness_max']} | {format_staleness(r['staleness_counts'])} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+
+
+def _cores(text: str) -> tuple[int, ...] | None:
+    return None if text.strip().lower() == "none" else parse_int_list(text)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def cmd_bench_e2e(args: argparse.Namespace) -> int:
+    defaults = E2EBenchSettings()
+    settings = E2EBenchSettings(
+        etas=args.etas,
+        modes=args.modes,  # type: ignore[arg-type]  # checked by the settings
+        steps=args.steps,
+        batch_groups=args.batch_groups,
+        n_samples=args.n_samples,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        rollout_cores=defaults.rollout_cores if args.rollout_cores == "auto" else _cores(args.rollout_cores),
+        trainer_cores=defaults.trainer_cores if args.trainer_cores == "auto" else _cores(args.trainer_cores),
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        json_path=Path(args.json) if args.json else None,
+    )
+    result = run_e2e_bench(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_tables(result))
+    print(json.dumps(result))
+    return 1 if any("error" in r for r in result["runs"]) else 0
+
+
+def add_e2e_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register ``e2e`` on the ``bench`` sub-command."""
+    parser = subparsers.add_parser(
+        "e2e", help="async speed-up end to end: eta = 0 vs eta > 0 in both interrupt modes, and the ideal overlap bound"
+    )
+    defaults = E2EBenchSettings()
+    parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated, must include 0 (default 0,1,2,4,8)")
+    parser.add_argument("--modes", type=_modes, default=defaults.modes, help="comma-separated interrupt modes (default recompute,keep)")
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps per run")
+    parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help="prompt groups per step (B)")
+    parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help="samples per prompt (n)")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
+                        help="budget of the longest reference solution")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--rollout-cores", default="auto", help="comma-separated CPU ids, 'auto' (first half) or 'none'")
+    parser.add_argument("--trainer-cores", default="auto", help="comma-separated CPU ids, 'auto' (second half) or 'none'")
+    parser.add_argument("--work-dir", default=None, help="keep the model, prompts, run roots and logs here")
+    parser.add_argument("--json", default=None, help="also write the result as JSON here (updated after every run)")
+    parser.set_defaults(handler=cmd_bench_e2e)
+    return parser

@@ -1,0 +1,196 @@
+"""The `pipeline` flow: `prepare-data` -> `init-model` (when asked) -> `sft` -> `train`
+(child flow run) -> `evaluate` -> `register`, each its own task or flow run.
+
+The batch stages are cached by content (:mod:`asyncrl.tasks.run.stage_cache`): their keys
+are built from their config section, the content of their inputs and the code version, and
+their results are persisted under the run's work directory. Re-running a config after a
+failure in RL skips data and SFT (state "Cached"); a changed setting or input file redoes the
+stage and everything after it; a stage whose outputs are gone runs again; ``refresh`` redoes
+every stage. The RL phase (`train`) is never cached: it resumes the run root.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.flows.train import train
+from asyncrl.storage import fs
+from asyncrl.tasks.run import stages
+from asyncrl.tasks.run.artifacts import artifact_key, publish_training_report
+from asyncrl.tasks.run.context import RunContext, open_run_context, run_paths
+from asyncrl.tasks.run.lineage_recorder import file_ref
+from asyncrl.tasks.run.progress import StageProgress, clear_progress
+
+SUMMARY_FILE = "summary.json"
+RESULTS_DIR = "prefect-results"
+
+
+@dataclass(frozen=True)
+class PipelineSummary:
+    run: str
+    steps: int
+    final_version: int
+    pass_at_1_before: float | None
+    pass_at_1_after: float | None
+    best_version: int | None
+    registered_model: str | None
+    registered_model_version: str | None
+    wall_s: float
+    train_wall_s: float
+    mlflow_uri: str
+    mlflow_run_id: str
+    storage_root: str
+    restarts: dict[str, int]
+    stages: dict[str, str]
+    """Stage -> how it ended this time (run or cached)."""
+
+
+def _config(parameters: dict[str, Any]) -> RunConfig:
+    config = parameters["config"]
+    return config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
+
+
+@task(name="prepare-data", cache_key_fn=lambda ctx, p: stages.data_key(_config(p)), persist_result=True)
+def prepare_data(config: RunConfig) -> dict[str, str]:
+    """Write the synthetic task (when configured) and check the data files; their digests."""
+    return stages.prepare_data(config)
+
+
+@task(name="init-model", cache_key_fn=lambda ctx, p: stages.model_key(_config(p)), persist_result=True)
+def init_model(config: RunConfig) -> str:
+    """Write the tiny model at model.path unless one is there; its content digest."""
+    return stages.init_model(config)
+
+
+@task(name="sft", cache_key_fn=lambda ctx, p: stages.sft_key(_config(p)), persist_result=True)
+def sft(config: RunConfig, data: dict[str, str], model: str | None) -> int:
+    """SFT warm start, published as the run root's first weight version. ``data`` and
+    ``model`` (the earlier stages' digests) order it after them; its key reads the files."""
+    return stages.run_sft(config, run_paths(config))
+
+
+@task(
+    name="evaluate",
+    cache_key_fn=lambda ctx, p: stages.evaluation_key(_config(p), run_paths(_config(p)), p["versions"]),
+    persist_result=True,
+)
+def evaluate(config: RunConfig, versions: list[int]) -> dict[str, dict[str, Any]]:
+    """Held-out pass@1 of ``versions`` on one vLLM server."""
+    return stages.eval_results_to_json(stages.evaluate_versions(config, run_paths(config), versions))
+
+
+@task(name="register")
+def register(config: RunConfig, run_id: str, logged_models: dict[int, str], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Evaluation metrics on each LoggedModel; the best version registered as `best`/`current`."""
+    from asyncrl.storage.lineage import RunLineage
+
+    lineage = RunLineage.resume(config.tracking.mlflow_uri, run_id)
+    best, registered = stages.register_best(config, lineage, logged_models, stages.eval_results_from_json(results))
+    return {"best_version": best, "registered_version": registered}
+
+
+def run_stage(stage_task: Any, config: RunConfig, refresh: bool, outputs_present: bool, *args: Any) -> tuple[Any, str]:  # noqa: ANN401
+    """Run a cached stage; a stage whose outputs are gone (or ``refresh``) is run again.
+    Returns its result and whether it ran or came from the cache."""
+    results = Path(config.work_dir) / config.name / RESULTS_DIR
+    options = stage_task.with_options(result_storage=results, refresh_cache=refresh or not outputs_present)
+    state = options(config, *args, return_state=True)
+    how = "cached" if state.name == "Cached" else "run"
+    if how == "cached":
+        StageProgress(Path(config.work_dir) / config.name, config.name, stage_task.name, 1, "stage").finish(
+            "cached", state="cached"
+        )
+    return state.result(), how
+
+
+def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> PipelineSummary:
+    """The stages in order (see the module docstring)."""
+    logger = get_run_logger()
+    started = time.monotonic()
+    how: dict[str, str] = {}
+    data, how["prepare-data"] = run_stage(prepare_data, config, refresh, stages.data_present(config))
+    model = None
+    if config.pipeline.init_tiny_model:
+        model, how["init-model"] = run_stage(init_model, config, refresh, stages.model_present(config))
+    if config.pipeline.sft_steps:
+        _, how["sft"] = run_stage(sft, config, refresh, stages.sft_present(config, context.paths), data, model)
+        if config.data.sft_path:
+            context.lineage.log_dataset(file_ref(config.data.sft_path, Path(config.data.sft_path).name), context="sft")
+    logger.info("stages so far: %s", how)
+    trained = train.with_options(flow_run_name=f"{config.name}-train")(config, mlflow_owned=False)
+    logged_models = {int(k): v for k, v in trained["logged_models"].items()}
+    step_metrics = {int(k): v for k, v in trained["step_metrics"].items()}
+    publish_training_report(config.name, step_metrics, trained["scheduler"], trained["wall_s"], trained["final_version"])
+    versions = sorted({min(logged_models, default=0), trained["final_version"]})
+    results: dict[str, dict[str, Any]] = {}
+    if config.data.eval_path:
+        results, how["evaluate"] = run_stage(evaluate, config, refresh, True, versions)
+    registered = register(config, context.lineage.run_id, logged_models, results)
+    before, after = results.get(str(versions[0])), results.get(str(versions[-1]))
+    return PipelineSummary(
+        run=config.name,
+        steps=trained["steps"],
+        final_version=trained["final_version"],
+        pass_at_1_before=None if before is None else before["pass_at_1"],
+        pass_at_1_after=None if after is None else after["pass_at_1"],
+        best_version=registered["best_version"],
+        registered_model=config.pipeline.registered_model if registered["registered_version"] else None,
+        registered_model_version=registered["registered_version"],
+        wall_s=time.monotonic() - started,
+        train_wall_s=trained["wall_s"],
+        mlflow_uri=config.tracking.mlflow_uri,
+        mlflow_run_id=context.lineage.run_id,
+        storage_root=context.paths.root.uri,
+        restarts=trained["restarts"],
+        stages=how,
+    )
+
+
+def summary_markdown(summary: PipelineSummary) -> str:
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f}%"
+
+    return "\n".join(
+        [
+            f"# asyncrl run `{summary.run}`",
+            "",
+            "| figure | value |",
+            "| --- | --- |",
+            f"| held-out pass@1 before RL | {pct(summary.pass_at_1_before)} |",
+            f"| held-out pass@1 after RL | {pct(summary.pass_at_1_after)} |",
+            f"| steps | {summary.steps} |",
+            f"| final weight version | {summary.final_version} |",
+            f"| wall time | {summary.wall_s:.0f} s (RL {summary.train_wall_s:.0f} s) |",
+            f"| stages | {', '.join(f'{k}: {v}' for k, v in summary.stages.items())} |",
+            f"| component restarts | {sum(summary.restarts.values())} |",
+            f"| MLflow | {summary.mlflow_uri}, run {summary.mlflow_run_id} |",
+            f"| storage | {summary.storage_root} |",
+        ]
+    )
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline(config: RunConfig, refresh: bool = False) -> dict[str, Any]:
+    """Prepare data, optional SFT warm start, asynchronous RL, evaluation, registration;
+    ``refresh`` redoes the cached stages."""
+    context = open_run_context(config)
+    clear_progress(context.paths.work_dir)
+    try:
+        summary = pipeline_stages(config, context, refresh)
+    except BaseException as exc:
+        context.lineage.end("FAILED" if isinstance(exc, Exception) else "KILLED")
+        raise
+    context.lineage.end()
+    fs.put_atomic_replace(context.paths.root, SUMMARY_FILE, json.dumps(asdict(summary), indent=1).encode())
+    create_markdown_artifact(
+        summary_markdown(summary), key=artifact_key(config.name, "summary"), description="asyncrl run summary"
+    )
+    return asdict(summary)

@@ -1,0 +1,122 @@
+"""The `train` flow: asynchronous RL with every component as a concurrent Prefect run —
+task runs `rollout-server-{k}`, `reward-service` and `trainer`, and the `scheduler` child
+flow run — each supervised and restarted on a crash (:mod:`asyncrl.tasks.run.rl`).
+
+States tell the truth: a component's run is Running while it is up, Failed with its error
+and log tail past its restart budget (the other components are then stopped and show
+Cancelled, and the flow fails naming the component), Completed when the run ends
+normally. Cancelling the flow run (UI, API, ``prefect flow-run cancel``) stops every
+component; the ``on_cancellation``/``on_crashed`` hooks kill whatever process groups are
+still recorded, also when the flow process itself was SIGKILLed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture, wait
+from prefect.states import Cancelled
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.flows.scheduler import scheduler
+from asyncrl.tasks.run.artifacts import StepProgressArtifact, publish_training_report
+from asyncrl.tasks.run.context import RunContext, open_run_context
+from asyncrl.tasks.run.rl import (
+    ComponentKind,
+    RLRunSettings,
+    RunStop,
+    TrainResult,
+    restart_policy,
+    run_rl,
+)
+from asyncrl.tasks.run.progress import StageProgress
+from asyncrl.tasks.run.prefect_reporting import kill_run_processes, report_event
+from asyncrl.tasks.run.supervisor import ComponentOutcome
+
+
+@task(cache_policy=NO_CACHE)
+def component(work: Callable[[], ComponentOutcome], stop: RunStop) -> Any:  # noqa: ANN401 - a dict or a State
+    """One component for the life of the run (named per component by :class:`PrefectRunner`)."""
+    outcome = work()
+    if outcome.end == "stopped" and stop.cancelled:
+        return Cancelled(message=f"{outcome.component} stopped: {stop.reason}")
+    return asdict(outcome)
+
+
+@task(name="scheduler", cache_policy=NO_CACHE)
+def scheduler_child(config: RunConfig, work: Callable[[], ComponentOutcome], stop: RunStop) -> Any:  # noqa: ANN401
+    """Runs the `scheduler` flow as a child flow run beside the other components."""
+    return scheduler.with_options(flow_run_name=f"{config.name}-scheduler")(config, work=work, stop=stop)
+
+
+class PrefectRunner:
+    """Submits each component's supervision as a task run named after it; the scheduler's as
+    the `scheduler` child flow."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.futures: list[PrefectFuture[Any]] = []
+
+    def __call__(self, name: str, kind: ComponentKind, work: Callable[[], ComponentOutcome], stop: RunStop) -> None:
+        if kind == "scheduler":
+            submitted = scheduler_child.with_options(task_run_name="scheduler").submit(self.config, work, stop)
+        else:
+            submitted = component.with_options(name=kind, task_run_name=name).submit(work, stop)
+        self.futures.append(submitted)
+
+
+def run_train(
+    config: RunConfig, context: RunContext, progress: Callable[[int, int, dict[str, float]], None] | None = None
+) -> TrainResult:
+    """The RL phase with one Prefect run per component (must run inside a flow)."""
+    runner = PrefectRunner(config)
+    settings = RLRunSettings(restart_policy(config))
+    try:
+        return run_rl(config, context.paths, settings, runner, context=context, on_event=report_event, progress=progress)
+    finally:
+        wait(runner.futures)
+
+
+@flow(name="train", log_prints=True, on_cancellation=[kill_run_processes], on_crashed=[kill_run_processes])
+def train(config: RunConfig, mlflow_owned: bool = True) -> dict[str, Any]:
+    """Asynchronous RL until `trainer.max_steps` steps are trained; resumes a run root that
+    has steps already. ``mlflow_owned``: end the run's MLflow run with the flow (the pipeline
+    passes False: it owns the MLflow run and ends it after evaluation)."""
+    logger = get_run_logger()
+    context = open_run_context(config)
+    artifact = StepProgressArtifact(config.name, config.trainer.max_steps)
+    stage = StageProgress(context.paths.work_dir, config.name, "train", config.trainer.max_steps, "steps", artifact=False)
+
+    def progress(step: int, total: int, metrics: dict[str, float]) -> None:
+        reward = metrics.get("reward_mean", float("nan"))
+        logger.info("RL step %d/%d: reward %.3f", step, total, reward)
+        artifact(step, total)
+        stage.update(step, f"reward {reward:.3f}")
+
+    try:
+        result = run_train(config, context, progress)
+    except BaseException as exc:
+        # A cancelled run (Prefect's SIGTERM -> TerminationSignal) or Ctrl-C is KILLED, not FAILED.
+        context.lineage.end("FAILED" if isinstance(exc, Exception) else "KILLED")
+        raise
+    stage.finish(f"{result.steps} steps, weight version {result.final_version}")
+    if mlflow_owned:
+        context.lineage.end()
+    logger.info("trained %d steps to version %d in %.0f s; restarts: %s", result.steps, result.final_version,
+                result.wall_s, result.restarts)  # fmt: skip
+    publish_training_report(config.name, result.step_metrics, result.scheduler, result.wall_s, result.final_version)
+    return {
+        "steps": result.steps,
+        "final_version": result.final_version,
+        "wall_s": result.wall_s,
+        "mlflow_run_id": result.mlflow_run_id,
+        "logged_models": {str(k): v for k, v in result.logged_models.items()},
+        "restarts": result.restarts,
+        "scheduler": result.scheduler,
+        "step_metrics": {str(k): v for k, v in result.step_metrics.items()},
+    }
+

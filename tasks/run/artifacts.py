@@ -1,0 +1,129 @@
+"""What a run shows in the Prefect UI: a progress artifact updated per trained step, and a
+markdown report (reward curve and throughput) when training ends.
+
+Both need a flow-run context; the plain-Python runners (``train_run``)
+take the progress callback from here only when a flow calls them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+
+SPARK_LEVELS = "▁▂▃▄▅▆▇█"
+CURVE_ROWS = 25
+"""Most steps listed in the report's table (evenly spaced, first and last always in)."""
+
+
+def artifact_key(run_name: str, suffix: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from the run name."""
+    base = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-") or "run"
+    return f"{base}-{suffix}"
+
+
+class StepProgressArtifact:
+    """A Prefect progress artifact of the RL steps; call it with ``(step, total)``.
+
+    progress = 100 * step / total (percent).
+    """
+
+    def __init__(self, run_name: str, total_steps: int) -> None:
+        self.total_steps = total_steps
+        self.artifact_id = create_progress_artifact(
+            progress=0.0,
+            key=artifact_key(run_name, "rl-progress"),
+            description=f"RL steps of run {run_name} (of {total_steps})",
+        )
+
+    def __call__(self, step: int, total: int) -> None:
+        update_progress_artifact(self.artifact_id, progress=min(100.0, 100.0 * step / max(total, 1)))
+
+
+def sparkline(values: list[float]) -> str:
+    """One block character per value, scaled between the series' min and max
+    (level = round((v - min) / (max - min) * 7)); NaN shows as a space."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return ""
+    low, high = min(finite), max(finite)
+    span = high - low
+    top = len(SPARK_LEVELS) - 1
+    return "".join(
+        " " if not math.isfinite(v) else SPARK_LEVELS[0 if span == 0 else round((v - low) / span * top)]
+        for v in values
+    )
+
+
+def _sampled_steps(steps: list[int], rows: int) -> list[int]:
+    if len(steps) <= rows:
+        return steps
+    picks = {steps[round(i * (len(steps) - 1) / (rows - 1))] for i in range(rows)}
+    return sorted(picks)
+
+
+def training_report_markdown(
+    run_name: str,
+    step_metrics: Mapping[int, Mapping[str, float]],
+    rollout: Mapping[str, float],
+    wall_s: float,
+    final_version: int,
+) -> str:
+    """The reward curve (``reward_mean`` per step) and throughput of a finished run.
+
+    Trained tokens/s per step = sequence tokens / (proximal + update time) (the trainer's
+    ``tokens_per_s``); the run figure is the mean over steps.
+    """
+    steps = sorted(step_metrics)
+    rewards = [float(step_metrics[s].get("reward_mean", math.nan)) for s in steps]
+    throughputs = [float(step_metrics[s].get("tokens_per_s", math.nan)) for s in steps]
+    finite_tp = [t for t in throughputs if math.isfinite(t)]
+
+    def fmt(value: Any, spec: str) -> str:
+        return "n/a" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
+
+    lines = [
+        f"# RL run `{run_name}`",
+        "",
+        f"Reward curve (mean reward per step, {len(steps)} steps): `{sparkline(rewards)}`",
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+        f"| steps | {len(steps)} |",
+        f"| final weight version | {final_version} |",
+        f"| wall time | {wall_s:.0f} s |",
+        f"| reward, first -> last step | {fmt(rewards[0] if rewards else None, '.3f')} -> "
+        f"{fmt(rewards[-1] if rewards else None, '.3f')} |",
+        f"| trained tokens/s (mean over steps) | {fmt(sum(finite_tp) / len(finite_tp) if finite_tp else None, '.0f')} |",
+        f"| generated tokens/s | {fmt(rollout.get('gen_tokens_per_s'), '.0f')} |",
+        f"| weight-sync stall fraction | {fmt(rollout.get('weight_sync_stall_fraction'), '.3f')} |",
+        f"| groups written / admitted | {fmt(rollout.get('groups_written'), '.0f')} / {fmt(rollout.get('admitted'), '.0f')} |",
+        "",
+        "| step | reward mean | staleness max | trained tokens/s | step time (s) |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for step in _sampled_steps(steps, CURVE_ROWS):
+        m = step_metrics[step]
+        lines.append(
+            f"| {step} | {fmt(m.get('reward_mean'), '.3f')} | {fmt(m.get('staleness_max'), '.0f')} | "
+            f"{fmt(m.get('tokens_per_s'), '.0f')} | {fmt(m.get('step_time_s'), '.1f')} |"
+        )
+    return "\n".join(lines)
+
+
+def publish_training_report(
+    run_name: str,
+    step_metrics: Mapping[int, Mapping[str, float]],
+    rollout: Mapping[str, float],
+    wall_s: float,
+    final_version: int,
+) -> None:
+    """The training report as a Prefect markdown artifact (key ``<run>-rl-report``)."""
+    create_markdown_artifact(
+        training_report_markdown(run_name, step_metrics, rollout, wall_s, final_version),
+        key=artifact_key(run_name, "rl-report"),
+        description=f"reward curve and throughput of run {run_name}",
+    )

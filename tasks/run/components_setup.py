@@ -1,0 +1,172 @@
+"""The parts of an RL run that its components share: the tokenizer codec, the weights the
+rollout servers start from and their launch configs, the rollout controller on its own
+event loop (run by the scheduler process), and the trainer's launch.
+
+Imports stay light (no Prefect or MLflow), so a restarted scheduler process is back quickly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.tasks.run.context import RunPaths
+from asyncrl.tasks.scheduler.controller import ControllerSettings, ControllerStats, PromptSchedule, RolloutController
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.data.loader import PromptRecord
+from asyncrl.tasks.data.prompting import render_prompt
+from asyncrl.tasks.reward.remote import RemoteRewardScorer
+from asyncrl.tasks.rollout.client import RolloutClient
+from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
+from asyncrl.tasks.rollout.weight_sync import fetch_weight_version, update_server_weights
+
+if TYPE_CHECKING:
+    from asyncrl.tasks.trainer.process import TrainerLaunch
+
+
+class HFCodec:
+    """Prompt text <-> token ids with the model's own tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+
+def load_codec(model_dir: str) -> tuple[HFCodec, tuple[int, ...]]:
+    """The tokenizer and the stop token ids (eos of the tokenizer and generation config)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    stop: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        stop.add(int(tokenizer.eos_token_id))
+    try:
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        eos = None
+    stop.update([eos] if isinstance(eos, int) else list(eos or []))
+    return HFCodec(tokenizer), tuple(sorted(stop))
+
+
+def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int]:
+    """The weights the rollout servers start with: the newest published version (a resumed
+    run, or the SFT warm start of the pipeline), else `model.path` as version 0."""
+    latest = WeightStore(paths.root).latest()
+    if latest is None:
+        return Path(config.model.path), 0
+    model_dir, _ = fetch_weight_version(
+        config.storage.root, dict(config.storage.options), latest, paths.work_dir / "weights-cache"
+    )
+    return model_dir, latest
+
+
+def server_configs(config: RunConfig, paths: RunPaths, model_dir: Path) -> list[RolloutServerConfig]:
+    rollout = config.rollout
+    return [
+        RolloutServerConfig(
+            model_dir=model_dir,
+            host=rollout.host,
+            port=0 if rollout.base_port == 0 else rollout.base_port + index,
+            api_key=None if rollout.api_key is None else rollout.api_key.get_secret_value(),
+            kv_cache_gib=rollout.kv_cache_gib,
+            max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
+            seed=config.seed + index,
+            log_path=paths.log(f"rollout-{index}.log"),
+            cpu_cores=rollout.cpu_cores,
+        )
+        for index in range(rollout.num_servers)
+    ]
+
+
+def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_groups: int | None) -> ControllerSettings:
+    rollout = config.rollout
+    return ControllerSettings(
+        run_id=config.name,
+        batch_groups=config.trainer.batch_groups,
+        eta=rollout.eta,
+        n_samples=rollout.n_samples,
+        max_new_tokens=rollout.max_new_tokens,
+        max_prompt_tokens=config.data.max_prompt_tokens,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=rollout.ignore_eos,
+        shard_groups=rollout.shard_groups,
+        shard_seconds=rollout.shard_seconds,
+        weight_poll_seconds=rollout.weight_poll_seconds,
+        seed=config.seed,
+        max_groups=max_groups,
+    )
+
+
+def run_scheduler(
+    config: RunConfig,
+    paths: RunPaths,
+    handles: list[RolloutServerHandle],
+    prompts: list[PromptRecord],
+    stop: threading.Event,
+    initial_version: int,
+    max_groups: int | None = None,
+) -> ControllerStats:
+    """The rollout controller on its own event loop, scoring through the run's reward
+    service, until `stop` is set (or, with `max_groups`, until that many groups are admitted
+    and produced)."""
+    codec, stop_ids = load_codec(config.model.path)
+    options = dict(config.storage.options)
+
+    def loader(version: int) -> Callable[[RolloutServerHandle], Any]:
+        cache = str(paths.work_dir / "weights-cache")
+        return lambda handle: update_server_weights(handle, config.storage.root, options, version, cache_dir=cache)
+
+    async def main() -> ControllerStats:
+        stop_async = asyncio.Event()
+
+        async def relay_stop() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.2)
+            stop_async.set()
+
+        relay = asyncio.create_task(relay_stop())
+        try:
+            async with RolloutClient(
+                handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version
+            ) as client, RemoteRewardScorer(paths.root) as scorer:
+                controller = RolloutController(
+                    controller_settings(config, stop_ids, max_groups=max_groups),
+                    paths.root,
+                    PromptSchedule(prompts, seed=config.seed),
+                    render=lambda record: render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer),
+                    codec=codec,
+                    generator=client,
+                    scorer=scorer,
+                    weight_loader=loader,
+                )
+                return await controller.run(stop_async)
+        finally:
+            relay.cancel()
+
+    return asyncio.run(main())
+
+
+def rl_trainer_launch(config: RunConfig, paths: RunPaths) -> TrainerLaunch:
+    """The RL trainer process of the run: the private config, `logs/trainer.log`, metrics in
+    `trainer-metrics.jsonl` of the work directory, pinned to `trainer.cpu_cores`."""
+    from asyncrl.tasks.trainer.process import TrainerLaunch  # imports Prefect: only where a trainer starts
+
+    return TrainerLaunch(
+        config_path=paths.private_config,
+        log_path=paths.log("trainer.log"),
+        mode="rl",
+        work_dir=paths.work_dir / "trainer",
+        metrics_file=paths.work_dir / "trainer-metrics.jsonl",
+        cpu_cores=config.trainer.cpu_cores,
+    )

@@ -1,0 +1,36 @@
+"""What the flows tell Prefect about a run's components: a log line and an event per
+restart and failure, and the hook that kills a cancelled or crashed run's process groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.events import emit_event
+
+from asyncrl.tasks.run.rl import kill_recorded_groups
+from asyncrl.tasks.run.supervisor import ComponentEvent
+
+
+def report_event(event: ComponentEvent) -> None:
+    """A Prefect log line and an event (``asyncrl.component.restarting`` / ``.failed``) per
+    restart and failure, for the UI and automations."""
+    if event.kind not in ("restarting", "failed"):
+        return
+    get_run_logger().warning("%s %s: %s", event.component, event.kind, event.detail)
+    emit_event(
+        event=f"asyncrl.component.{event.kind}",
+        resource={"prefect.resource.id": f"asyncrl.component.{event.component}"},
+        payload={"detail": event.detail, "restarts": event.restarts},
+    )
+
+
+def kill_run_processes(flow: Any, flow_run: Any, state: Any) -> None:  # noqa: ANN401 - Prefect's hook signature
+    """Flow hook (cancelled or crashed): SIGKILL the process groups the run recorded. It runs
+    in the worker after the flow process is gone, so it finds them through the run's
+    ``process-groups.json`` (named by the ``config`` parameter's work_dir and name)."""
+    config = flow_run.parameters.get("config") or {}
+    work_dir, name = config.get("work_dir"), config.get("name")
+    if work_dir and name:
+        kill_recorded_groups(Path(work_dir) / name)

@@ -1,0 +1,374 @@
+"""The asynchronous RL phase of a run as plain Python: every component (rollout servers,
+reward service, trainer, scheduler) under its own :func:`~asyncrl.tasks.run.supervisor.supervise`,
+started through a :class:`ComponentRunner` — plain threads here and in `asyncrl chaos`, one
+Prefect task run each (the scheduler as a child flow run) in the `train` flow.
+
+The run ends when the trainer has trained ``trainer.max_steps`` steps (and, with
+``drain``, the scheduler has written every admitted group); then every component is
+stopped. The first component that fails past its restart budget stops all the others and
+its :class:`~asyncrl.tasks.run.supervisor.ComponentFailed` is raised; so is any exception
+(a cancel's ``TerminationSignal`` included) that reaches :func:`run_rl`: every process group
+is killed on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, cast
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.tasks.data.loader import load_prompts
+from asyncrl.tasks.process_group import group_alive
+from asyncrl.tasks.reward.registry import TOKEN_ENV
+from asyncrl.tasks.run.components import (
+    Component,
+    reward_component,
+    run_rollout_component,
+    scheduler_component,
+    sigkill_group,
+    trainer_component,
+)
+from asyncrl.tasks.run.components_setup import rl_trainer_launch
+from asyncrl.tasks.run.context import RunContext, RunPaths, open_run_context
+from asyncrl.tasks.run.lineage_recorder import LineageRecorder, file_ref
+from asyncrl.tasks.run.supervisor import (
+    ComponentEvent,
+    ComponentFailed,
+    ComponentOutcome,
+    ComponentStatus,
+    RestartPolicy,
+    supervise,
+)
+from asyncrl.tasks.scheduler.main import CYCLE_STATS_FILE, combine_cycle_stats, final_step_published, read_cycle_stats
+
+LOG = logging.getLogger("asyncrl.run")
+ComponentKind = Literal["rollout-server", "reward-service", "trainer", "scheduler"]
+PROCESS_GROUPS_FILE = "process-groups.json"
+
+
+class RunStop:
+    """The run's one stop signal, with why it was given: ``finished`` (a normal end: the
+    components that were stopped are Completed) or anything else (they are Cancelled)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = "finished"
+
+    def request(self, reason: str) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.event.is_set() and self.reason != "finished"
+
+
+class ComponentRunner(Protocol):
+    """Starts ``work`` (one component's supervision) concurrently and returns at once."""
+
+    def __call__(self, name: str, kind: ComponentKind, work: Callable[[], ComponentOutcome], stop: RunStop) -> None: ...
+
+
+@dataclass
+class ThreadRunner:
+    """A thread per component (`asyncrl chaos`, benchmarks, tests of the plain function)."""
+
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def __call__(self, name: str, kind: ComponentKind, work: Callable[[], ComponentOutcome], stop: RunStop) -> None:
+        thread = threading.Thread(target=work, name=f"asyncrl-{name}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+
+class ProcessGroupFile:
+    """The live components' process groups, in ``process-groups.json`` of the run's work
+    directory, so that a flow's cancel or crash hook (which runs in the worker after the flow
+    process is gone) can kill them: :func:`kill_recorded_groups`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._groups: dict[str, int] = {}
+
+    def update(self, name: str, pgid: int | None) -> None:
+        with self._lock:
+            if pgid is None or pgid <= 0:
+                self._groups.pop(name, None)
+            else:
+                self._groups[name] = pgid
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._groups))
+            tmp.replace(self.path)
+
+
+def kill_recorded_groups(work_dir: Path) -> list[int]:
+    """SIGKILL every process group recorded in ``work_dir``'s ``process-groups.json`` that
+    still exists; return those killed."""
+    path = work_dir / PROCESS_GROUPS_FILE
+    try:
+        groups = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+    killed = []
+    for pgid in set(groups.values()):
+        if isinstance(pgid, int) and pgid > 0 and group_alive(pgid):
+            sigkill_group(pgid)
+            killed.append(pgid)
+    return killed
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: int
+    final_version: int
+    wall_s: float
+    mlflow_run_id: str | None
+    logged_models: dict[int, str]
+    scheduler: dict[str, float]
+    """The scheduler's figures over all its cycles (:func:`combine_cycle_stats`)."""
+    step_metrics: dict[int, dict[str, float]]
+    """The trainer's metrics of each step (reward, staleness, throughput, ...)."""
+    restarts: dict[str, int]
+    """Restarts per component name."""
+    ready_at: float = 0.0
+    """Unix time at which every rollout server was ready: the start of the RL phase (the step
+    metrics' ``time`` is on the same clock)."""
+
+
+@dataclass
+class RLRunSettings:
+    policy: RestartPolicy
+    drain: bool = False
+    """Wait until the scheduler has written every admitted group (chaos audits need it)."""
+    drain_timeout_s: float = 300.0
+    poll_s: float = 0.5
+
+
+def restart_policy(config: RunConfig) -> RestartPolicy:
+    """The supervisor's policy from the config's ``run`` section."""
+    run = config.run
+    return RestartPolicy(
+        max_restarts=run.max_restarts, backoff_s=run.restart_backoff_s, start_timeout_s=run.component_start_timeout_s
+    )
+
+
+def run_components(config: RunConfig, paths: RunPaths, drain: bool) -> list[tuple[ComponentKind, Component]]:
+    """The run's components in start order: servers, reward service, trainer, scheduler. The
+    reward service and the scheduler share a token (``ASYNCRL_REWARD_TOKEN`` if set, else a
+    fresh one per run)."""
+    token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
+    servers: list[tuple[ComponentKind, Component]] = [
+        ("rollout-server", run_rollout_component(i, config, paths)) for i in range(config.rollout.num_servers)
+    ]
+    return [
+        *servers,
+        ("reward-service", reward_component(paths, token)),
+        ("trainer", trainer_component(rl_trainer_launch(config, paths))),
+        ("scheduler", scheduler_component(config, paths, drain=drain, reward_token=token)),
+    ]
+
+
+def run_rl(
+    config: RunConfig,
+    paths: RunPaths,
+    settings: RLRunSettings,
+    runner: ComponentRunner,
+    context: RunContext | None = None,
+    on_event: Callable[[ComponentEvent], None] | None = None,
+    progress: Callable[[int, int, dict[str, float]], None] | None = None,
+    tick: Callable[[dict[str, ComponentStatus]], None] | None = None,
+) -> TrainResult:
+    """The RL phase (see the module docstring). ``context`` gives the MLflow run that the
+    steps, versions and restarts are logged to (None: no MLflow, as in chaos); ``tick`` is
+    called each poll with the components' statuses (the chaos kill plan)."""
+    started = time.monotonic()
+    prompts = load_prompts(config.data.train_path)  # a bad data file fails before anything starts
+    if not prompts:
+        raise ValueError(f"{config.data.train_path}: no prompts")
+    recorder = None
+    if context is not None:
+        context.lineage.log_dataset(file_ref(config.data.train_path, Path(config.data.train_path).name))
+        recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / "trainer-metrics.jsonl")
+        recorder.adopt_logged_versions()
+    if final_step_published(paths.root, config.trainer.max_steps):
+        # A re-run of a finished run: nothing to train, no component to start.
+        LOG.info("the run root already holds the weights of step %d: nothing to train", config.trainer.max_steps)
+        if recorder is not None:
+            recorder.poll()
+        return _result(config, paths, recorder, {}, started, 0.0)
+    groups = ProcessGroupFile(paths.work_dir / PROCESS_GROUPS_FILE)
+    stop = RunStop()
+    statuses: dict[str, ComponentStatus] = {}
+    futures: dict[str, Future[ComponentOutcome]] = {}
+
+    def handle(event: ComponentEvent) -> None:
+        groups.update(event.component, None if event.kind == "stopped" else event.pgid)
+        if event.kind in ("restarting", "failed", "exited"):
+            LOG.warning("%s %s: %s", event.component, event.kind, event.detail)
+        if on_event is not None:
+            on_event(event)
+
+    for kind, component in run_components(config, paths, settings.drain):
+        statuses[component.name] = ComponentStatus(component.name)
+        futures[component.name] = _launch(runner, kind, component, stop, settings.policy, handle, statuses)
+    ready_at = 0.0
+    reported = 0
+    try:
+        while True:
+            _raise_first_failure(futures, stop)
+            if not ready_at and all(s.ready for n, s in statuses.items() if n.startswith("rollout-server")):
+                ready_at = time.time()
+            if recorder is not None:
+                recorder.poll()
+            step = _last_step(paths.work_dir / "trainer-metrics.jsonl", recorder)
+            if progress is not None and step[0] > reported:
+                reported = step[0]
+                progress(step[0], config.trainer.max_steps, step[1])
+            if tick is not None:
+                tick(statuses)
+            if futures["trainer"].done() and _trainer_finished(futures, settings, started):
+                break
+            wait(list(futures.values()), timeout=settings.poll_s, return_when=FIRST_EXCEPTION)
+        if recorder is not None:
+            recorder.poll()  # the last step's metrics and version
+    except BaseException as exc:
+        stop.request("cancelled" if not isinstance(exc, Exception) else f"failed: {exc}")
+        raise
+    finally:
+        stop.request("finished")
+        wait(list(futures.values()), timeout=120.0)
+    restarts = {name: s.restarts for name, s in statuses.items()}
+    if context is not None:
+        context.lineage.log_metrics(config.trainer.max_steps, {f"restarts/{k}": float(v) for k, v in restarts.items()})
+    return _result(config, paths, recorder, restarts, started, ready_at)
+
+
+def _result(
+    config: RunConfig,
+    paths: RunPaths,
+    recorder: LineageRecorder | None,
+    restarts: dict[str, int],
+    started: float,
+    ready_at: float,
+) -> TrainResult:
+    """The run's result from what it left: the recorder's versions and metrics, the
+    scheduler's cycle figures (logged to MLflow with the run's last step)."""
+    scheduler_stats = combine_cycle_stats(read_cycle_stats(paths.work_dir / CYCLE_STATS_FILE))
+    if not scheduler_stats:
+        LOG.warning("the scheduler recorded no cycle figures in %s", paths.work_dir / CYCLE_STATS_FILE)
+    elif recorder is not None:
+        recorder.lineage.log_metrics(config.trainer.max_steps, {f"rollout_{k}": v for k, v in scheduler_stats.items()})
+    logged = dict(recorder.logged_versions) if recorder is not None else {}
+    metrics = dict(recorder.metrics_by_step) if recorder is not None else {}
+    return TrainResult(
+        steps=max(metrics) if metrics else _last_step(paths.work_dir / "trainer-metrics.jsonl", None)[0],
+        final_version=max(logged) if logged else _latest_version(paths),
+        wall_s=time.monotonic() - started,
+        mlflow_run_id=None if recorder is None else recorder.lineage.run_id,
+        logged_models=logged,
+        scheduler=scheduler_stats,
+        step_metrics=metrics,
+        restarts=restarts,
+        ready_at=ready_at,
+    )
+
+
+def train_run(config: RunConfig, settings: RLRunSettings | None = None) -> TrainResult:
+    """The RL phase outside Prefect (benchmarks): the run's context, its components in
+    threads, the MLflow run ended with the outcome."""
+    context = open_run_context(config)
+    try:
+        result = run_rl(config, context.paths, settings or RLRunSettings(restart_policy(config)), ThreadRunner(),
+                        context=context)  # fmt: skip
+    except BaseException as exc:
+        context.lineage.end("FAILED" if isinstance(exc, Exception) else "KILLED")
+        raise
+    context.lineage.end()
+    return result
+
+
+def _launch(
+    runner: ComponentRunner,
+    kind: ComponentKind,
+    component: Component,
+    stop: RunStop,
+    policy: RestartPolicy,
+    on_event: Callable[[ComponentEvent], None],
+    statuses: dict[str, ComponentStatus],
+) -> Future[ComponentOutcome]:
+    """Hand the component's supervision to ``runner``; the returned future holds its outcome
+    or its error (the run waits on these, whatever runs them)."""
+    future: Future[ComponentOutcome] = Future()
+    future.set_running_or_notify_cancel()
+
+    def work() -> ComponentOutcome:
+        try:
+            outcome = supervise(component, stop.event, policy, on_event, statuses[component.name])
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        future.set_result(outcome)
+        return outcome
+
+    runner(component.name, kind, work, stop)
+    return future
+
+
+def _raise_first_failure(futures: dict[str, Future[ComponentOutcome]], stop: RunStop) -> None:
+    for name, future in futures.items():
+        if future.done() and future.exception() is not None:
+            error = future.exception()
+            if isinstance(error, ComponentFailed):
+                raise error
+            raise ComponentFailed(name, f"its supervisor raised {error!r}", 0, "") from error
+        if future.done() and name != "trainer" and name != "scheduler" and not stop.event.is_set():
+            raise ComponentFailed(name, "its supervisor ended while the run was going on", 0, "")
+
+
+def _trainer_finished(
+    futures: dict[str, Future[ComponentOutcome]], settings: RLRunSettings, started: float
+) -> bool:
+    """The trainer is done; with ``drain``, wait (bounded) for the scheduler to finish too."""
+    if not settings.drain:
+        return True
+    scheduler = futures["scheduler"]
+    deadline = time.monotonic() + settings.drain_timeout_s
+    while not scheduler.done():
+        _raise_first_failure(futures, RunStop())
+        if time.monotonic() > deadline:
+            raise ComponentFailed(
+                "scheduler", f"did not drain within {settings.drain_timeout_s:.0f} s after the trainer finished", 0, ""
+            )
+        wait([scheduler], timeout=settings.poll_s)
+    return True
+
+
+def _last_step(metrics_file: Path, recorder: LineageRecorder | None) -> tuple[int, dict[str, float]]:
+    """The newest trainer step and its metrics (from the recorder, else the metrics file)."""
+    if recorder is not None and recorder.metrics_by_step:
+        step = max(recorder.metrics_by_step)
+        return step, recorder.metrics_by_step[step]
+    from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
+
+    records = read_jsonl_metrics(metrics_file) if metrics_file.exists() else []
+    if not records:
+        return 0, {}
+    last = records[-1]
+    return int(last.get("step", 0) or 0), {k: float(v) for k, v in last.items() if isinstance(v, (int, float))}
+
+
+def _latest_version(paths: RunPaths) -> int:
+    from asyncrl.storage.weights import WeightStore
+
+    return cast(int, WeightStore(paths.root).latest() or 0)

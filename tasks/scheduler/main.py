@@ -1,0 +1,349 @@
+"""The scheduler (rollout controller) as an OS process of its own, scoring through the run's
+reward service (:mod:`asyncrl.tasks.reward.server`, found through its registration):
+``python -m asyncrl.tasks.scheduler.main --config PRIVATE_CONFIG [--server URL ...]``.
+
+``PRIVATE_CONFIG`` is the run's full config (``RunPaths.private_config``, written by
+``prepare_run``; the trainer process reads the same file). Cycle after cycle:
+
+1. Servers: the ``--server`` URLs, else the run's registry (``rollout/servers/``, where a
+   rollout server's supervisor registers it once healthy); waits for at least one.
+2. Every server is brought to one weight version W, the newest published (0 before the
+   first publish): a server whose label is older or unset gets W loaded and labelled
+   (:func:`update_server_weights`), and every server is resumed, since a scheduler killed
+   mid-update leaves its servers paused. Labels are set only after the weights they name
+   are loaded, so the token versions stay exact.
+3. The rollout controller runs (:func:`run_scheduler`), resuming from
+   ``scheduler/state.json``: groups admitted before a restart that no shard holds are
+   generated again, none is admitted twice.
+
+Each cycle appends its figures to ``scheduler-stats.jsonl`` in the run's work directory.
+A cycle ends, and the process:
+
+- on SIGTERM or SIGINT: stops the controller (groups in flight are cancelled; a later
+  start regenerates them) and exits 0;
+- once the trainer has published the weights of step ``trainer.max_steps`` (the lineage
+  of the ``LATEST`` version names that step): with ``--no-drain`` exits 0 at once (groups in
+  flight stay admitted and unwritten; a later resume generates them); otherwise drains, i.e. runs the controller with
+  ``max_groups`` = the groups admitted so far, so that every admitted group is written
+  and none is added, and exits 0;
+- when the registry changes (a server restarted and registered again): starts the next
+  cycle on the new set of servers. The rollout client takes a failed server out of
+  rotation for good; a new cycle is how a restarted server comes back into rotation;
+- when every server is out of rotation (``NoLiveServerError``): waits until the registry
+  changes or ``--retry-seconds`` have passed, then the next cycle.
+
+Exit status: 0 stopped or finished, 2 bad config or arguments, 1 any other error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from asyncrl.configs.loading import ConfigError, load_config
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.tasks.run.context import RunPaths
+from asyncrl.tasks.scheduler.controller import load_gate_state, written_group_indices
+from asyncrl.tasks.run.components_setup import run_scheduler
+from asyncrl.tasks.run.audit import read_lineage
+from asyncrl.storage.fs import RunRoot, open_root
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.data.loader import PromptRecord, load_prompts
+from asyncrl.tasks.rollout.registry import list_servers
+from asyncrl.tasks.rollout.routing import NoLiveServerError
+from asyncrl.tasks.rollout.server import RolloutServerHandle
+from asyncrl.tasks.rollout.weight_sync import server_weight_version, update_server_weights
+
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
+CYCLE_STATS_FILE = "scheduler-stats.jsonl"
+RATE_KEYS = frozenset({"gen_tokens_per_s", "weight_sync_stall_fraction", "reward_mean"})
+MODULE = "asyncrl.tasks.scheduler.main"
+logger = logging.getLogger("asyncrl.scheduler")
+
+# Cycle outcomes (see the module docstring).
+TERMINATED, FINISHED, SERVERS_CHANGED, NO_LIVE_SERVER, DRAINED = (
+    "terminated", "finished", "servers changed", "no live server", "drained",
+)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the run's private config (RunPaths.private_config)")
+    parser.add_argument(
+        "--server", action="append", default=[], metavar="URL",
+        help="a rollout server's base URL (repeatable); default: the servers registered in the run root",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-drain", action="store_true",
+        help="once the last step's weights are out, exit at once (groups in flight are left unwritten) "
+        "instead of writing every admitted group first",
+    )  # fmt: skip
+    parser.add_argument("--poll-seconds", type=float, default=1.0, help="how often to look at storage and the registry")
+    parser.add_argument(
+        "--retry-seconds", type=float, default=30.0,
+        help="with no live server and no new registration, try the known servers again after this long",
+    )  # fmt: skip
+    return parser
+
+
+def run_paths(config: RunConfig, private_config: Path) -> RunPaths:
+    """The run's paths as `prepare_run` laid them out (nothing is written: the trainer may be
+    reading the private config at the same moment)."""
+    root = open_root(config.storage.root, config.storage.options)
+    return RunPaths(root=root, work_dir=Path(config.work_dir) / config.name, private_config=private_config)
+
+
+def final_step_published(root: RunRoot, max_steps: int) -> bool:
+    """Whether the newest published weights are those of step ``max_steps`` (or later)."""
+    latest = WeightStore(root).latest()
+    lineage = None if latest is None else read_lineage(root, latest)
+    step = None if lineage is None else lineage.get("step")
+    return isinstance(step, int) and step >= max_steps
+
+
+@dataclass(frozen=True)
+class ServerSource:
+    """Where the rollout servers are: fixed URLs, or the run's registry."""
+
+    root: RunRoot
+    api_key: str | None
+    urls: tuple[str, ...] = ()
+
+    def snapshot(self) -> tuple[tuple[str, str, int], ...]:
+        """What identifies the current set: (name, url, pid) of each server. A restarted
+        server registers again with another pid."""
+        if self.urls:
+            return tuple((url, url, 0) for url in self.urls)
+        return tuple((r.name, r.url, r.pid) for r in list_servers(self.root))
+
+    def handles(self) -> list[RolloutServerHandle]:
+        """The servers as handles. Registry entries carry no log path (the server runs
+        elsewhere): ``log_path`` is ``os.devnull``; only url, model and key are used here."""
+        if self.urls:
+            return [RolloutServerHandle(url.rstrip("/"), 0, 0, Path(os.devnull), "", self.api_key) for url in self.urls]
+        return [
+            RolloutServerHandle(r.url, r.pid, r.pid, Path(os.devnull), r.model, self.api_key)
+            for r in list_servers(self.root)
+        ]
+
+
+def align_server_versions(config: RunConfig, paths: RunPaths, handles: Sequence[RolloutServerHandle]) -> int:
+    """Bring every server to the newest published version W (0 before any) and resume it;
+    return W. A server that fails is logged and left to the client's start-up probe, which
+    takes it out of rotation."""
+    latest = WeightStore(paths.root).latest()
+    target = 0 if latest is None else latest
+    cache = str(paths.work_dir / "weights-cache")
+    for handle in handles:
+        try:
+            label = server_weight_version(handle)
+            if latest is not None and (label is None or label < latest):
+                logger.info("rollout server %s: loading weight version %d (was %s)", handle.url, latest, label)
+                update_server_weights(handle, config.storage.root, dict(config.storage.options), latest, cache_dir=cache)
+            response = httpx.post(f"{handle.url}/resume", headers=handle.headers(), timeout=30.0)
+            response.raise_for_status()
+        except Exception as exc:  # noqa: BLE001 - the reason is logged; the probe takes the server out
+            logger.warning("rollout server %s could not be brought to version %d: %r", handle.url, target, exc)
+    return target
+
+
+class StopSignal:
+    """Set once by SIGTERM/SIGINT; the handlers are installed by :meth:`install`."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def install(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            logger.info("received %s: stopping", signal.Signals(signum).name)
+            self.event.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def watch_cycle(
+    stop: threading.Event,
+    terminate: threading.Event,
+    finished: Callable[[], bool] | None,
+    changed: Callable[[], bool],
+    poll_s: float,
+) -> list[str]:
+    """Start a thread that sets ``stop`` with the first reason that holds (terminate,
+    finished, servers changed); returns the list the reason is appended to."""
+    reasons: list[str] = []
+
+    def watch() -> None:
+        while not stop.is_set():
+            for reason, holds in ((TERMINATED, terminate.is_set), (FINISHED, finished), (SERVERS_CHANGED, changed)):
+                if holds is not None and holds():
+                    reasons.append(reason)
+                    stop.set()
+                    return
+            terminate.wait(poll_s)
+
+    threading.Thread(target=watch, name="scheduler-watch", daemon=True).start()
+    return reasons
+
+
+def wait_for_servers(
+    source: ServerSource, terminate: threading.Event, poll_s: float, unlike: object = None, retry_s: float = 30.0
+) -> bool:
+    """Wait until at least one server is known and, with ``unlike`` (the snapshot of a cycle
+    that found no live server), until the set differs from it or ``retry_s`` have passed (a
+    server that failed once may answer again; fixed URLs: ``retry_s`` only). False if
+    terminated first."""
+    deadline = time.monotonic() + retry_s
+    logger.info("waiting for rollout servers (%s)", ", ".join(source.urls) or "registered in the run root")
+    while not terminate.is_set():
+        snapshot = source.snapshot()
+        if snapshot and (snapshot != unlike or time.monotonic() >= deadline):
+            return True
+        terminate.wait(poll_s)
+    return False
+
+
+def run_cycle(
+    config: RunConfig,
+    paths: RunPaths,
+    source: ServerSource,
+    prompts: list[PromptRecord],
+    terminate: threading.Event,
+    max_groups: int | None,
+    poll_s: float,
+) -> tuple[str, tuple[object, ...]]:
+    """One cycle on the servers known now; returns (outcome, the servers' snapshot)."""
+    snapshot = source.snapshot()
+    handles = source.handles()
+    version = align_server_versions(config, paths, handles)
+    stop = threading.Event()
+    finished = None if max_groups is not None else (lambda: final_step_published(paths.root, config.trainer.max_steps))
+    changed = (lambda: False) if source.urls else (lambda: source.snapshot() != snapshot)
+    reasons = watch_cycle(stop, terminate, finished, changed, poll_s)
+    admitted = _admitted(paths.root)
+    unwritten = admitted - len(written_group_indices(paths.root, config.name) & set(range(admitted)))
+    logger.info("controller starting on %s at weight version %d: %d groups admitted so far, %d of them in no shard "
+                "(generated again)%s", [h.url for h in handles], version, admitted, unwritten,
+                "" if max_groups is None else "; draining")  # fmt: skip
+    try:
+        stats = run_scheduler(config, paths, handles, prompts, stop, initial_version=version, max_groups=max_groups)
+    except NoLiveServerError as exc:
+        logger.warning("%s; waiting for a server to register again", exc)
+        return (reasons[0] if reasons else NO_LIVE_SERVER), snapshot
+    finally:
+        stop.set()
+    outcome = reasons[0] if reasons else DRAINED
+    summary = stats.summary()
+    logger.info("controller stopped (%s): %s", outcome, summary)
+    append_cycle_stats(paths.work_dir / CYCLE_STATS_FILE, summary)
+    return outcome, snapshot
+
+
+def append_cycle_stats(path: Path, summary: dict[str, float]) -> None:
+    """One JSON line per controller cycle: the run adds them up (:func:`combine_cycle_stats`),
+    so the figures survive a scheduler restart and a failed cycle is visible as a gap."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(summary) + "\n")
+
+
+def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The figures of all cycles: counts and seconds are summed; rates are recomputed over the
+    summed controller time E = sum(elapsed_s): gen_tokens_per_s = output_tokens / E,
+    weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples."""
+    if not lines:
+        return {}
+    total: dict[str, float] = {}
+    for line in lines:
+        for key, value in line.items():
+            if key not in RATE_KEYS:
+                total[key] = total.get(key, 0.0) + float(value)
+    elapsed = max(total.get("elapsed_s", 0.0), 1e-9)
+    samples = total.get("samples", 0.0)
+    total["gen_tokens_per_s"] = total.get("output_tokens", 0.0) / elapsed
+    total["weight_sync_stall_fraction"] = total.get("weight_sync_stall_s", 0.0) / elapsed
+    total["reward_mean"] = (
+        sum(float(line.get("reward_mean", 0.0)) * float(line.get("samples", 0.0)) for line in lines) / samples
+        if samples else 0.0
+    )  # fmt: skip
+    total["cycles"] = float(len(lines))
+    return total
+
+
+def read_cycle_stats(path: Path) -> list[dict[str, float]]:
+    """The cycle lines written so far (a line cut by a kill is skipped)."""
+    if not path.exists():
+        return []
+    lines = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    return lines
+
+
+def serve(
+    config: RunConfig, private_config: Path, urls: Sequence[str], poll_s: float, retry_s: float, drain: bool = True
+) -> int:
+    """Cycles until terminated or finished (see the module docstring)."""
+    paths = run_paths(config, private_config)
+    api_key = None if config.rollout.api_key is None else config.rollout.api_key.get_secret_value()
+    source = ServerSource(paths.root, api_key, tuple(urls))
+    terminate = StopSignal()
+    terminate.install()
+    prompts = load_prompts(config.data.train_path)
+    max_groups: int | None = None
+    unlike: object = None
+    while wait_for_servers(source, terminate.event, poll_s, unlike, retry_s):
+        if final_step_published(paths.root, config.trainer.max_steps):
+            if not drain:
+                return EXIT_OK
+            if max_groups is None:
+                max_groups = _admitted(paths.root)
+        outcome, snapshot = run_cycle(config, paths, source, prompts, terminate.event, max_groups, poll_s)
+        if outcome in (TERMINATED, DRAINED):
+            return EXIT_OK
+        if outcome == FINISHED:
+            if not drain:
+                return EXIT_OK
+            max_groups = _admitted(paths.root)
+        unlike = snapshot if outcome == NO_LIVE_SERVER else None
+    return EXIT_OK
+
+
+def _admitted(root: RunRoot) -> int:
+    state = load_gate_state(root)
+    return 0 if state is None else state.admitted
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per generation request drowns the log
+    if args.poll_seconds <= 0 or args.retry_seconds <= 0:
+        print(f"scheduler: --poll-seconds and --retry-seconds must be > 0, got {args.poll_seconds}, "
+              f"{args.retry_seconds}", file=sys.stderr)  # fmt: skip
+        return EXIT_CONFIG
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"scheduler: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return serve(config, Path(args.config), args.server, args.poll_seconds, args.retry_seconds, drain=not args.no_drain)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
