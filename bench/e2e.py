@@ -226,10 +226,13 @@ def run_figures(
         packing_efficiency         = :func:`mean_packing_efficiency`
         staleness_max, staleness_counts (:func:`staleness_counts`), dropped_stale = sum of ``dropped_stale``
     """
+    missing = sorted({"gen_tokens_per_s", "weight_sync_stall_fraction", "weight_updates"} - set(scheduler))
+    if missing:  # a scheduler that recorded nothing must not read as one that generated nothing
+        raise ValueError(f"the scheduler's figures lack {missing}: it recorded no controller cycle (see its log)")
     wall = rl_wall_s(step_metrics, ready_at)
     tokens = trained_tokens(step_metrics)
     counts = staleness_counts(step_metrics)
-    gen = float(scheduler.get("gen_tokens_per_s", 0.0))
+    gen = float(scheduler["gen_tokens_per_s"])
     return {
         "eta": eta,
         "mode": mode,
@@ -240,8 +243,8 @@ def run_figures(
         "gen_tokens_per_s": gen,
         "standalone_tokens_per_s": standalone_tokens_per_s,
         "rollout_utilisation": gen / standalone_tokens_per_s,
-        "weight_sync_stall_fraction": float(scheduler.get("weight_sync_stall_fraction", 0.0)),
-        "weight_updates": int(scheduler.get("weight_updates", 0)),
+        "weight_sync_stall_fraction": float(scheduler["weight_sync_stall_fraction"]),
+        "weight_updates": int(scheduler["weight_updates"]),
         "packing_efficiency": mean_packing_efficiency(step_metrics),
         "staleness_max": max(counts, default=0),
         "staleness_counts": counts,

@@ -13,7 +13,7 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.progress import read_progress
+from asyncrl.tasks.run.progress import clear_progress, read_progress
 
 MARKS = {"done": "[green]done", "cached": "[cyan]cached", "failed": "[red]failed", "running": ""}
 
@@ -21,6 +21,7 @@ MARKS = {"done": "[green]done", "cached": "[cyan]cached", "failed": "[red]failed
 @contextmanager
 def live_progress(config: RunConfig, poll_s: float = 1.0) -> Iterator[None]:
     work_dir = Path(config.work_dir) / config.name
+    clear_progress(work_dir)  # an earlier run's stages are not this run's
     stop = threading.Event()
     columns = (
         TextColumn("[bold]{task.description:<13}"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[unit]}"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,33 +24,13 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.train import train
 from asyncrl.storage import fs
 from asyncrl.tasks.run import stages
-from asyncrl.tasks.run.artifacts import artifact_key, publish_training_report
+from asyncrl.tasks.run.artifacts import PipelineSummary, artifact_key, summary_markdown
 from asyncrl.tasks.run.context import RunContext, open_run_context, run_paths
 from asyncrl.tasks.run.lineage_recorder import file_ref
 from asyncrl.tasks.run.progress import StageProgress, clear_progress
 
 SUMMARY_FILE = "summary.json"
 RESULTS_DIR = "prefect-results"
-
-
-@dataclass(frozen=True)
-class PipelineSummary:
-    run: str
-    steps: int
-    final_version: int
-    pass_at_1_before: float | None
-    pass_at_1_after: float | None
-    best_version: int | None
-    registered_model: str | None
-    registered_model_version: str | None
-    wall_s: float
-    train_wall_s: float
-    mlflow_uri: str
-    mlflow_run_id: str
-    storage_root: str
-    restarts: dict[str, int]
-    stages: dict[str, str]
-    """Stage -> how it ended this time (run or cached)."""
 
 
 def _config(parameters: dict[str, Any]) -> RunConfig:
@@ -106,7 +86,7 @@ def run_stage(stage_task: Any, config: RunConfig, refresh: bool, outputs_present
     how = "cached" if state.name == "Cached" else "run"
     if how == "cached":
         StageProgress(Path(config.work_dir) / config.name, config.name, stage_task.name, 1, "stage").finish(
-            "cached", state="cached"
+            "from an earlier run", state="cached"
         )
     return state.result(), how
 
@@ -127,8 +107,6 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> Pi
     logger.info("stages so far: %s", how)
     trained = train.with_options(flow_run_name=f"{config.name}-train")(config, mlflow_owned=False)
     logged_models = {int(k): v for k, v in trained["logged_models"].items()}
-    step_metrics = {int(k): v for k, v in trained["step_metrics"].items()}
-    publish_training_report(config.name, step_metrics, trained["scheduler"], trained["wall_s"], trained["final_version"])
     versions = sorted({min(logged_models, default=0), trained["final_version"]})
     results: dict[str, dict[str, Any]] = {}
     if config.data.eval_path:
@@ -151,29 +129,6 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> Pi
         storage_root=context.paths.root.uri,
         restarts=trained["restarts"],
         stages=how,
-    )
-
-
-def summary_markdown(summary: PipelineSummary) -> str:
-    def pct(value: float | None) -> str:
-        return "n/a" if value is None else f"{100 * value:.1f}%"
-
-    return "\n".join(
-        [
-            f"# asyncrl run `{summary.run}`",
-            "",
-            "| figure | value |",
-            "| --- | --- |",
-            f"| held-out pass@1 before RL | {pct(summary.pass_at_1_before)} |",
-            f"| held-out pass@1 after RL | {pct(summary.pass_at_1_after)} |",
-            f"| steps | {summary.steps} |",
-            f"| final weight version | {summary.final_version} |",
-            f"| wall time | {summary.wall_s:.0f} s (RL {summary.train_wall_s:.0f} s) |",
-            f"| stages | {', '.join(f'{k}: {v}' for k, v in summary.stages.items())} |",
-            f"| component restarts | {sum(summary.restarts.values())} |",
-            f"| MLflow | {summary.mlflow_uri}, run {summary.mlflow_run_id} |",
-            f"| storage | {summary.storage_root} |",
-        ]
     )
 
 

@@ -38,7 +38,7 @@ def scheduler(
     if work is None:
         paths = prepare_run(config)
         stop = RunStop()
-        token = os.environ.get("")  # the run's reward service runs elsewhere
+        token = os.environ.get(TOKEN_ENV, "")  # the token of the reward service that runs elsewhere
         component = scheduler_component(config, paths, drain, reward_token=token)
         try:
             outcome = supervise(component, stop.event, restart_policy(config), report_event)

@@ -117,6 +117,5 @@ def train(config: RunConfig, mlflow_owned: bool = True) -> dict[str, Any]:
         "logged_models": {str(k): v for k, v in result.logged_models.items()},
         "restarts": result.restarts,
         "scheduler": result.scheduler,
-        "step_metrics": {str(k): v for k, v in result.step_metrics.items()},
     }
 

@@ -9,6 +9,10 @@ STACK_DIR=${ASYNCRL_STACK_DIR:-.stack}
 VENV_BIN=${VENV_BIN:-.venv/bin}
 mkdir -p "$STACK_DIR"/{logs,seaweedfs,mlflow}
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
+# The server's database lives with the stack, not in the shared ~/.prefect.
+case "$STACK_DIR" in /*) ;; *) STACK_DIR="$PWD/$STACK_DIR" ;; esac
+export PREFECT_HOME=${PREFECT_HOME:-$STACK_DIR/prefect}
+mkdir -p "$PREFECT_HOME"
 
 start_one() {  # name, command...
   local name=$1; shift

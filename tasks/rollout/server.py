@@ -50,9 +50,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -84,10 +82,6 @@ class RolloutServerError(RuntimeError):
         full = f"{message}\n--- rollout server log (last lines) ---\n{log_tail}" if log_tail else message
         super().__init__(full)
         self.log_tail = log_tail
-
-
-class RolloutServerCancelled(RuntimeError):
-    """The wait for a starting server was cancelled (its ``stop`` event was set); the server was stopped."""
 
 
 @dataclass(frozen=True)
@@ -380,14 +374,13 @@ class RolloutServer:
         except httpx.HTTPError:
             return False
 
-    def wait_healthy(self, timeout_s: float | None = None, stop: threading.Event | None = None) -> float:
-        """Poll ``/health`` until it answers 200; return the seconds waited.
+    def wait_healthy(self, timeout_s: float | None = None) -> float:
+        """Poll ``/health`` until it answers 200; return the seconds waited (for callers that
+        own the server for a block; a run's servers are watched by the supervisor instead).
 
         Raises :class:`RolloutServerError` with the log tail if the process exits first,
         or, after stopping the server, if it is not healthy within ``timeout_s``
-        (default: ``config.start_timeout_s``). If ``stop`` is set first (a cancelled run
-        must not wait minutes for a start-up), stops the server and raises
-        :class:`RolloutServerCancelled`.
+        (default: ``config.start_timeout_s``).
         """
         timeout_s = self._config.start_timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
@@ -402,11 +395,7 @@ class RolloutServer:
                     f"rollout server {self.handle.url} was not healthy within {timeout_s:.0f} s; it was stopped",
                     self.log_tail(),
                 )
-            if stop is None:
-                time.sleep(_HEALTH_POLL_S)
-            elif stop.wait(_HEALTH_POLL_S):
-                self.stop()
-                raise RolloutServerCancelled(f"rollout server {self.handle.url} stopped on request before it was healthy")
+            time.sleep(_HEALTH_POLL_S)
 
     def stop(self) -> int | None:
         """Kill the server's process group (SIGTERM, SIGKILL after the grace period); idempotent.

@@ -8,6 +8,7 @@ take the progress callback from here only when a flow calls them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -126,4 +127,47 @@ def publish_training_report(
         training_report_markdown(run_name, step_metrics, rollout, wall_s, final_version),
         key=artifact_key(run_name, "rl-report"),
         description=f"reward curve and throughput of run {run_name}",
+    )
+
+
+@dataclass(frozen=True)
+class PipelineSummary:
+    run: str
+    steps: int
+    final_version: int
+    pass_at_1_before: float | None
+    pass_at_1_after: float | None
+    best_version: int | None
+    registered_model: str | None
+    registered_model_version: str | None
+    wall_s: float
+    train_wall_s: float
+    mlflow_uri: str
+    mlflow_run_id: str
+    storage_root: str
+    restarts: dict[str, int]
+    stages: dict[str, str]
+    """Stage -> how it ended this time (run or cached)."""
+
+
+def summary_markdown(summary: PipelineSummary) -> str:
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f}%"
+
+    return "\n".join(
+        [
+            f"# asyncrl run `{summary.run}`",
+            "",
+            "| figure | value |",
+            "| --- | --- |",
+            f"| held-out pass@1 before RL | {pct(summary.pass_at_1_before)} |",
+            f"| held-out pass@1 after RL | {pct(summary.pass_at_1_after)} |",
+            f"| steps | {summary.steps} |",
+            f"| final weight version | {summary.final_version} |",
+            f"| wall time | {summary.wall_s:.0f} s (RL {summary.train_wall_s:.0f} s) |",
+            f"| stages | {', '.join(f'{k}: {v}' for k, v in summary.stages.items())} |",
+            f"| component restarts | {sum(summary.restarts.values())} |",
+            f"| MLflow | {summary.mlflow_uri}, run {summary.mlflow_run_id} |",
+            f"| storage | {summary.storage_root} |",
+        ]
     )

@@ -11,7 +11,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.run.context import RunPaths
@@ -23,9 +23,8 @@ from asyncrl.tasks.reward.remote import RemoteRewardScorer
 from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
 from asyncrl.tasks.rollout.weight_sync import fetch_weight_version, update_server_weights
+from asyncrl.tasks.trainer.process import TrainerLaunch
 
-if TYPE_CHECKING:
-    from asyncrl.tasks.trainer.process import TrainerLaunch
 
 
 class HFCodec:
@@ -160,7 +159,6 @@ def run_scheduler(
 def rl_trainer_launch(config: RunConfig, paths: RunPaths) -> TrainerLaunch:
     """The RL trainer process of the run: the private config, `logs/trainer.log`, metrics in
     `trainer-metrics.jsonl` of the work directory, pinned to `trainer.cpu_cores`."""
-    from asyncrl.tasks.trainer.process import TrainerLaunch  # imports Prefect: only where a trainer starts
 
     return TrainerLaunch(
         config_path=paths.private_config,

@@ -214,10 +214,10 @@ def run_rl(
 
     def handle(event: ComponentEvent) -> None:
         groups.update(event.component, None if event.kind == "stopped" else event.pgid)
-        if event.kind in ("restarting", "failed", "exited"):
-            LOG.warning("%s %s: %s", event.component, event.kind, event.detail)
         if on_event is not None:
             on_event(event)
+        elif event.kind in ("restarting", "failed"):
+            LOG.warning("%s %s: %s", event.component, event.kind, event.detail)
 
     for kind, component in run_components(config, paths, settings.drain):
         statuses[component.name] = ComponentStatus(component.name)

@@ -97,10 +97,13 @@ def model_present(config: RunConfig) -> bool:
 
 def init_model(config: RunConfig) -> str:
     """Write the tiny Qwen2 model at ``model.path`` unless one is there; its content digest."""
-    if not model_present(config):
+    progress = StageProgress(Path(config.work_dir) / config.name, config.name, "init-model", 1, "model")
+    present = model_present(config)
+    if not present:
         from asyncrl.tasks.model.tiny import write_tiny_model
 
         write_tiny_model(Path(config.model.path), seed=config.seed)
+    progress.finish(f"{'found' if present else 'wrote'} {config.model.path}")
     return content_digest(config.model.path)
 
 
@@ -156,7 +159,10 @@ def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
     store = WeightStore(run_paths.root)
     record = read_sft_record(run_paths)
     if sft_present(config, run_paths):
-        return int(record["version"])  # type: ignore[index] - present means recorded
+        version = int(record["version"])  # type: ignore[index] - present means recorded
+        progress = StageProgress(run_paths.work_dir, config.name, "sft", 1, "stage")
+        progress.finish(f"the run root holds this warm start as weight version {version}")
+        return version
     if store.latest() is not None:
         was = "another warm start" if record is not None else "a run without this warm start"
         raise ValueError(

@@ -87,6 +87,11 @@ def test_run_figures() -> None:
     assert (figures["eta"], figures["mode"], figures["steps"], figures["weight_updates"]) == (2, "keep", 3, 3)
 
 
+def test_run_figures_refuse_a_scheduler_that_recorded_nothing() -> None:
+    with pytest.raises(ValueError, match="recorded no controller cycle"):
+        run_figures(2, "keep", STEPS, {}, READY, standalone_tokens_per_s=600.0)
+
+
 def run_row(eta: int, wall: float, training: float = 12.0, **extra: Any) -> dict[str, Any]:
     return {"eta": eta, "mode": "recompute", "wall_s": wall, "training_only_s": training, **extra}
 

@@ -142,3 +142,40 @@ def _exception(call: Callable[[], Any]) -> BaseException | None:
     except BaseException as exc:  # noqa: BLE001 - the test reads its message
         return exc
     return None
+
+
+def test_the_scheduler_flow_runs_on_its_own_against_a_run_root(
+    prefect_server: None, tiny_model_dir: Path, tmp_path: Path, process_marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rollout server, reward service and trainer run elsewhere (here: supervised in threads,
+    registered in the run root); the `scheduler` flow alone feeds them until the last step and
+    writes every group it admitted."""
+    from asyncrl.flows.scheduler import scheduler
+    from asyncrl.tasks.reward.registry import TOKEN_ENV
+    from asyncrl.tasks.run.context import prepare_run
+    from asyncrl.tasks.run.rl import restart_policy, run_components
+    from asyncrl.tasks.run.supervisor import supervise
+
+    steps = 3
+    config = train_config(tmp_path, tiny_model_dir, "standalone", steps)
+    monkeypatch.setenv(TOKEN_ENV, "the-reward-service-token")  # what the service elsewhere was given
+    paths = prepare_run(config)
+    stop = threading.Event()
+    others = [c for kind, c in run_components(config, paths, drain=True) if kind != "scheduler"]
+    threads = [threading.Thread(target=supervise, args=(c, stop, restart_policy(config)), daemon=True) for c in others]
+    for thread in threads:
+        thread.start()
+    try:
+        state = scheduler(config, return_state=True)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+    assert state.is_completed(), state.message
+    assert state.result()["end"] == "finished"
+    root = open_root(config.storage.root)
+    assert [e.step for e in Ledger(root).entries()] == list(range(1, steps + 1))
+    audit = audit_run(root, config.name, config.max_staleness, in_flight_ok=False)
+    assert audit.ok and audit.unwritten_groups == [], audit.violations
+    left = wait_gone(processes_with_env(MARKER, process_marker), timeout_s=30.0)
+    assert not left, f"processes left behind: {[p.cmdline[:120] for p in left]}"

@@ -1,0 +1,38 @@
+"""The scheduler process's figures survive its restarts: one line per controller cycle,
+added up by the run (counts and seconds summed, rates recomputed over the summed time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.tasks.scheduler.main import append_cycle_stats, combine_cycle_stats, read_cycle_stats
+
+
+def cycle(elapsed: float, tokens: int, samples: int, reward: float, stall: float) -> dict[str, float]:
+    return {
+        "elapsed_s": elapsed, "admitted": 4, "samples": samples, "output_tokens": tokens,
+        "gen_tokens_per_s": tokens / elapsed, "reward_mean": reward, "weight_updates": 2,
+        "weight_sync_stall_s": stall, "weight_sync_stall_fraction": stall / elapsed,
+    }  # fmt: skip
+
+
+def test_cycles_of_a_restarted_scheduler_add_up(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler-stats.jsonl"
+    append_cycle_stats(path, cycle(10.0, 1000, 8, 0.5, 1.0))
+    append_cycle_stats(path, cycle(30.0, 2000, 24, 0.25, 3.0))
+    with open(path, "a") as handle:
+        handle.write('{"elapsed_s": 5')  # a line cut by a SIGKILL
+
+    total = combine_cycle_stats(read_cycle_stats(path))
+
+    assert total["cycles"] == 2 and total["elapsed_s"] == 40.0 and total["admitted"] == 8
+    assert total["gen_tokens_per_s"] == pytest.approx(3000 / 40)
+    assert total["weight_sync_stall_fraction"] == pytest.approx(4.0 / 40)
+    assert total["reward_mean"] == pytest.approx((0.5 * 8 + 0.25 * 24) / 32)
+    assert total["weight_updates"] == 4
+
+
+def test_no_cycle_gives_no_figures(tmp_path: Path) -> None:
+    assert combine_cycle_stats(read_cycle_stats(tmp_path / "absent.jsonl")) == {}
