@@ -56,9 +56,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     from asyncrl.cli.progress import live_progress
     from asyncrl.flows.pipeline import pipeline
+    from asyncrl.tasks.run.supervisor import ComponentFailed
 
-    with live_progress(config):
-        summary = pipeline(config, refresh=args.refresh)
+    try:
+        with live_progress(config):
+            summary = pipeline(config, refresh=args.refresh)
+    except ComponentFailed as exc:  # its message names the component and carries its log tail
+        print(f"asyncrl run: the run failed: {exc}", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 

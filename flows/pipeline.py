@@ -38,19 +38,19 @@ def _config(parameters: dict[str, Any]) -> RunConfig:
     return config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
 
 
-@task(name="prepare-data", cache_key_fn=lambda ctx, p: stages.data_key(_config(p)), persist_result=True)
+@task(name="prepare-data", task_run_name="prepare-data", cache_key_fn=lambda ctx, p: stages.data_key(_config(p)), persist_result=True)
 def prepare_data(config: RunConfig) -> dict[str, str]:
     """Write the synthetic task (when configured) and check the data files; their digests."""
     return stages.prepare_data(config)
 
 
-@task(name="init-model", cache_key_fn=lambda ctx, p: stages.model_key(_config(p)), persist_result=True)
+@task(name="init-model", task_run_name="init-model", cache_key_fn=lambda ctx, p: stages.model_key(_config(p)), persist_result=True)
 def init_model(config: RunConfig) -> str:
     """Write the tiny model at model.path unless one is there; its content digest."""
     return stages.init_model(config)
 
 
-@task(name="sft", cache_key_fn=lambda ctx, p: stages.sft_key(_config(p)), persist_result=True)
+@task(name="sft", task_run_name="sft", cache_key_fn=lambda ctx, p: stages.sft_key(_config(p)), persist_result=True)
 def sft(config: RunConfig, data: dict[str, str], model: str | None) -> int:
     """SFT warm start, published as the run root's first weight version. ``data`` and
     ``model`` (the earlier stages' digests) order it after them; its key reads the files."""
@@ -59,6 +59,7 @@ def sft(config: RunConfig, data: dict[str, str], model: str | None) -> int:
 
 @task(
     name="evaluate",
+    task_run_name="evaluate",
     cache_key_fn=lambda ctx, p: stages.evaluation_key(_config(p), run_paths(_config(p)), p["versions"]),
     persist_result=True,
 )
@@ -67,7 +68,7 @@ def evaluate(config: RunConfig, versions: list[int]) -> dict[str, dict[str, Any]
     return stages.eval_results_to_json(stages.evaluate_versions(config, run_paths(config), versions))
 
 
-@task(name="register")
+@task(name="register", task_run_name="register")
 def register(config: RunConfig, run_id: str, logged_models: dict[int, str], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Evaluation metrics on each LoggedModel; the best version registered as `best`/`current`."""
     from asyncrl.storage.lineage import RunLineage
