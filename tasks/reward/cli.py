@@ -1,13 +1,13 @@
 """`asyncrl reward math|code` and `asyncrl bench reward`: debug rewards and measure the service.
 
-Wiring (in flows/cli.py)::
+Wiring (in cli/main.py)::
 
     add_reward_commands(commands)          # commands = parser.add_subparsers(...)
     bench = commands.add_parser("bench", help="benchmarks")
     add_reward_bench(bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH"))
 
 Handlers return the exit status; bad input raises ValueError / FileNotFoundError with
-the file and field named (flows/cli.py prints those without a traceback). The reward
+the file and field named (cli/main.py prints those without a traceback). The reward
 commands score in this process, with the same verifiers and limits as the pool.
 """
 

@@ -2,9 +2,8 @@
 them on the rollout servers, scores them, writes trajectory shards, and pushes every
 newly published weight version to the servers.
 
-Plain asyncio over narrow protocols (a group generator, a reward scorer); the Prefect
-flow (`flows/train.py`) and the scheduler process (`flows/scheduler_main.py`) only wire
-real components into it.
+Plain asyncio over narrow protocols (a group generator, a reward scorer); the scheduler
+process (`tasks/scheduler/main.py`) only wires real components into it.
 
 Exactly-once across restarts: group k (k = 0, 1, ...) is always prompt
 `PromptSchedule.record(k)` and always has id `g{k:08d}`. The gate's admitted count is
