@@ -237,7 +237,10 @@ def run_rl(
                 progress(step[0], config.trainer.max_steps, step[1])
             if tick is not None:
                 tick(statuses)
-            if futures["trainer"].done() and _trainer_finished(futures, settings, started):
+            if futures["trainer"].done():
+                _raise_first_failure(futures, stop)  # the trainer may have failed since the check above
+                if settings.drain:
+                    _wait_drained(futures, settings)
                 break
             wait(list(futures.values()), timeout=settings.poll_s, return_when=FIRST_EXCEPTION)
         if recorder is not None:
@@ -336,12 +339,8 @@ def _raise_first_failure(futures: dict[str, Future[ComponentOutcome]], stop: Run
             raise ComponentFailed(name, "its supervisor ended while the run was going on", 0, "")
 
 
-def _trainer_finished(
-    futures: dict[str, Future[ComponentOutcome]], settings: RLRunSettings, started: float
-) -> bool:
-    """The trainer is done; with ``drain``, wait (bounded) for the scheduler to finish too."""
-    if not settings.drain:
-        return True
+def _wait_drained(futures: dict[str, Future[ComponentOutcome]], settings: RLRunSettings) -> None:
+    """The trainer is done: wait (bounded) for the scheduler to write every admitted group."""
     scheduler = futures["scheduler"]
     deadline = time.monotonic() + settings.drain_timeout_s
     while not scheduler.done():
@@ -351,7 +350,7 @@ def _trainer_finished(
                 "scheduler", f"did not drain within {settings.drain_timeout_s:.0f} s after the trainer finished", 0, ""
             )
         wait([scheduler], timeout=settings.poll_s)
-    return True
+    _raise_first_failure(futures, RunStop())
 
 
 def _last_step(metrics_file: Path, recorder: LineageRecorder | None) -> tuple[int, dict[str, float]]:
