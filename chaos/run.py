@@ -43,6 +43,7 @@ from asyncrl.tasks.run.audit import AuditReport, audit_run
 from asyncrl.tasks.run.components import sigkill_group
 from asyncrl.tasks.run.context import RunPaths, prepare_run
 from asyncrl.tasks.run.rl import RLRunSettings, ThreadRunner, run_rl
+from asyncrl.tasks.run.stages import prepare_inputs
 from asyncrl.tasks.run.supervisor import ComponentFailed, ComponentStatus, RestartPolicy
 from asyncrl.tasks.scheduler.main import final_step_published
 
@@ -226,6 +227,7 @@ def run_chaos(
     say = progress or (lambda line: None)
     rng = random.Random(seed)
     plan = kill_plan(rng, kills_per_component)
+    prepare_inputs(config)  # the tiny model and synthetic task, where the config asks for them
     run_paths = prepare_run(config)
     kill_plan_tick = KillPlan(config, run_paths, plan, rng, settings, say)
     policy = RestartPolicy(
