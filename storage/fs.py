@@ -28,6 +28,7 @@ and the object; what earlier calls wrote stays intact.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import posixpath
 import shutil
@@ -326,6 +327,22 @@ def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def read_json_object(root: RunRoot, relpath: str) -> dict[str, Any] | None:
+    """The JSON object stored at ``relpath``, None if absent; ``ValueError`` names the object
+    if it is not JSON or not an object."""
+    try:
+        raw = read_bytes(root, relpath)
+    except FileNotFoundError:
+        return None
+    try:
+        content = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{root.display(relpath)}: not JSON ({exc})") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{root.display(relpath)}: not a JSON object")
+    return content
 
 
 def read_bytes(root: RunRoot, relpath: str) -> bytes:

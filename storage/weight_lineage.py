@@ -12,7 +12,6 @@ the scheduler's staleness gate and the run audit alike.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,18 +24,7 @@ LINEAGE_FILE = "asyncrl_lineage.json"
 def read_lineage(root: RunRoot, version: int) -> dict[str, Any] | None:
     """The lineage published beside weight ``version``; None if it has none (a version not
     written by the trainer, or not published). ``ValueError`` names a corrupt file."""
-    relpath = paths.weights_file(version, LINEAGE_FILE)
-    try:
-        raw = fs.read_bytes(root, relpath)
-    except FileNotFoundError:
-        return None
-    try:
-        content = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"{root.display(relpath)}: not JSON ({exc})") from None
-    if not isinstance(content, dict):
-        raise ValueError(f"{root.display(relpath)}: not a JSON object")
-    return content
+    return fs.read_json_object(root, paths.weights_file(version, LINEAGE_FILE))
 
 
 def lineage_updates(version: int, lineage: Mapping[str, Any] | None) -> int:

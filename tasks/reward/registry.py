@@ -44,14 +44,12 @@ def read_reward_service(root: RunRoot) -> RewardServiceInfo | None:
     """The registered service, None if none is registered; ``ValueError`` naming the entry if corrupt."""
     relpath = paths.reward_service_path()
     try:
-        raw = fs.read_bytes(root, relpath)
-    except FileNotFoundError:
-        return None
-    try:
-        content = json.loads(raw)
+        content = fs.read_json_object(root, relpath)
+        if content is None:
+            return None
         info = RewardServiceInfo(**{name: content[name] for name in RewardServiceInfo.__dataclass_fields__})
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{root.display(relpath)}: corrupt reward service entry ({exc!r}): {raw[:200]!r}") from None
+        raise ValueError(f"{root.display(relpath)}: corrupt reward service entry ({exc})") from None
     if not isinstance(info.url, str) or not info.url.startswith(("http://", "https://")):
         raise ValueError(f"{root.display(relpath)}: url {info.url!r} is not an http(s) URL")
     return info

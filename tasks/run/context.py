@@ -88,10 +88,7 @@ def open_run_context(config: RunConfig) -> RunContext:
     record), else a new one, recorded there before anything is logged to it."""
     run_paths = prepare_run(config)
     tracking = config.tracking
-    try:
-        recorded = json.loads(fs.read_bytes(run_paths.root, TRACKING_FILE))
-    except FileNotFoundError:
-        recorded = None
+    recorded = fs.read_json_object(run_paths.root, TRACKING_FILE)
     if recorded is not None and recorded.get("mlflow_uri") == tracking.mlflow_uri:
         lineage = RunLineage.resume(tracking.mlflow_uri, str(recorded["mlflow_run_id"]))
         lineage.client.update_run(lineage.run_id, status="RUNNING")

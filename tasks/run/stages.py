@@ -135,10 +135,7 @@ def sft_key(config: RunConfig, with_code: bool = True) -> str:
 
 
 def read_sft_record(run_paths: RunPaths) -> dict[str, Any] | None:
-    try:
-        return dict(json.loads(fs.read_bytes(run_paths.root, SFT_RECORD)))
-    except FileNotFoundError:
-        return None
+    return fs.read_json_object(run_paths.root, SFT_RECORD)
 
 
 def sft_present(config: RunConfig, run_paths: RunPaths) -> bool:
