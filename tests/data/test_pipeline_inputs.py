@@ -18,6 +18,7 @@ def config(tmp_path: Path, **synthetic: Any) -> RunConfig:
         data["sft_path"] = str(tmp_path / "sft.parquet")
     return RunConfig.model_validate(
         {
+            "work_dir": str(tmp_path / "work"),
             "model": {"path": str(tmp_path / "model")},
             "data": data,
             "pipeline": {"synthetic_data": {"n_train": 300, "n_heldout": 40, "max_steps": 3, **synthetic}},

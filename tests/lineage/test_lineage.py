@@ -14,7 +14,8 @@ from asyncrl.storage.lineage import DataRef, RunLineage, flatten_params
 
 
 @pytest.fixture
-def tracking_uri(tmp_path: Path) -> str:
+def tracking_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns: not the checkout's
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
