@@ -42,7 +42,7 @@ from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.run.audit import AuditReport, audit_run
 from asyncrl.tasks.run.components import sigkill_group
 from asyncrl.tasks.run.context import RunPaths, prepare_run
-from asyncrl.tasks.run.rl import RLRunSettings, ThreadRunner, run_rl
+from asyncrl.tasks.run.rl import RLRunSettings, run_rl, thread_runner
 from asyncrl.tasks.run.stages import prepare_inputs
 from asyncrl.tasks.run.supervisor import ComponentFailed, ComponentStatus, RestartPolicy
 from asyncrl.tasks.scheduler.main import final_step_published
@@ -243,7 +243,7 @@ def run_chaos(
         kill_plan_tick(statuses)
 
     try:
-        result = run_rl(config, run_paths, rl_settings, ThreadRunner(), tick=tick)
+        result = run_rl(config, run_paths, rl_settings, thread_runner, tick=tick)
     except ComponentFailed as exc:
         raise ChaosError(str(exc)) from exc
     say(f"{kill_plan_tick.now():7.1f} s  trainer finished and the scheduler drained")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -20,7 +19,7 @@ MARKS = {"done": "[green]done", "cached": "[cyan]cached", "failed": "[red]failed
 
 @contextmanager
 def live_progress(config: RunConfig, poll_s: float = 1.0) -> Iterator[None]:
-    work_dir = Path(config.work_dir) / config.name
+    work_dir = config.run_work_dir
     clear_progress(work_dir)  # an earlier run's stages are not this run's
     stop = threading.Event()
     columns = (

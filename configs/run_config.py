@@ -7,6 +7,8 @@ stay instant.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -269,6 +271,11 @@ class RunConfig(StrictModel):
                 f"{self.trainer.batch_groups}; each mini-batch needs at least one prompt group"
             )
         return self
+
+    @property
+    def run_work_dir(self) -> Path:
+        """This run's local scratch directory: ``<work_dir>/<name>``."""
+        return Path(self.work_dir) / self.name
 
     @property
     def max_staleness(self) -> int:

@@ -81,12 +81,12 @@ def register(config: RunConfig, run_id: str, logged_models: dict[int, str], resu
 def run_stage(stage_task: Any, config: RunConfig, refresh: bool, outputs_present: bool, *args: Any) -> tuple[Any, str]:  # noqa: ANN401
     """Run a cached stage; a stage whose outputs are gone (or ``refresh``) is run again.
     Returns its result and whether it ran or came from the cache."""
-    results = Path(config.work_dir) / config.name / RESULTS_DIR
+    results = config.run_work_dir / RESULTS_DIR
     options = stage_task.with_options(result_storage=results, refresh_cache=refresh or not outputs_present)
     state = options(config, *args, return_state=True)
     how = "cached" if state.name == "Cached" else "run"
     if how == "cached":
-        StageProgress(Path(config.work_dir) / config.name, config.name, stage_task.name, 1, "stage").finish(
+        StageProgress(config.run_work_dir, config.name, stage_task.name, 1, "stage").finish(
             "from an earlier run", state="cached"
         )
     return state.result(), how

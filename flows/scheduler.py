@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from prefect import flow
@@ -21,7 +20,7 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.reward.registry import TOKEN_ENV
 from asyncrl.tasks.run.components import scheduler_component
 from asyncrl.tasks.run.context import prepare_run
-from asyncrl.tasks.run.prefect_reporting import kill_run_processes, report_event
+from asyncrl.tasks.run.prefect_reporting import kill_run_processes, outcome_state, report_event
 from asyncrl.tasks.run.rl import RunStop, restart_policy
 from asyncrl.tasks.run.supervisor import ComponentOutcome, supervise
 
@@ -40,16 +39,8 @@ def scheduler(
         stop = RunStop()
         token = os.environ.get(TOKEN_ENV, "")  # the token of the reward service that runs elsewhere
         component = scheduler_component(config, paths, drain, reward_token=token)
-        try:
-            outcome = supervise(component, stop.event, restart_policy(config), report_event)
-        except BaseException:
-            stop.request("cancelled")
-            raise
+        outcome = supervise(component, stop.event, restart_policy(config), report_event)
     else:
         outcome = work()
-    if outcome.end == "stopped" and stop is not None and stop.cancelled:
-        from prefect.states import Cancelled
-
-        return Cancelled(message=f"scheduler stopped: {stop.reason}")
-    return asdict(outcome)
+    return outcome_state(outcome, stop)
 

@@ -13,13 +13,11 @@ still recorded, also when the flow process itself was SIGKILLed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, wait
-from prefect.states import Cancelled
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.scheduler import scheduler
@@ -34,17 +32,14 @@ from asyncrl.tasks.run.rl import (
     run_rl,
 )
 from asyncrl.tasks.run.progress import StageProgress
-from asyncrl.tasks.run.prefect_reporting import kill_run_processes, report_event
+from asyncrl.tasks.run.prefect_reporting import kill_run_processes, outcome_state, report_event
 from asyncrl.tasks.run.supervisor import ComponentOutcome
 
 
 @task(cache_policy=NO_CACHE)
 def component(work: Callable[[], ComponentOutcome], stop: RunStop) -> Any:  # noqa: ANN401 - a dict or a State
     """One component for the life of the run (named per component by :class:`PrefectRunner`)."""
-    outcome = work()
-    if outcome.end == "stopped" and stop.cancelled:
-        return Cancelled(message=f"{outcome.component} stopped: {stop.reason}")
-    return asdict(outcome)
+    return outcome_state(work(), stop)
 
 
 @task(name="scheduler", cache_policy=NO_CACHE)

@@ -19,6 +19,9 @@ from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.lineage import RunLineage
 
 
+PRIVATE_CONFIG = "run-config.private.yaml"
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """The run root in storage and the local scratch directory of one run."""
@@ -35,18 +38,18 @@ class RunPaths:
 
 def run_paths(config: RunConfig) -> RunPaths:
     """The run's paths as :func:`prepare_run` lays them out, writing nothing."""
-    work_dir = Path(config.work_dir) / config.name
     return RunPaths(
         root=open_root(config.storage.root, config.storage.options),
-        work_dir=work_dir,
-        private_config=work_dir / "run-config.private.yaml",
+        work_dir=config.run_work_dir,
+        private_config=config.run_work_dir / PRIVATE_CONFIG,
     )
 
 
 def prepare_run(config: RunConfig) -> RunPaths:
     """Open the root, write `config.yaml` once (a restarted run must keep its config), and
     write the private config for child processes."""
-    root = open_root(config.storage.root, config.storage.options)
+    run = run_paths(config)
+    root = run.root
     frozen = frozen_yaml(config).encode()
     try:
         fs.put_if_absent(root, paths.CONFIG, frozen)
@@ -57,16 +60,14 @@ def prepare_run(config: RunConfig) -> RunPaths:
                 f"{root.display(paths.CONFIG)}: the run root belongs to run {existing.get('name')!r}, "
                 f"not {config.name!r}; use another storage.root"
             ) from None
-    work_dir = Path(config.work_dir) / config.name
-    (work_dir / "logs").mkdir(parents=True, exist_ok=True)
-    private = work_dir / "run-config.private.yaml"
+    (run.work_dir / "logs").mkdir(parents=True, exist_ok=True)
     full = config.model_dump(mode="json")
     if config.rollout.api_key is not None:
         full["rollout"]["api_key"] = config.rollout.api_key.get_secret_value()
-    descriptor = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+    descriptor = os.open(run.private_config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
     with os.fdopen(descriptor, "w") as handle:
         yaml.safe_dump(full, handle, sort_keys=False)
-    return RunPaths(root=root, work_dir=work_dir, private_config=private)
+    return run
 
 
 TRACKING_FILE = "tracking.json"

@@ -5,7 +5,6 @@ lineage file), as a LoggedModel. The trainer process itself never talks to MLflo
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.lineage import DataRef, RunLineage
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.trainer.loop import LINEAGE_FILE
+from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
 
 LOG = logging.getLogger("asyncrl.lineage")
@@ -70,10 +69,7 @@ class LineageRecorder:
         self._metric_lines = len(records)
 
     def _log_version(self, store: WeightStore, version: int) -> None:
-        try:
-            info = json.loads(fs.read_bytes(self.root, paths.weights_file(version, LINEAGE_FILE)))
-        except FileNotFoundError:
-            info = {}
+        info = read_lineage(self.root, version) or {}
         shards = [shard_ref(self.root, name) for name in info.get("shards", [])]
         step = info.get("step")
         metrics = self.metrics_by_step.get(int(step), {}) if isinstance(step, int) else {}

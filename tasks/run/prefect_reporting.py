@@ -1,16 +1,19 @@
 """What the flows tell Prefect about a run's components: a log line and an event per
-restart and failure, and the hook that kills a cancelled or crashed run's process groups."""
+restart and failure, each component run's final state, and the hook that kills a cancelled
+or crashed run's process groups."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
 from prefect.events import emit_event
+from prefect.states import Cancelled
 
-from asyncrl.tasks.run.rl import kill_recorded_groups
-from asyncrl.tasks.run.supervisor import ComponentEvent
+from asyncrl.tasks.run.rl import RunStop, kill_recorded_groups
+from asyncrl.tasks.run.supervisor import ComponentEvent, ComponentOutcome
 
 
 def report_event(event: ComponentEvent) -> None:
@@ -24,6 +27,14 @@ def report_event(event: ComponentEvent) -> None:
         resource={"prefect.resource.id": f"asyncrl.component.{event.component}"},
         payload={"detail": event.detail, "restarts": event.restarts},
     )
+
+
+def outcome_state(outcome: ComponentOutcome, stop: RunStop | None) -> Any:  # noqa: ANN401 - a dict or a State
+    """What a component's task or flow run returns: Cancelled when the run stopped it for
+    another reason than its normal end (a failure elsewhere, a cancel), else its outcome."""
+    if outcome.end == "stopped" and stop is not None and stop.cancelled:
+        return Cancelled(message=f"{outcome.component} stopped: {stop.reason}")
+    return asdict(outcome)
 
 
 def kill_run_processes(flow: Any, flow_run: Any, state: Any) -> None:  # noqa: ANN401 - Prefect's hook signature

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, cast
 
@@ -79,16 +79,9 @@ class ComponentRunner(Protocol):
     def __call__(self, name: str, kind: ComponentKind, work: Callable[[], ComponentOutcome], stop: RunStop) -> None: ...
 
 
-@dataclass
-class ThreadRunner:
-    """A thread per component (`asyncrl chaos`, benchmarks, tests of the plain function)."""
-
-    threads: list[threading.Thread] = field(default_factory=list)
-
-    def __call__(self, name: str, kind: ComponentKind, work: Callable[[], ComponentOutcome], stop: RunStop) -> None:
-        thread = threading.Thread(target=work, name=f"asyncrl-{name}", daemon=True)
-        thread.start()
-        self.threads.append(thread)
+def thread_runner(name: str, kind: ComponentKind, work: Callable[[], ComponentOutcome], stop: RunStop) -> None:
+    """A thread per component (`asyncrl chaos`, benchmarks); the run waits on its futures."""
+    threading.Thread(target=work, name=f"asyncrl-{name}", daemon=True).start()
 
 
 class ProcessGroupFile:
@@ -231,16 +224,17 @@ def run_rl(
                 ready_at = time.time()
             if recorder is not None:
                 recorder.poll()
-            step = _last_step(paths.work_dir / "trainer-metrics.jsonl", recorder)
-            if progress is not None and step[0] > reported:
-                reported = step[0]
-                progress(step[0], config.trainer.max_steps, step[1])
+            if progress is not None:
+                step, metrics = _last_step(paths.work_dir / "trainer-metrics.jsonl", recorder)
+                if step > reported:
+                    reported = step
+                    progress(step, config.trainer.max_steps, metrics)
             if tick is not None:
                 tick(statuses)
             if futures["trainer"].done():
                 _raise_first_failure(futures, stop)  # the trainer may have failed since the check above
                 if settings.drain:
-                    _wait_drained(futures, settings)
+                    _wait_drained(futures, settings, stop)
                 break
             wait(list(futures.values()), timeout=settings.poll_s, return_when=FIRST_EXCEPTION)
         if recorder is not None:
@@ -292,7 +286,7 @@ def train_run(config: RunConfig, settings: RLRunSettings | None = None) -> Train
     threads, the MLflow run ended with the outcome."""
     context = open_run_context(config)
     try:
-        result = run_rl(config, context.paths, settings or RLRunSettings(restart_policy(config)), ThreadRunner(),
+        result = run_rl(config, context.paths, settings or RLRunSettings(restart_policy(config)), thread_runner,
                         context=context)  # fmt: skip
     except BaseException as exc:
         context.lineage.end("FAILED" if isinstance(exc, Exception) else "KILLED")
@@ -339,18 +333,18 @@ def _raise_first_failure(futures: dict[str, Future[ComponentOutcome]], stop: Run
             raise ComponentFailed(name, "its supervisor ended while the run was going on", 0, "")
 
 
-def _wait_drained(futures: dict[str, Future[ComponentOutcome]], settings: RLRunSettings) -> None:
+def _wait_drained(futures: dict[str, Future[ComponentOutcome]], settings: RLRunSettings, stop: RunStop) -> None:
     """The trainer is done: wait (bounded) for the scheduler to write every admitted group."""
     scheduler = futures["scheduler"]
     deadline = time.monotonic() + settings.drain_timeout_s
     while not scheduler.done():
-        _raise_first_failure(futures, RunStop())
+        _raise_first_failure(futures, stop)
         if time.monotonic() > deadline:
             raise ComponentFailed(
                 "scheduler", f"did not drain within {settings.drain_timeout_s:.0f} s after the trainer finished", 0, ""
             )
         wait([scheduler], timeout=settings.poll_s)
-    _raise_first_failure(futures, RunStop())
+    _raise_first_failure(futures, stop)
 
 
 def _last_step(metrics_file: Path, recorder: LineageRecorder | None) -> tuple[int, dict[str, float]]:

@@ -16,6 +16,7 @@ from typing import Any
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage import fs, paths
 from asyncrl.storage.lineage import RunLineage
+from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import load_prompts
 from asyncrl.tasks.data.prompting import render_prompt
@@ -76,7 +77,7 @@ def prepare_data(config: RunConfig) -> dict[str, str]:
         if data.sft_path and sft:
             solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed)
             write_problems(Path(data.sft_path), sft, solutions=solutions)
-    progress = StageProgress(Path(config.work_dir) / config.name, config.name, "prepare-data", len(data_files(config)), "files")
+    progress = StageProgress(config.run_work_dir, config.name, "prepare-data", len(data_files(config)), "files")
     rows = 0
     for index, path in enumerate(data_files(config), start=1):
         rows += len(load_prompts(path))  # a malformed file fails here, naming file, row and field
@@ -97,7 +98,7 @@ def model_present(config: RunConfig) -> bool:
 
 def init_model(config: RunConfig) -> str:
     """Write the tiny Qwen2 model at ``model.path`` unless one is there; its content digest."""
-    progress = StageProgress(Path(config.work_dir) / config.name, config.name, "init-model", 1, "model")
+    progress = StageProgress(config.run_work_dir, config.name, "init-model", 1, "model")
     present = model_present(config)
     if not present:
         from asyncrl.tasks.model.tiny import write_tiny_model
@@ -237,8 +238,6 @@ def evaluation_key(config: RunConfig, run_paths: RunPaths, versions: list[int]) 
 
 def _lineage_digest(run_paths: RunPaths, version: int) -> str:
     from hashlib import sha256
-
-    from asyncrl.tasks.trainer.loop import LINEAGE_FILE
 
     try:
         return sha256(fs.read_bytes(run_paths.root, paths.weights_file(version, LINEAGE_FILE))).hexdigest()[:16]

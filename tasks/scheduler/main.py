@@ -38,6 +38,7 @@ Exit status: 0 stopped or finished, 2 bad config or arguments, 1 any other error
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -55,10 +56,11 @@ import httpx
 from asyncrl.configs.loading import ConfigError, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.run.context import RunPaths
+from asyncrl.tasks.run.context import run_paths as run_paths_of
 from asyncrl.tasks.scheduler.controller import load_gate_state, written_group_indices
 from asyncrl.tasks.run.components_setup import run_scheduler
 from asyncrl.tasks.run.audit import read_lineage
-from asyncrl.storage.fs import RunRoot, open_root
+from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import PromptRecord, load_prompts
 from asyncrl.tasks.rollout.registry import list_servers
@@ -101,8 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_paths(config: RunConfig, private_config: Path) -> RunPaths:
     """The run's paths as `prepare_run` laid them out (nothing is written: the trainer may be
     reading the private config at the same moment)."""
-    root = open_root(config.storage.root, config.storage.options)
-    return RunPaths(root=root, work_dir=Path(config.work_dir) / config.name, private_config=private_config)
+    return dataclasses.replace(run_paths_of(config), private_config=private_config)
 
 
 def final_step_published(root: RunRoot, max_steps: int) -> bool:

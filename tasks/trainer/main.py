@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"trainer: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    work_dir = args.work_dir or Path(config.work_dir) / config.name / "trainer"
+    work_dir = args.work_dir or config.run_work_dir / "trainer"
     work_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = args.metrics_file or work_dir / "metrics.jsonl"
 
