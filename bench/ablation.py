@@ -134,6 +134,8 @@ def variant_config(base: RunConfig, work: Path, warm_start: Path, eta: int, obje
     raw["rollout"]["eta"] = eta
     raw["trainer"]["objective"] = objective
     raw["pipeline"]["sft_steps"] = 0
+    # every version stays in the store: the sweep evaluates every eval_every-th one afterwards
+    raw["trainer"]["keep_versions"] = raw["trainer"]["max_steps"] + 1
     raw["tracking"]["mlflow_uri"] = f"sqlite:///{work / 'mlflow.db'}"
     raw["tracking"]["experiment"] = f"{base.name}-ablation"
     return RunConfig.model_validate(raw)

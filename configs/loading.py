@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from asyncrl.configs.run_config import RunConfig
-
-SECRET_KEY_PATTERN = re.compile(r"(secret|password|token|api_key|access_key|session|credential|^key$)", re.I)
-REDACTED = "***"
+from asyncrl.configs.secrets import REDACTED, is_secret_key, redact, reveal_context
 
 
 class ConfigError(ValueError):
@@ -70,7 +67,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         else:
             line = message
         if error["type"] not in ("missing", "value_error") and "input" in error:
-            shown = REDACTED if SECRET_KEY_PATTERN.search(key) else repr(error["input"])
+            shown = REDACTED if any(is_secret_key(str(p)) for p in error["loc"]) else repr(redact(error["input"]))
             line += f" (got {shown})"
         lines.append(f"{source}: {line}")
     return "\n".join(lines)
@@ -89,7 +86,13 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}: line {line}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}); "
+            "save the config as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
@@ -104,20 +107,17 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     return config_from_dict(raw, source=str(path))
 
 
-def redact_secrets(value: Any, key: str = "") -> Any:
-    """Replace every value whose key looks secret (keys, tokens, passwords) with '***'."""
-    if isinstance(value, dict):
-        return {k: redact_secrets(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact_secrets(v, key) for v in value]
-    if key and SECRET_KEY_PATTERN.search(key) and value is not None:
-        return REDACTED
-    return value
-
-
 def public_dict(config: RunConfig) -> dict[str, Any]:
-    """The config as plain data with every secret redacted: safe for config.yaml, MLflow and logs."""
-    return redact_secrets(config.model_dump(mode="json"))
+    """The config as plain data with every secret redacted (:func:`asyncrl.configs.secrets.redact`
+    over the JSON dump, which already hides secret fields): safe for config.yaml, MLflow,
+    Prefect artifacts, summaries and logs."""
+    return redact(config.model_dump(mode="json"))
+
+
+def private_dict(config: RunConfig) -> dict[str, Any]:
+    """The config with its secrets in full: only for the run's local private config file
+    (mode 0600) that the processes it starts read."""
+    return config.model_dump(mode="json", context=reveal_context())
 
 
 def frozen_yaml(config: RunConfig) -> str:

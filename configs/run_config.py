@@ -7,17 +7,21 @@ stay instant.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from asyncrl.configs.base import StrictModel
+from asyncrl.configs.secrets import Secret, SecretUri, refuse_redacted, secret_keys_in
+from asyncrl.storage.protocols import check_root_protocol
 from asyncrl.storage.retry import retry_policy
 from asyncrl.tasks.data.synthetic import ArithmeticSpec
 from asyncrl.tasks.process_group import check_cpu_cores
 from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.tasks.rollout.auth import API_KEY_ENV
 
 
 class ModelConfig(StrictModel):
@@ -48,8 +52,10 @@ class RolloutConfig(StrictModel):
     """Address the servers bind to; anything but loopback requires `api_key`."""
     base_port: int = Field(8100, ge=1024, le=65535)
     """Server k listens on base_port + k."""
-    api_key: SecretStr | None = None
-    """Bearer key the servers require (mandatory off loopback)."""
+    api_key: Secret | None = None
+    """Bearer key the servers require (mandatory off loopback). Never a flow parameter in
+    clear: leave it out and set ``ASYNCRL_ROLLOUT_API_KEY`` in the environment of the flow
+    run (a Prefect worker's environment), which :meth:`api_key_value` reads."""
     n_samples: int = Field(4, ge=1)
     """Samples per prompt (the group size n)."""
     max_new_tokens: int = Field(256, ge=1)
@@ -80,14 +86,28 @@ class RolloutConfig(StrictModel):
     def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
         return check_cpu_cores(cores, "rollout.cpu_cores")
 
+    @field_validator("api_key")
+    @classmethod
+    def _not_redacted(cls, api_key: Any) -> Any:  # noqa: ANN401
+        if api_key is not None:
+            refuse_redacted("rollout.api_key", api_key.get_secret_value(), f"set {API_KEY_ENV} in the flow run's environment")
+        return api_key
+
     @model_validator(mode="after")
     def _api_key_off_loopback(self) -> RolloutConfig:
-        if self.host not in ("127.0.0.1", "localhost", "::1") and self.api_key is None:
+        if self.host not in ("127.0.0.1", "localhost", "::1") and self.api_key_value() is None:
             raise ValueError(
-                f"rollout.api_key: required when rollout.host is {self.host!r} (not loopback); "
-                "the pause/resume/collective-RPC endpoints must never be reachable without it"
+                f"rollout.api_key: required when rollout.host is {self.host!r} (not loopback); set it "
+                f"or {API_KEY_ENV} in the environment: the pause/resume/collective-RPC endpoints must "
+                "never be reachable without it"
             )
         return self
+
+    def api_key_value(self) -> str | None:
+        """The servers' bearer key: ``api_key``, else ``$ASYNCRL_ROLLOUT_API_KEY``, else None."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        return os.environ.get(API_KEY_ENV) or None
 
 
 class OptimizerConfig(StrictModel):
@@ -124,6 +144,10 @@ class TrainerConfig(StrictModel):
     zero_stage: Literal[0, 1, 2] = 1
     """DeepSpeed ZeRO stage (3 is not supported: publishing reads full parameters)."""
     checkpoint_every: int = Field(5, ge=1)
+    keep_versions: int = Field(0, ge=0)
+    """Weight versions kept in the store beyond those the run still needs (the current one,
+    those within max_staleness + 1 updates of it, checkpoints', registered and the initial
+    one); 0 prunes everything else after each publish."""
     max_staleness: int | None = Field(None, ge=0)
     """Drop samples staler than this (default: rollout.eta)."""
     cpu_cores: tuple[int, ...] | None = None
@@ -136,15 +160,48 @@ class TrainerConfig(StrictModel):
 
 
 class StorageConfig(StrictModel):
-    # Options carry credentials: a validation error must not echo them.
+    # A validation error must not echo what was given (a credential put there by mistake).
     model_config = ConfigDict(**StrictModel.model_config, hide_input_in_errors=True)
 
     root: str = Field(min_length=1)
     """Run root: a local directory, file:// or s3:// URI."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """fsspec storage options (endpoint, credentials). Never logged. S3 retries:
-    `config_kwargs: {retries: {mode: standard, total_max_attempts: 5}}` (the defaults;
-    botocore's keys, see asyncrl.storage.retry)."""
+    """fsspec storage options without credentials (``endpoint_url``, ``client_kwargs``,
+    ``config_kwargs`` ...). S3 retries: `config_kwargs: {retries: {mode: standard,
+    total_max_attempts: 5}}` (the defaults; botocore's keys, see asyncrl.storage.retry).
+    Credentials come from the environment (``AWS_ACCESS_KEY_ID`` ...), an instance profile,
+    or the Prefect Secret block named by ``credentials_block``; a credential key here is
+    refused, since the config is a flow parameter the Prefect UI shows."""
+    credentials_block: str | None = Field(None, min_length=1)
+    """Name of a Prefect Secret block holding the store's credentials as a JSON object
+    (``{"aws_access_key_id": ..., "aws_secret_access_key": ..., "aws_session_token": ...}``,
+    or s3fs's ``key``/``secret``/``token``); loaded in the flow run, handed to the processes
+    it starts through their environment."""
+
+    @field_validator("root")
+    @classmethod
+    def _supported_root(cls, root: str) -> str:
+        check_root_protocol(root)
+        if secret_keys_in(root):
+            raise ValueError(
+                "storage.root: holds a password (scheme://user:password@...); give credentials through "
+                "the environment or storage.credentials_block"
+            )
+        return root
+
+    @field_validator("options")
+    @classmethod
+    def _no_credentials(cls, options: dict[str, Any]) -> dict[str, Any]:
+        found = secret_keys_in(options)
+        if found:
+            named = ", ".join(f"storage.options.{key}" for key in found)
+            raise ValueError(
+                f"{named}: credentials do not belong in the run config (it is a flow parameter the "
+                "Prefect UI shows): set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (/ AWS_SESSION_TOKEN) "
+                "in the environment, use an instance profile, or name a Prefect Secret block in "
+                "storage.credentials_block"
+            )
+        return options
 
     @field_validator("options")
     @classmethod
@@ -157,8 +214,17 @@ class StorageConfig(StrictModel):
 
 
 class TrackingConfig(StrictModel):
-    mlflow_uri: str = "sqlite:///mlflow.db"
+    mlflow_uri: SecretUri = "sqlite:///mlflow.db"
+    """MLflow tracking (and registry) URI. A password in it (``postgresql://user:pw@host``) is
+    stripped wherever the config is shown or passed as a flow parameter; for deployment runs
+    give it through the environment (``PGPASSWORD``, ``MLFLOW_TRACKING_PASSWORD``)."""
     experiment: str = Field("asyncrl", min_length=1)
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _not_redacted(cls, uri: str) -> str:
+        refuse_redacted("tracking.mlflow_uri", uri, "leave the password out of the URI and set it in the environment")
+        return uri
 
 
 class SyntheticDataConfig(StrictModel):

@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.secrets import strip_uri_password
 from asyncrl.flows.train import train
 from asyncrl.storage import fs
 from asyncrl.tasks.run import stages
@@ -125,7 +126,7 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> Pi
         registered_model_version=registered["registered_version"],
         wall_s=time.monotonic() - started,
         train_wall_s=trained["wall_s"],
-        mlflow_uri=config.tracking.mlflow_uri,
+        mlflow_uri=strip_uri_password(config.tracking.mlflow_uri),
         mlflow_run_id=context.lineage.run_id,
         storage_root=context.paths.root.uri,
         restarts=trained["restarts"],

@@ -10,9 +10,21 @@ writes the storage layer does, and none of them exposes a partial object:
   Either way a lost race raises :class:`FileExistsError`.
 * :func:`put_atomic_replace` publishes a small pointer object that may be
   replaced (local: temporary + ``os.replace``; S3: one ``PutObject``).
+* :func:`replace_if` replaces a small pointer object only if a predicate accepts the
+  content it replaces: a compare-and-swap (local: read, compare and replace under an
+  exclusive ``flock`` of a hidden lock file beside it, which the kernel releases if the
+  holder dies; S3: ``PutObject`` with ``If-Match`` on the ETag read, or
+  ``If-None-Match: *`` if absent, re-read and retried when another writer got in first).
 * :func:`upload_file` copies a local file in (local: temporary + ``os.replace``;
   S3: ``put_file``, multipart for large files). Callers hide such files behind a
-  marker written afterwards.
+  marker written afterwards. On S3 an upload of a file large enough to be multipart
+  first aborts the incomplete multipart uploads of the same key (parts left by a killed
+  uploader); :func:`abort_incomplete_uploads` aborts all of them under a directory.
+
+Durability on local disk: every temp-then-rename here (writes into the root and
+downloads out of it) fsyncs the temporary file before the rename and its directory
+after it, so a power loss leaves either the old or the new file under the name, never
+an empty or partial one.
 
 Temporary files start with ``.`` and :func:`list_dir` never returns such names.
 S3 listings are never cached (``use_listings_cache=False``), so objects written
@@ -28,13 +40,14 @@ and the object; what earlier calls wrote stays intact.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import posixpath
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,12 +188,40 @@ def _write_local_temp(final: str, data: bytes) -> str:
     return tmp
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """fsync a local directory, making the renames and links done in it durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_durably(source: str, final: str, temp_suffix: str) -> None:
+    """Copy ``source`` to ``final`` through a hidden temporary sibling: copy, fsync it,
+    rename it over ``final``, fsync the directory. No partial ``final`` is ever visible."""
+    directory, name = os.path.split(final)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=temp_suffix)
+    os.close(fd)
+    try:
+        shutil.copyfile(source, tmp)
+        os.chmod(tmp, 0o644)
+        _fsync_file(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
 
 
 def _exists_error(root: RunRoot, relpath: str) -> FileExistsError:
@@ -255,7 +296,7 @@ def _local_put_if_absent(root: RunRoot, relpath: str, data: bytes) -> None:
         raise
     finally:
         os.unlink(tmp)
-    _fsync_dir(os.path.dirname(target))
+    fsync_dir(os.path.dirname(target))
 
 
 def put_atomic_replace(root: RunRoot, relpath: str, data: bytes) -> None:
@@ -273,48 +314,159 @@ def put_atomic_replace(root: RunRoot, relpath: str, data: bytes) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
-        _fsync_dir(os.path.dirname(target))
+        fsync_dir(os.path.dirname(target))
         return
     with _named_faults(root, "put_atomic_replace", relpath):
         root.fs.pipe_file(target, data)
 
 
-def upload_file(root: RunRoot, local_path: Path, relpath: str) -> None:
-    """Copy the local file ``local_path`` to ``relpath`` (replacing it if present).
+_REPLACE_IF_ATTEMPTS = 20
 
-    Local roots get the whole file or nothing at ``relpath``; on S3 a large file
-    is a multipart upload, also visible only once complete. Retrying either stores
-    the same bytes again.
+
+def replace_if(root: RunRoot, relpath: str, data: bytes, accept: Callable[[bytes | None], bool]) -> bool:
+    """Store ``data`` at ``relpath`` if ``accept(current)`` is true for the bytes it
+    would replace (``None``: no object); a compare-and-swap. Returns whether the object
+    holds ``data`` afterwards.
+
+    The decision and the write are one atomic step against every other caller:
+
+    * local: read, ``accept`` and the temporary + ``os.replace`` run under an exclusive
+      ``flock`` of ``.{name}.lock`` in the same directory (released by the kernel when the
+      holder dies, so a killed writer never blocks the next one);
+    * S3: read the object and its ETag, then ``PutObject`` with ``If-Match: <etag>``
+      (``If-None-Match: *`` if there was none). 412 or 409 means another writer got in
+      first: read again and decide again, at most ``_REPLACE_IF_ATTEMPTS`` times (each
+      failure is someone else's success, so only a livelock of writers exhausts them;
+      :class:`OSError` names the object then). A retried PUT whose first attempt landed
+      gets 412, reads ``data`` back, and ``accept`` then decides as for any other content.
     """
     target = root.full_path(relpath)
     if root.is_local:
-        fd, tmp = _local_temp(target)
-        os.close(fd)
+        directory, name = os.path.split(target)
+        os.makedirs(directory, exist_ok=True)
+        lock_fd = os.open(os.path.join(directory, f".{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            shutil.copyfile(local_path, tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            current = _read_or_none(root, relpath)
+            if not accept(current):
+                return current == data
+            put_atomic_replace(root, relpath, data)
+            return True
+        finally:
+            os.close(lock_fd)  # releases the flock
+    bucket, key, _ = root.fs.split_path(target)
+    for attempt in range(1, _REPLACE_IF_ATTEMPTS + 1):
+        with _named_faults(root, "replace_if", relpath):
+            try:
+                etag: str | None = root.fs.info(target).get("ETag")
+                if not etag:
+                    raise OSError(errno.ENOTSUP, "the store gives no ETag to condition a replace on", root.display(relpath))
+            except FileNotFoundError:
+                etag = None
+        current = None if etag is None else _read_or_none(root, relpath)
+        if current is None:
+            etag = None
+        if not accept(current):
+            return current == data
+        match = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        try:
+            with _named_faults(root, "replace_if", relpath):
+                root.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **match)
+            root.fs.invalidate_cache(target)
+            return True
+        except StorageOperationError:
             raise
+        except OSError as exc:
+            lost = isinstance(exc, FileExistsError) or _precondition_failed(exc) or _conditional_conflict(exc)
+            if not lost:
+                raise
+        time.sleep(retry.backoff_s(min(attempt, 3)))
+    raise OSError(
+        errno.EAGAIN, f"conditional replace lost to other writers {_REPLACE_IF_ATTEMPTS} times", root.display(relpath)
+    )
+
+
+def _read_or_none(root: RunRoot, relpath: str) -> bytes | None:
+    try:
+        return read_bytes(root, relpath)
+    except FileNotFoundError:
+        return None
+
+
+MULTIPART_MIN_BYTES = 5 * 2**20
+"""Smallest file s3fs may upload in parts (S3's minimum part size): smaller files are one PUT."""
+
+
+def upload_file(root: RunRoot, local_path: Path, relpath: str) -> None:
+    """Copy the local file ``local_path`` to ``relpath`` (replacing it if present).
+
+    Local roots get the whole file or nothing at ``relpath`` (fsynced temporary, rename,
+    fsynced directory); on S3 a large file is a multipart upload, also visible only once
+    complete. Before a file of at least :data:`MULTIPART_MIN_BYTES` is uploaded to S3,
+    the incomplete multipart uploads of the same key are aborted: parts of an earlier
+    attempt killed mid-upload (s3fs aborts its own upload only when it sees the error).
+    Retrying either stores the same bytes again.
+    """
+    target = root.full_path(relpath)
+    if root.is_local:
+        _copy_durably(str(local_path), target, ".tmp")
         return
+    if os.path.getsize(local_path) >= MULTIPART_MIN_BYTES:
+        abort_incomplete_uploads(root, relpath, exact=True)
     with _named_faults(root, "upload", relpath):
         root.fs.put_file(str(local_path), target)
+
+
+def abort_incomplete_uploads(root: RunRoot, relpath: str, exact: bool = False) -> list[str]:
+    """Abort the incomplete S3 multipart uploads of keys under ``relpath`` (with ``exact``:
+    of the key ``relpath`` only); return the relative paths whose uploads were aborted.
+
+    Only keys inside the run root are touched (the listing is filtered by the root's
+    prefix, never bucket-wide). An upload still in progress elsewhere fails when it
+    completes: call this only where no other writer uploads under ``relpath``. Local
+    roots have no such uploads: returns ``[]``.
+    """
+    if root.is_local:
+        return []
+    bucket, key, _ = root.fs.split_path(root.full_path(relpath))
+    prefix = key if exact else key.rstrip("/") + "/"
+    uploads: list[tuple[str, str]] = []
+    marker: dict[str, str] = {}
+    with _named_faults(root, "list_multipart_uploads", relpath):
+        while True:
+            page = root.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker)
+            uploads.extend(
+                (u["Key"], u["UploadId"]) for u in page.get("Uploads", []) or []
+                if not exact or u["Key"] == key
+            )
+            if not page.get("IsTruncated"):
+                break
+            marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+    root_key = root.fs.split_path(root.path)[1].rstrip("/")
+    aborted: list[str] = []
+    for upload_key, upload_id in uploads:
+        with _named_faults(root, "abort_multipart_upload", relpath):
+            try:
+                root.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload_key, UploadId=upload_id)
+            except FileNotFoundError:
+                continue  # NoSuchUpload: completed or aborted meanwhile
+        aborted.append(upload_key[len(root_key) + 1 :] if root_key else upload_key)
+    return aborted
 
 
 def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
     """Copy the object ``relpath`` to the local file ``local_path``, whole or not at all.
 
-    The bytes land in a hidden temporary sibling that is renamed to ``local_path``
-    once complete, so a fault mid-download leaves no partial file.
+    The bytes land in a hidden temporary sibling that is fsynced, renamed to
+    ``local_path`` once complete, and its directory fsynced, so a fault or a kill
+    mid-download leaves no partial file, and a power loss no empty one.
     """
     source = root.full_path(relpath)
     local_path.parent.mkdir(parents=True, exist_ok=True)
     if root.is_local:
         if not os.path.isfile(source):
             raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
-        shutil.copyfile(source, local_path)
+        _copy_durably(source, str(local_path), ".part")
         return
     fd, tmp = tempfile.mkstemp(dir=local_path.parent, prefix=f".{local_path.name}.", suffix=".part")
     os.close(fd)
@@ -323,10 +475,12 @@ def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
             if not _s3_is_file(root, source):
                 raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
             root.fs.get_file(source, tmp)
+        _fsync_file(tmp)
         os.replace(tmp, local_path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    fsync_dir(str(local_path.parent))
 
 
 def read_json_object(root: RunRoot, relpath: str) -> dict[str, Any] | None:
@@ -416,6 +570,28 @@ def list_dir(root: RunRoot, reldir: str) -> list[str]:
                 continue  # a directory marker object for the prefix itself
             names.append(entry.rsplit("/", 1)[-1])
     return sorted(name for name in set(names) if name and not name.startswith("."))
+
+
+def list_tree(root: RunRoot, reldir: str) -> list[str]:
+    """Relative paths (to ``reldir``) of every file under ``reldir``, recursively, sorted;
+    hidden temporaries included (callers deleting a tree must see them). One paginated
+    listing on S3. A missing directory lists empty."""
+    target = root.full_path(reldir)
+    if root.is_local:
+        found = []
+        for directory, _, files in os.walk(target):
+            found.extend(os.path.relpath(os.path.join(directory, f), target).replace(os.sep, "/") for f in files)
+        return sorted(found)
+    try:
+        with _named_faults(root, "list", reldir):
+            entries = root.fs.find(target, withdirs=False, detail=True)
+    except FileNotFoundError:
+        return []
+    prefix = target.rstrip("/") + "/"
+    return sorted(
+        path[len(prefix):] for path, info in entries.items()
+        if path.startswith(prefix) and info.get("type") != "directory" and not path.endswith("/")
+    )
 
 
 def delete(root: RunRoot, relpath: str, missing_ok: bool = False) -> None:

@@ -7,6 +7,15 @@ On resume from a checkpoint, :meth:`Ledger.rollback_after` drops the entries of
 steps the checkpoint does not contain, so their shards are trained on again.
 One trainer process writes the ledger; the check that a shard is unused and
 the write are not one atomic step across several writers.
+
+Work per :meth:`Ledger.record` is one put-if-absent: a :class:`Ledger` reads the
+entries once, at its first ``record`` (O(steps), once per process), and then keeps the
+last step and the consumed names in memory, updating them with every entry it writes
+or rolls back. Restart-safe: that state is only a copy of the entries, rebuilt from
+them by the next process, and a lost race on a step's entry (another writer) drops
+the copy so that the next call reads the entries again. The readers (:meth:`Ledger.steps`,
+:meth:`Ledger.entries`, :meth:`Ledger.consumed`, :meth:`Ledger.last_step`) always read
+storage: they are for audits, tests and watchers, not the trainer's step.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from asyncrl.storage import fs, paths
@@ -57,6 +66,29 @@ class Ledger:
 
     def __init__(self, root: RunRoot) -> None:
         self._root = root
+        self._consumer: dict[str, int] | None = None
+        """Writer state: consumed shard -> its step (None until the first ``record``)."""
+        self._last: int | None = None
+        """Writer state: the highest recorded step."""
+
+    def _writer_state(self) -> dict[str, int]:
+        """The consumed names and last step, read from storage on the first call only."""
+        if self._consumer is None:
+            entries = self.entries()
+            self._consumer = {name: entry.step for entry in entries for name in entry.shards}
+            self._last = entries[-1].step if entries else None
+        return self._consumer
+
+    def consumed_by(self, name: str) -> int | None:
+        """The step whose entry names shard ``name``, or None (writer state: the entries are
+        read on the first call of this or :meth:`record`, then kept in memory)."""
+        return self._writer_state().get(name)
+
+    def entry(self, step: int) -> LedgerEntry:
+        """The entry of ``step`` (one read); :class:`FileNotFoundError` names it if absent."""
+        _check_step(step)
+        relpath = paths.ledger_entry(step)
+        return _parse_entry(fs.read_bytes(self._root, relpath), step, self._root.display(relpath))
 
     def steps(self) -> list[int]:
         """Recorded steps, ascending."""
@@ -73,7 +105,7 @@ class Ledger:
         ]
 
     def consumed(self) -> set[str]:
-        """Names of all shards consumed by recorded steps."""
+        """Names of all shards consumed by recorded steps (reads every entry: O(steps))."""
         return {name for entry in self.entries() for name in entry.shards}
 
     def last_step(self) -> int | None:
@@ -99,11 +131,10 @@ class Ledger:
         duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
         if duplicates:
             raise ValueError(f"step {step}: shards listed twice: {duplicates}")
-        entries = self.entries()
-        if entries and step <= entries[-1].step:
-            word = "already recorded" if any(e.step == step for e in entries) else "not after"
-            raise ValueError(f"step {step} is {word} (last recorded step {entries[-1].step})")
-        consumer = {name: entry.step for entry in entries for name in entry.shards}
+        consumer = self._writer_state()
+        if self._last is not None and step <= self._last:
+            word = "already recorded" if step in consumer.values() else "not after"
+            raise ValueError(f"step {step} is {word} (last recorded step {self._last})")
         for name in names:
             if name in consumer:
                 raise ValueError(f"step {step}: shard {name} was already consumed by step {consumer[name]}")
@@ -112,18 +143,31 @@ class Ledger:
         try:
             fs.put_if_absent(self._root, paths.ledger_entry(step), json.dumps(content).encode())
         except FileExistsError:
+            self._consumer = None  # another writer: read the entries again next time
             raise ValueError(f"step {step} is already recorded (written concurrently)") from None
+        consumer.update((name, step) for name in names)
+        self._last = step
         return entry
 
-    def rollback_after(self, step: int) -> list[int]:
+    def rollback_after(self, step: int, restore: Callable[[Sequence[str]], None] | None = None) -> list[int]:
         """Delete the entries of steps greater than ``step``, newest first; return them ascending.
 
         ``step = -1`` clears the ledger. Deleting newest first means an
         interrupted rollback still leaves a prefix of the steps recorded.
+        With ``restore``, each doomed entry is read and ``restore(its shards)`` is called
+        before the entry is deleted (the trainer moves them back to ``trajectories/``):
+        a rollback cut by a kill leaves every still-recorded step's shards to be restored
+        again by the next call, so ``restore`` must be idempotent. Work: one listing,
+        and per doomed step one read (with ``restore``) and one delete.
         """
         if isinstance(step, bool) or not isinstance(step, int):
             raise ValueError(f"step must be an int, got {step!r}")
         doomed = [s for s in self.steps() if s > step]
         for later in reversed(doomed):
+            if restore is not None:
+                restore(self.entry(later).shards)
             fs.delete(self._root, paths.ledger_entry(later))
+        if doomed and self._consumer is not None:
+            self._consumer = {name: s for name, s in self._consumer.items() if s <= step}
+            self._last = max(self._consumer.values(), default=None)  # every entry names >= 1 shard
         return doomed

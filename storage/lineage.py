@@ -1,5 +1,7 @@
 """MLflow lineage of a train run: params, step metrics, one LoggedModel per weight version,
-and the data each version was trained on, logged as inputs (source URI + digest).
+and the data each version was trained on: the prompt dataset as a run input (source URI +
+digest), the trajectory shards of each step as one JSON manifest artifact per version
+(``lineage/v{version:06d}.json``), so the records per step do not grow with its shards.
 
 Uses an explicit `MlflowClient` and run id (never MLflow's global active run), so two
 runs in one process cannot mix their records. Secrets never arrive here: callers pass
@@ -27,9 +29,17 @@ EVALUATION_CONTEXT = "evaluation"
 MAX_PARAM_LENGTH = 6000
 
 
+LINEAGE_ARTIFACT_DIR = "lineage"
+
+
+def manifest_artifact_path(version: int) -> str:
+    """Run-relative artifact path of the lineage manifest of weight version ``version``."""
+    return f"{LINEAGE_ARTIFACT_DIR}/v{version:06d}.json"
+
+
 @dataclass(frozen=True)
 class DataRef:
-    """A piece of data a model depends on: a dataset file or a trajectory shard."""
+    """A dataset file a run depends on (prompt dataset, held-out set)."""
 
     name: str
     uri: str
@@ -121,18 +131,24 @@ class RunLineage:
         self,
         version: int,
         weights_uri: str,
-        trained_on: Sequence[DataRef],
+        manifest: Mapping[str, Any],
         metrics: Mapping[str, float],
         weights_dir: Path | None = None,
     ) -> str:
         """Record weight version `version` as a LoggedModel at step = version.
 
-        Its tags name the weights' URI and the shards it was trained on; each shard is a
-        run input (context "training", tagged with the version), and the step metrics are
-        logged against the model and each shard, which is how MLflow links a model to
-        its datasets (`search_logged_models(datasets=...)` finds it). When `weights_dir`
-        is given the HF files are also copied into the model's artifacts.
+        What it was trained on is ONE JSON artifact of the run, ``lineage/v{version:06d}.json``
+        (`manifest`: at least ``shards``, a list of objects with ``name``; the recorder adds
+        step, version, parent version and each shard's URI, digest, rows and groups), so the
+        MLflow calls per version are a constant number whatever the shards per step: create
+        the model, the artifact, the metrics, finalize. The model's tags name the weights'
+        URI, the artifact and the shards (``asyncrl.trained_on``, cut to MLflow's limit); the
+        step metrics are logged against the model. When `weights_dir` is given the HF files
+        are also copied into the model's artifacts.
         """
+        shards = manifest.get("shards") or []
+        names = [str(shard["name"]) for shard in shards]
+        artifact = manifest_artifact_path(version)
         model = self.client.create_logged_model(
             experiment_id=self.experiment_id,
             name=f"policy-v{version}",
@@ -140,27 +156,15 @@ class RunLineage:
             tags={
                 "asyncrl.version": str(version),
                 "asyncrl.weights_uri": weights_uri,
-                "asyncrl.trained_on": ",".join(ref.name for ref in trained_on)[:MAX_PARAM_LENGTH],
+                "asyncrl.lineage_artifact": artifact,
+                "asyncrl.trained_on": ",".join(names)[:MAX_PARAM_LENGTH],
             },
             params={"version": str(version)},
         )
         try:
             if weights_dir is not None:
                 self.client.log_model_artifacts(model.model_id, str(weights_dir))
-            for ref in trained_on:
-                entity = _dataset_entity(ref)
-                tags = [
-                    InputTag(key="mlflow.data.context", value=TRAINING_CONTEXT),
-                    InputTag(key="asyncrl.version", value=str(version)),
-                ]
-                self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset=entity, tags=tags)])
-                self.client.log_batch(
-                    self.run_id,
-                    metrics=[
-                        Metric("trained_on_shard", 1.0, _now_ms(), version, model_id=model.model_id,
-                               dataset_name=ref.name, dataset_digest=ref.digest)
-                    ],
-                )
+            self.client.log_dict(self.run_id, {**manifest, "model_id": model.model_id}, artifact)
             self.log_metrics(version, metrics, model_id=model.model_id)
         except Exception:
             self.client.finalize_logged_model(model.model_id, "FAILED")

@@ -4,7 +4,10 @@ Layout (relative to the run root)::
 
     config.yaml                                   frozen run config
     trajectories/shard-{seq:08d}-v{min:06d}-v{max:06d}.arrow
-    trajectories/_seq/{seq:08d}                   sequence-number claims (never deleted)
+    trajectories/_seq/{seq:08d}                   sequence-number claims (never deleted); each
+                                                  names its shard and group ids
+    consumed/{name}                               shards a ledger entry names (moved out of
+                                                  trajectories/ once consumed)
     quarantine/{name}                             shards that failed validation
     weights/v{version:06d}/...                    HF-format files of one version
     weights/v{version:06d}/_COMPLETE              manifest, written after all files
@@ -12,6 +15,7 @@ Layout (relative to the run root)::
     ledger/step-{step:08d}.json                   shards consumed by one training step
     checkpoints/step-{step:08d}/                  trainer state for resume
     scheduler/state.json                          scheduler counters for resume
+    scheduler/written.json                        index of the group indices written in shards
 
 Paths are POSIX-style, relative, without ``..``; :func:`join` checks that.
 Other modules never format these names by hand.
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 CONFIG = "config.yaml"
 TRAJECTORIES_DIR = "trajectories"
 SHARD_SEQ_DIR = f"{TRAJECTORIES_DIR}/_seq"
+CONSUMED_DIR = "consumed"
 QUARANTINE_DIR = "quarantine"
 WEIGHTS_DIR = "weights"
 WEIGHTS_LATEST = f"{WEIGHTS_DIR}/LATEST"
@@ -33,6 +38,7 @@ LEDGER_DIR = "ledger"
 CHECKPOINTS_DIR = "checkpoints"
 SCHEDULER_DIR = "scheduler"
 SCHEDULER_STATE = f"{SCHEDULER_DIR}/state.json"
+SCHEDULER_WRITTEN = f"{SCHEDULER_DIR}/written.json"
 ROLLOUT_SERVERS_DIR = "rollout/servers"
 REWARD_SERVICE = "rewards/service.json"
 
@@ -103,6 +109,13 @@ def shard_path(name: str) -> str:
     return join(TRAJECTORIES_DIR, name)
 
 
+def consumed_shard_path(name: str) -> str:
+    """Relative path of the shard file ``name`` once a ledger entry consumed it."""
+    if parse_shard_name(name) is None:
+        raise ValueError(f"{name!r} is not a shard file name")
+    return join(CONSUMED_DIR, name)
+
+
 def shard_seq_claim(seq: int) -> str:
     """Relative path of the object that reserves shard sequence number ``seq``."""
     _check_non_negative("shard seq", seq)
@@ -168,3 +181,29 @@ def checkpoint_dir(step: int) -> str:
 def reward_service_path() -> str:
     """Relative path of the reward service's registration (its URL, written once it serves)."""
     return join(REWARD_SERVICE)
+
+
+WEIGHTS_PINS_DIR = f"{WEIGHTS_DIR}/_pins"
+"""``weights/_pins/v{version:06d}``: one object per weight version that pruning must keep
+(a registered model's weights); written put-if-absent, never by pruning."""
+
+
+def weights_pin(version: int) -> str:
+    """Relative path of the pin object that keeps weight version ``version`` from pruning."""
+    return join(WEIGHTS_PINS_DIR, weights_version_dirname(version))
+
+
+PRUNED_LINEAGE_DIR = "weights-lineage"
+"""``weights-lineage/v{version:06d}.json``: the lineage file of a pruned weight version,
+moved out of ``weights/`` so that listing ``weights/`` costs only the versions kept."""
+
+
+def pruned_lineage(version: int) -> str:
+    """Relative path of pruned weight version ``version``'s lineage file."""
+    return join(PRUNED_LINEAGE_DIR, f"{weights_version_dirname(version)}.json")
+
+
+def parse_pruned_lineage_name(name: str) -> int | None:
+    """The version of a ``v{version:06d}.json`` name in ``weights-lineage/``, else None."""
+    stem, dot, suffix = name.partition(".")
+    return parse_weights_version_dirname(stem) if dot and suffix == "json" else None

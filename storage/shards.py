@@ -7,15 +7,34 @@ moving any file that breaks the contract to ``quarantine/``.
 Sequence numbers are reserved by a put-if-absent claim object
 (``trajectories/_seq/{seq}``) before the shard itself is published with
 put-if-absent, so concurrent writers always get distinct sequence numbers and
-no name is ever reused, even after a shard is quarantined.
+no name is ever reused, even after a shard is quarantined. The claim names the
+shard it reserves and the group ids it will hold (:func:`read_claims`), so what was
+written after some sequence number can be found without listing or reading shards.
+
+Where a shard is over its life: ``trajectories/`` while unconsumed, ``consumed/``
+once a ledger entry names it (:meth:`ShardReader.retire`; a ledger rollback moves it
+back with :meth:`ShardReader.restore`), ``quarantine/`` if it was rejected. So
+``trajectories/`` holds only the shards still waiting for the trainer, and a trainer
+poll (:meth:`ShardReader.list_pending`) lists O(waiting shards) names, not O(run).
+
+Work per operation (S3 requests; ``M`` claims so far, ``P`` shards waiting):
+
+* :meth:`ShardWriter.write_groups`: 2 PUTs (claim, shard); the first call of a
+  writer also finds the end of the claims with at most ``2 ceil(log2(M + 1)) + 1``
+  HEADs (a galloping search, :meth:`ShardWriter._first_free_seq`).
+* :meth:`ShardReader.list_pending`: one listing of ``P + 1`` names.
+* :meth:`ShardReader.retire` / :meth:`ShardReader.restore`: GET + PUT + DELETE per shard.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
+import logging
 import time
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -34,27 +53,67 @@ from asyncrl.storage.schema import (
     validate_table,
 )
 
+LOG = logging.getLogger("asyncrl.storage.shards")
+
 @dataclass(frozen=True)
 class ShardInfo:
-    """A shard as its file name describes it."""
+    """A shard as its file name describes it, and whether it lies in ``consumed/``."""
 
     name: str
     seq: int
     min_version: int
     max_version: int
+    consumed: bool = False
+    """True once a ledger entry consumed it: the file is then in ``consumed/``."""
 
     @property
     def relpath(self) -> str:
-        """Path of the shard relative to the run root."""
-        return paths.shard_path(self.name)
+        """Path of the shard relative to the run root (``trajectories/`` or ``consumed/``)."""
+        return paths.consumed_shard_path(self.name) if self.consumed else paths.shard_path(self.name)
 
     @staticmethod
-    def from_name(name: str) -> ShardInfo | None:
+    def from_name(name: str, consumed: bool = False) -> ShardInfo | None:
         """The shard a file name describes, or ``None`` for any other name."""
         parsed = paths.parse_shard_name(name)
         if parsed is None:
             return None
-        return ShardInfo(name, parsed.seq, parsed.min_version, parsed.max_version)
+        return ShardInfo(name, parsed.seq, parsed.min_version, parsed.max_version, consumed)
+
+
+@dataclass(frozen=True)
+class SeqClaim:
+    """A sequence-number claim: the shard it reserved and the group ids it was to hold.
+
+    ``shard`` and ``group_ids`` are ``None`` for a claim written before claims named them.
+    A claim does not mean the shard was published: its writer may have died in between.
+    """
+
+    seq: int
+    shard: str | None
+    group_ids: tuple[str, ...] | None
+
+
+def read_claims(root: RunRoot, start_seq: int) -> list[SeqClaim]:
+    """The claims ``start_seq``, ``start_seq + 1``, ... up to the first number not claimed.
+
+    Claimed numbers form a prefix 0..M-1 (see :meth:`ShardWriter._first_free_seq`), so
+    this is every claim from ``start_seq`` on: k + 1 reads for k claims. ``ValueError``
+    names a claim that is not a JSON object.
+    """
+    claims: list[SeqClaim] = []
+    seq = start_seq
+    while True:
+        relpath = paths.shard_seq_claim(seq)
+        content = fs.read_json_object(root, relpath)
+        if content is None:
+            return claims
+        shard = content.get("shard")
+        groups = content.get("groups")
+        if isinstance(shard, str) and isinstance(groups, list) and all(isinstance(g, str) for g in groups):
+            claims.append(SeqClaim(seq, shard, tuple(groups)))
+        else:
+            claims.append(SeqClaim(seq, None, None))
+        seq += 1
 
 
 def _check_run_id(run_id: str) -> None:
@@ -93,7 +152,14 @@ def _serialize(table: pa.Table) -> bytes:
 
 
 class ShardWriter:
-    """Writes whole prompt groups of one run as new, never-overwritten shards."""
+    """Writes whole prompt groups of one run as new, never-overwritten shards.
+
+    The writer keeps the next sequence number to try in memory. Its first claim finds
+    the end of the claimed numbers by a galloping search (HEADs, no listing), and after
+    a lost claim it searches again from the lost number, so a writer never lists
+    ``trajectories/_seq/``. Restart-safe: nothing but the claims themselves is stored,
+    and a put-if-absent claim is what makes a number ours.
+    """
 
     def __init__(self, root: RunRoot, run_id: str, max_attempts: int = 1000) -> None:
         _check_run_id(run_id)
@@ -102,24 +168,60 @@ class ShardWriter:
         self._root = root
         self._run_id = run_id
         self._max_attempts = max_attempts
+        self._next_seq: int | None = None
 
-    def _next_free_seq(self) -> int:
-        claimed = [paths.parse_shard_seq_claim(name) for name in fs.list_dir(self._root, paths.SHARD_SEQ_DIR)]
-        numbers = [n for n in claimed if n is not None]
-        return max(numbers) + 1 if numbers else 0
+    def _claimed(self, seq: int) -> bool:
+        return fs.exists(self._root, paths.shard_seq_claim(seq))
 
-    def _claim_seq(self) -> int:
-        """Reserve a sequence number: put-if-absent of its claim (unique bytes), next number on conflict."""
-        seq = self._next_free_seq()
+    def _first_free_seq(self, start: int) -> int:
+        """The end of the claimed prefix at or after ``start``: some n >= start with n free and
+        (n == start or n - 1 claimed).
+
+        Galloping search: probe start, start+1, start+2, start+4, ... until a free number,
+        then bisect between the last claimed and the first free probe: at most
+        2 ceil(log2(g + 1)) + 1 HEADs for g claimed numbers after ``start``. Claims are only
+        ever made at such an end (or, after a lost race, at the next end above), so the
+        claimed numbers stay a prefix 0..M-1 and the search returns M. Were the prefix
+        broken by hand, the number found is still only a candidate: the put-if-absent claim
+        decides, so two writers never share a number.
+        """
+        if not self._claimed(start):
+            return start
+        low, step = start, 1  # low: claimed
+        high = low + step
+        while self._claimed(high):
+            low, step = high, step * 2
+            high = low + step
+        while high - low > 1:  # low claimed, high free
+            middle = (low + high) // 2
+            if self._claimed(middle):
+                low = middle
+            else:
+                high = middle
+        return high
+
+    def _claim_seq(self, min_version: int, max_version: int, group_ids: Sequence[str]) -> int:
+        """Reserve a sequence number: put-if-absent of its claim (unique bytes), which names the
+        shard and its group ids; on a lost race search again from the next number."""
+        seq = self._first_free_seq(0) if self._next_seq is None else self._next_seq
         for _ in range(self._max_attempts):
             # The random token makes each claim's bytes unique, so put-if-absent (idempotent by
             # content) can never report two writers' claims of one number as both won.
-            claim = json.dumps({"run_id": self._run_id, "claimed_at": time.time(), "token": uuid.uuid4().hex}).encode()
+            claim = json.dumps(
+                {
+                    "run_id": self._run_id,
+                    "claimed_at": time.time(),
+                    "token": uuid.uuid4().hex,
+                    "shard": paths.shard_name(seq, min_version, max_version),
+                    "groups": list(group_ids),
+                }
+            ).encode()
             try:
                 fs.put_if_absent(self._root, paths.shard_seq_claim(seq), claim)
+                self._next_seq = seq + 1
                 return seq
             except FileExistsError:
-                seq = max(seq + 1, self._next_free_seq())
+                seq = self._first_free_seq(seq + 1)
         raise RuntimeError(f"no free shard sequence number after {self._max_attempts} attempts")
 
     def write_groups(self, groups: Sequence[Sequence[Sample]]) -> ShardInfo:
@@ -134,8 +236,9 @@ class ShardWriter:
         table = groups_to_table(self._run_id, groups, source)
         num_groups = validate_table(table, source, run_id=self._run_id)
         min_version, max_version = token_version_range(table)
+        group_ids = [group[0].group_id for group in groups]
         for _ in range(self._max_attempts):
-            seq = self._claim_seq()
+            seq = self._claim_seq(min_version, max_version, group_ids)
             info = ShardInfo(paths.shard_name(seq, min_version, max_version), seq, min_version, max_version)
             metadata = ShardMetadata(
                 schema_version=SCHEMA_VERSION,
@@ -155,28 +258,93 @@ class ShardWriter:
         raise RuntimeError(f"could not publish a shard after {self._max_attempts} attempts")
 
 
+def _sorted(infos: Iterable[ShardInfo | None]) -> list[ShardInfo]:
+    return sorted((i for i in infos if i is not None), key=lambda i: (i.min_version, i.seq))
+
+
+def _move(root: RunRoot, src: str, dst: str) -> None:
+    """Move object ``src`` to ``dst``, idempotently: copy (put-if-absent), then delete ``src``.
+
+    Repeating a move that was cut anywhere completes it: a copy already at ``dst`` with the
+    same bytes counts as done (put-if-absent is idempotent by content), and a ``src`` that is
+    gone while ``dst`` exists means the move finished. :class:`FileExistsError` names ``dst``
+    if it holds other bytes (``src`` is kept); :class:`FileNotFoundError` names both paths
+    if the object is at neither.
+    """
+    try:
+        data = fs.read_bytes(root, src)
+    except FileNotFoundError:
+        if fs.exists(root, dst):
+            return
+        raise FileNotFoundError(
+            errno.ENOENT, f"no such object, and none at {root.display(dst)} either", root.display(src)
+        ) from None
+    fs.put_if_absent(root, dst, data)
+    fs.delete(root, src, missing_ok=True)
+
+
 class ShardReader:
-    """Lists and reads the shards of one run; bad files go to ``quarantine/``."""
+    """Lists and reads the shards of one run; moves them to ``consumed/`` and back, and bad
+    files to ``quarantine/``."""
 
     def __init__(self, root: RunRoot, run_id: str) -> None:
         _check_run_id(run_id)
         self._root = root
         self._run_id = run_id
 
+    def list_pending(self) -> list[ShardInfo]:
+        """The shards waiting in ``trajectories/`` (not consumed), oldest policy first: sorted by
+        (min_version, seq). One listing of O(waiting shards) names; other names are ignored."""
+        return _sorted(ShardInfo.from_name(name) for name in fs.list_dir(self._root, paths.TRAJECTORIES_DIR))
+
+    def list_consumed(self) -> list[ShardInfo]:
+        """The shards in ``consumed/``, oldest policy first. O(consumed shards): an audit tool."""
+        return _sorted(ShardInfo.from_name(name, True) for name in fs.list_dir(self._root, paths.CONSUMED_DIR))
+
     def list_shards(self) -> list[ShardInfo]:
-        """All shards in ``trajectories/``, oldest policy first: sorted by (min_version, seq).
+        """All shards of the run, waiting and consumed, oldest policy first: sorted by
+        (min_version, seq). O(run): meant for audits and tests; the trainer polls
+        :meth:`list_pending`. ``trajectories/`` is listed before and after ``consumed/``
+        (moves copy before they delete, so a shard moving either way is seen once). A
+        shard in both places (a cut move) is listed once, as waiting."""
+        pending = {info.name: info for info in self.list_pending()}
+        consumed = self.list_consumed()
+        pending.update((info.name, info) for info in self.list_pending())
+        return _sorted([*pending.values(), *(info for info in consumed if info.name not in pending)])
 
-        Names that are not shard names are ignored.
-        """
-        infos = [ShardInfo.from_name(name) for name in fs.list_dir(self._root, paths.TRAJECTORIES_DIR)]
-        return sorted((i for i in infos if i is not None), key=lambda i: (i.min_version, i.seq))
+    def list_unconsumed(self, consumed: Collection[str] = ()) -> list[ShardInfo]:
+        """Waiting shards (:meth:`list_pending`) whose names are not in ``consumed``."""
+        return [info for info in self.list_pending() if info.name not in consumed]
 
-    def list_unconsumed(self, consumed: Collection[str]) -> list[ShardInfo]:
-        """Shards whose names are not in ``consumed``, oldest policy first."""
-        return [info for info in self.list_shards() if info.name not in consumed]
+    def locate(self, name: str) -> ShardInfo | None:
+        """Where the shard ``name`` is: waiting (``trajectories/``), consumed (``consumed/``), or
+        ``None`` if in neither (never published, or quarantined). At most 3 existence checks
+        (2 for a shard that is there), right even while a move runs."""
+        info = self._info(name)
+        if fs.exists(self._root, info.relpath):
+            return info
+        consumed = ShardInfo(info.name, info.seq, info.min_version, info.max_version, True)
+        if fs.exists(self._root, consumed.relpath):
+            return consumed
+        # Moves copy before they delete: a retire is seen above, a restore here.
+        return info if fs.exists(self._root, info.relpath) else None
+
+    def retire(self, names: Iterable[str]) -> None:
+        """Move the named shards from ``trajectories/`` to ``consumed/`` (done after a ledger
+        entry names them). Idempotent: a retire cut by a kill completes when repeated."""
+        for name in names:
+            _move(self._root, paths.shard_path(name), paths.consumed_shard_path(name))
+
+    def restore(self, names: Iterable[str]) -> None:
+        """Move the named shards from ``consumed/`` back to ``trajectories/`` (a ledger rollback:
+        they are to be trained again). Idempotent like :meth:`retire`."""
+        for name in names:
+            _move(self._root, paths.consumed_shard_path(name), paths.shard_path(name))
 
     def read(self, shard: ShardInfo | str) -> pa.Table:
-        """The validated table of ``shard`` (a :class:`ShardInfo` or a shard file name).
+        """The validated table of ``shard`` (a :class:`ShardInfo` or a shard file name), read where
+        it is: where the info says (a name: ``trajectories/``), else in the other place of
+        ``trajectories/`` and ``consumed/`` (it moved since).
 
         A file that is not Arrow IPC, has another schema, belongs to another run,
         or breaks a row invariant is moved to ``quarantine/`` and
@@ -184,11 +352,22 @@ class ShardReader:
         :class:`FileNotFoundError`.
         """
         info = self._info(shard)
-        data = fs.read_bytes(self._root, info.relpath)
+        try:
+            data = fs.read_bytes(self._root, info.relpath)
+        except FileNotFoundError:
+            # Consumed (or restored) since it was listed: it is in the other place.
+            first, info = info, dataclasses.replace(info, consumed=not info.consumed)
+            try:
+                data = fs.read_bytes(self._root, info.relpath)
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    errno.ENOENT, f"no such shard, and none at {self._root.display(info.relpath)} either",
+                    self._root.display(first.relpath),
+                ) from None
         try:
             return self._decode(info, data)
         except ShardValidationError as exc:
-            moved_to = self._quarantine(info)
+            moved_to = self.quarantine(info)
             raise ShardValidationError(exc.source, f"{exc.problem} (moved to {moved_to})") from None
 
     def read_groups(self, shard: ShardInfo | str) -> list[list[Sample]]:
@@ -215,12 +394,17 @@ class ShardReader:
         )
         return table
 
-    def _quarantine(self, info: ShardInfo) -> str:
-        """Move the shard to ``quarantine/`` (a unique suffix if that name is taken); return where."""
+    def quarantine(self, shard: ShardInfo | str) -> str:
+        """Move the shard to ``quarantine/`` (a unique suffix if that name holds other bytes);
+        return the relative path it now has. The one way a shard is rejected: the reader
+        does it for files that break the contract, the trainer for data its model cannot
+        train on. Idempotent: a quarantine cut by a kill completes when repeated."""
+        info = self._info(shard)
         target = paths.quarantine_path(info.name)
         try:
-            fs.move_no_overwrite(self._root, info.relpath, target)
+            _move(self._root, info.relpath, target)
         except FileExistsError:
             target = paths.quarantine_path(f"{info.name}.{uuid.uuid4().hex[:8]}")
-            fs.move_no_overwrite(self._root, info.relpath, target)
+            _move(self._root, info.relpath, target)
+        LOG.warning("quarantined %s as %s", self._root.display(info.relpath), self._root.display(target))
         return target

@@ -22,9 +22,13 @@ LINEAGE_FILE = "asyncrl_lineage.json"
 
 
 def read_lineage(root: RunRoot, version: int) -> dict[str, Any] | None:
-    """The lineage published beside weight ``version``; None if it has none (a version not
-    written by the trainer, or not published). ``ValueError`` names a corrupt file."""
-    return fs.read_json_object(root, paths.weights_file(version, LINEAGE_FILE))
+    """The lineage published beside weight ``version`` (or kept in ``weights-lineage/``
+    when the version was pruned); None if it has none (a version not written by the
+    trainer, or not published). ``ValueError`` names a corrupt file."""
+    lineage = fs.read_json_object(root, paths.weights_file(version, LINEAGE_FILE))
+    if lineage is None:
+        lineage = fs.read_json_object(root, paths.pruned_lineage(version))
+    return lineage
 
 
 def lineage_updates(version: int, lineage: Mapping[str, Any] | None) -> int:

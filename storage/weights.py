@@ -1,14 +1,33 @@
 """Published policy weights: ``weights/v{version:06d}/`` plus the ``weights/LATEST`` pointer.
 
 Publishing a version uploads every file of a local HF-format directory, then
-writes the ``_COMPLETE`` manifest (put-if-absent; it lists each file and its
-size), then replaces the ``LATEST`` pointer. A version counts as published only
-once its manifest exists, so readers never load a half-uploaded version, and the
-pointer never names an incomplete one. Versions are strictly increasing.
+writes the ``_COMPLETE`` manifest (put-if-absent; format 2 lists each file with its
+size and SHA-256), then moves the ``LATEST`` pointer forward to it. A version counts
+as published only once its manifest exists, so readers never load a half-uploaded
+version, and the pointer never names an incomplete one. Versions are strictly increasing.
+
+Rules of the mechanisms here:
+
+* ``LATEST`` only moves forward: it is written with :func:`fs.replace_if`, a
+  compare-and-swap that replaces it only if it names an older version (or is absent or
+  corrupt). Two publishers racing leave it at the higher version whatever the order of
+  their writes; a publisher with an older version leaves it alone.
+* Downloads are verified: every file's size and (format 2) SHA-256 must match the
+  manifest, else :class:`WeightIntegrityError` names the file and both values and the
+  partial download is removed. Format 1 manifests (sizes only) are still read; their
+  files are checked by size.
+* Pruning first copies a version's lineage file (a few hundred bytes) to
+  ``weights-lineage/`` (the trainer's staleness, the scheduler's gate and the run audit
+  read the update count of any version a sample names, pruned or not), then deletes its
+  manifest (it stops counting as published), then its directory: ``weights/`` holds only
+  the versions kept, so listing it costs the same at step 10 and step 10,000. Pinned versions (``weights/_pins/``,
+  :meth:`WeightStore.pin`) are never pruned; which others to keep is the caller's
+  policy (:mod:`asyncrl.tasks.trainer.retention`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,10 +41,60 @@ from typing import Any
 from asyncrl.storage import fs, paths
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import RunRoot
+from asyncrl.storage.weight_lineage import LINEAGE_FILE
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+"""2: ``files`` maps each name to ``{"size": bytes, "sha256": hex}``; 1: to its size."""
 REQUIRED_FILES = ("config.json",)
 WEIGHT_SUFFIX = ".safetensors"
+"""Files of a pruned version that stay in the store (see the module docstring)."""
+_HASH_CHUNK = 8 * 2**20
+
+
+class WeightIntegrityError(OSError):
+    """A downloaded weight file differs from its manifest; the message names the file and
+    the expected and actual size or SHA-256."""
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """One file of a manifest: its size and SHA-256 (None in a format 1 manifest)."""
+
+    size: int
+    sha256: str | None
+
+
+def manifest_files(manifest: dict[str, Any]) -> dict[str, ManifestFile]:
+    """The files of a format 1 or 2 manifest; ``ValueError`` names a malformed entry."""
+    files: dict[str, ManifestFile] = {}
+    for name, entry in manifest["files"].items():
+        if isinstance(entry, int) and not isinstance(entry, bool):
+            files[name] = ManifestFile(size=entry, sha256=None)
+        elif isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str):
+            files[name] = ManifestFile(size=entry["size"], sha256=entry["sha256"])
+        else:
+            raise ValueError(f"manifest entry for {name!r} is neither a size nor {{size, sha256}}: {entry!r}")
+    return files
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of a local file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _pointer_version(raw: bytes | None) -> int | None:
+    """Version named by the raw ``LATEST`` bytes; None if absent or unreadable."""
+    if raw is None:
+        return None
+    try:
+        version = json.loads(raw)["version"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
 @dataclass(frozen=True)
@@ -67,6 +136,11 @@ class WeightStore:
     def __init__(self, root: RunRoot) -> None:
         self._root = root
 
+    @property
+    def root(self) -> RunRoot:
+        """The run root this store reads and writes."""
+        return self._root
+
     def latest(self) -> int | None:
         """Version named by the ``LATEST`` pointer, or ``None`` before the first publish."""
         pointer = self.latest_pointer()
@@ -89,8 +163,9 @@ class WeightStore:
         return pointer
 
     def list_versions(self) -> list[int]:
-        """Complete (published) versions, ascending."""
-        return sorted(v for v in self._version_dirs() if self._is_complete(v))
+        """Complete (published) versions, ascending: one recursive listing of ``weights/``
+        (pruned versions' lineage files cost a listed key each, no request)."""
+        return sorted(v for v, files in self._tree().items() if paths.WEIGHTS_COMPLETE_MARKER in files)
 
     def newest_complete(self) -> int | None:
         """The highest complete version, or ``None`` before the first publish. It is ahead of
@@ -106,6 +181,8 @@ class WeightStore:
         version if it is not greater than the pointer's and every complete
         version, or is already complete.
         Leftovers of an interrupted publish of the same version are replaced.
+        The pointer is moved with a compare-and-swap (:meth:`advance_latest`): if a
+        concurrent publisher already moved it past ``version``, it stays there.
         """
         _check_version(version)
         files = _local_files(Path(local_dir))
@@ -119,21 +196,31 @@ class WeightStore:
                 raise ValueError(f"weight version {version} is {word}")
         if version in existing:
             fs.delete_tree(self._root, paths.weights_version_dir(version))
+        entries: dict[str, dict[str, Any]] = {}
         for relname, local_path in files.items():
+            entries[relname] = {"size": local_path.stat().st_size, "sha256": file_sha256(local_path)}
             fs.upload_file(self._root, local_path, paths.weights_file(version, relname))
         published_at = time.time()
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "version": version,
-            "published_at": published_at,
-            "files": {relname: local_path.stat().st_size for relname, local_path in files.items()},
-        }
+        manifest = {"format": MANIFEST_FORMAT, "version": version, "published_at": published_at, "files": entries}
         try:
             fs.put_if_absent(self._root, paths.weights_complete_marker(version), json.dumps(manifest).encode())
         except FileExistsError:
             raise ValueError(f"weight version {version} was published concurrently by another writer") from None
-        pointer = {"version": version, "published_at": published_at}
-        fs.put_atomic_replace(self._root, paths.WEIGHTS_LATEST, json.dumps(pointer).encode())
+        self.advance_latest(version, published_at)
+
+    def advance_latest(self, version: int, published_at: float) -> bool:
+        """Point ``LATEST`` at ``version`` unless it names ``version`` or a newer one already;
+        return whether it names ``version`` now. A compare-and-swap (:func:`fs.replace_if`):
+        an absent or unreadable pointer is replaced; a newer one is never moved back."""
+        _check_version(version)
+        data = json.dumps({"version": version, "published_at": published_at}).encode()
+
+        def older(current: bytes | None) -> bool:
+            named = _pointer_version(current)
+            return named is None or named < version
+
+        fs.replace_if(self._root, paths.WEIGHTS_LATEST, data, older)
+        return self.latest() == version
 
     def manifest(self, version: int) -> dict[str, Any]:
         """The ``_COMPLETE`` manifest of a published version; :class:`UnknownWeightVersionError` otherwise."""
@@ -148,6 +235,7 @@ class WeightStore:
             files = content["files"]
             if content["version"] != version or not isinstance(files, dict):
                 raise ValueError(f"names version {content['version']!r}, files {type(files).__name__}")
+            manifest_files(content)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{source}: corrupt manifest ({exc})") from None
         return content
@@ -155,59 +243,128 @@ class WeightStore:
     def download(self, version: int, dest_dir: Path) -> Path:
         """Copy published ``version`` into ``dest_dir`` (must not exist, or be empty); return it.
 
-        Files land in a hidden sibling directory first, are checked against the
-        manifest's sizes, and the directory is then renamed to ``dest_dir``, so a
-        loader never sees a partial download. An unpublished version raises
+        Files land in a hidden sibling directory first (each fsynced, see
+        :func:`fs.download_file`), are checked against the manifest's sizes and SHA-256
+        digests, and the directory is then renamed to ``dest_dir`` (its parent fsynced),
+        so a loader never sees a partial or corrupt download. A mismatch raises
+        :class:`WeightIntegrityError` naming the object and both values; the staging
+        directory is removed. An unpublished version raises
         :class:`UnknownWeightVersionError` (a ``KeyError``) listing the available ones.
         """
         dest_dir = Path(dest_dir)
-        files: dict[str, int] = self.manifest(version)["files"]
+        files = manifest_files(self.manifest(version))
         if dest_dir.exists() and (not dest_dir.is_dir() or any(dest_dir.iterdir())):
             raise FileExistsError(f"download destination {dest_dir} exists and is not an empty directory")
         dest_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.", dir=dest_dir.parent))
         try:
-            for relname, size in files.items():
+            for relname, expected in files.items():
                 local_path = staging / relname
+                source = self._root.display(paths.weights_file(version, relname))
                 fs.download_file(self._root, paths.weights_file(version, relname), local_path)
-                if local_path.stat().st_size != size:
-                    raise OSError(
-                        f"{self._root.display(paths.weights_file(version, relname))}: "
-                        f"downloaded {local_path.stat().st_size} bytes, manifest says {size}"
-                    )
+                size = local_path.stat().st_size
+                if size != expected.size:
+                    raise WeightIntegrityError(f"{source}: downloaded {size} bytes, manifest says {expected.size}")
+                if expected.sha256 is not None:
+                    actual = file_sha256(local_path)
+                    if actual != expected.sha256:
+                        raise WeightIntegrityError(
+                            f"{source}: downloaded SHA-256 {actual}, manifest says {expected.sha256}"
+                        )
             if dest_dir.exists():
                 dest_dir.rmdir()
             os.rename(staging, dest_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        fs.fsync_dir(str(dest_dir.parent))
         return dest_dir
+
+    def pin(self, version: int) -> None:
+        """Keep complete ``version`` from pruning for good: write its pin object
+        (put-if-absent, idempotent). :class:`UnknownWeightVersionError` if the version is
+        not complete before or after the pin is written (a prune deleted it meanwhile; a
+        prune that sees the pin after deleting the manifest puts the manifest back)."""
+        self.manifest(version)
+        fs.put_if_absent(self._root, paths.weights_pin(version), json.dumps({"version": version}).encode())
+        if not self._is_complete(version):
+            raise UnknownWeightVersionError(version, self.list_versions())
+
+    def pinned_versions(self) -> set[int]:
+        """Versions with a pin object (:meth:`pin`)."""
+        names = fs.list_dir(self._root, paths.WEIGHTS_PINS_DIR)
+        return {v for v in (paths.parse_weights_version_dirname(name) for name in names) if v is not None}
+
+    def pruned_versions(self) -> list[int]:
+        """Versions :meth:`prune` deleted, whose lineage file it kept in ``weights-lineage/``,
+        ascending: their update counts are still readable (one listing; an audit's call)."""
+        names = fs.list_dir(self._root, paths.PRUNED_LINEAGE_DIR)
+        return sorted(v for v in (paths.parse_pruned_lineage_name(name) for name in names) if v is not None)
 
     def prune(self, keep_latest: int, referenced: Collection[int] = ()) -> list[int]:
         """Delete old versions; return the deleted ones, ascending.
 
         Kept: the ``keep_latest`` newest complete versions, every version in
-        ``referenced``, the pointer's version, and any version newer than the
-        pointer (possibly a publish in progress). Everything else goes,
-        including leftovers of interrupted publishes; the manifest is deleted
-        first so a version stops counting as published before its files go.
+        ``referenced``, every pinned version, the pointer's version, and any version
+        newer than the pointer (possibly a publish in progress). Everything else goes,
+        including leftovers of interrupted publishes: the lineage file is copied to
+        ``weights-lineage/`` (put-if-absent), the manifest is deleted so a version stops
+        counting as published before its files go, then the version's directory. If a pin
+        for the version appears meanwhile, its manifest is put back and the version kept.
+        A killed prune is finished by the next one (a version without manifest below the
+        pointer is deleted again).
         """
         if isinstance(keep_latest, bool) or not isinstance(keep_latest, int) or keep_latest < 0:
             raise ValueError(f"keep_latest must be a non-negative int, got {keep_latest!r}")
         latest = self.latest()
-        complete = self.list_versions()
+        if latest is None:
+            return []
+        tree = self._tree()
+        complete = sorted(v for v, files in tree.items() if paths.WEIGHTS_COMPLETE_MARKER in files)
         keep = set(complete[len(complete) - keep_latest :] if keep_latest else [])
         keep.update(referenced)
-        if latest is not None:
-            keep.add(latest)
+        keep.update(self.pinned_versions())
+        keep.add(latest)
         deleted: list[int] = []
-        for version in sorted(self._version_dirs()):
-            if version in keep or latest is None or version > latest:
+        for version, files in sorted(tree.items()):
+            if version in keep or version > latest or not files:
                 continue
-            fs.delete(self._root, paths.weights_complete_marker(version), missing_ok=True)
+            if LINEAGE_FILE in files:
+                self._keep_lineage(version)
+            if paths.WEIGHTS_COMPLETE_MARKER in files:
+                marker = paths.weights_complete_marker(version)
+                try:
+                    manifest: bytes | None = fs.read_bytes(self._root, marker)
+                except FileNotFoundError:
+                    manifest = None  # another prune got here first
+                fs.delete(self._root, marker, missing_ok=True)
+                if manifest is not None and version in self.pinned_versions():
+                    fs.put_if_absent(self._root, marker, manifest)
+                    continue
             fs.delete_tree(self._root, paths.weights_version_dir(version))
             deleted.append(version)
         return deleted
+
+    def _tree(self) -> dict[int, list[str]]:
+        """Files of every version directory by version (one recursive listing of ``weights/``)."""
+        tree: dict[int, list[str]] = {}
+        for relpath in fs.list_tree(self._root, paths.WEIGHTS_DIR):
+            head, _, rest = relpath.partition("/")
+            version = paths.parse_weights_version_dirname(head)
+            if version is not None and rest:
+                tree.setdefault(version, []).append(rest)
+        return tree
+
+    def _keep_lineage(self, version: int) -> None:
+        """Copy ``version``'s lineage file to ``weights-lineage/`` (kept if already there)."""
+        try:
+            data = fs.read_bytes(self._root, paths.weights_file(version, LINEAGE_FILE))
+        except FileNotFoundError:
+            return
+        try:
+            fs.put_if_absent(self._root, paths.pruned_lineage(version), data)
+        except FileExistsError:
+            pass
 
     def _version_dirs(self) -> list[int]:
         names = fs.list_dir(self._root, paths.WEIGHTS_DIR)

@@ -185,7 +185,32 @@ def _read_parquet(
             raise
         except Exception as exc:  # pyarrow raises several types for a corrupt file
             raise DatasetError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
-    return [to_record(row, index, fields, f"{path}, row {index}") for index, row in enumerate(table.to_pylist())]
+    return [to_record(row, index, fields, f"{path}, row {index}") for index, row in enumerate(_parquet_rows(table, path))]
+
+
+def _parquet_rows(table: Any, path: str) -> list[dict[str, Any]]:  # noqa: ANN401 - a pyarrow Table
+    """The table's rows as dicts; a string column holding bytes that are not UTF-8 (Parquet
+    does not check them) raises :class:`DatasetError` naming the file, row and field."""
+    import pyarrow as pa
+
+    try:
+        return list(table.to_pylist())
+    except UnicodeDecodeError:
+        pass
+    for name in table.column_names:
+        column = table.column(name)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            raw = column.cast(pa.large_binary()).to_pylist()  # the bytes as stored, unchecked
+            for index, value in enumerate(raw):
+                if value is None:
+                    continue
+                try:
+                    value.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DatasetError(
+                        f"{path}, row {index}: field {name!r} is not UTF-8 text (byte {exc.start} of the value)"
+                    ) from None
+    raise DatasetError(f"{path}: holds text that is not UTF-8")
 
 
 def _json_objects(path: str, text: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
@@ -224,7 +249,12 @@ def _read_json_lines(
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DatasetError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DatasetError(
+            f"{path}, line {line}: not UTF-8 text (byte {exc.start} of the file, column {column}); "
+            "save the file as UTF-8"
+        ) from None
     records: list[PromptRecord] = []
     fields: FieldNames | None = None
     for row, where, item in _json_objects(path, text):

@@ -10,6 +10,7 @@ left to right) and ends with ``#### <answer>``, the GSM8K final-answer line.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -269,16 +270,42 @@ def write_problems(
     if metadata:
         table = table.replace_schema_metadata(metadata)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    check_output_dir(path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _no_space(exc, path) or exc
     os.close(fd)
     try:
         pq.write_table(table, tmp_name)
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp_name).unlink(missing_ok=True)
+        full = _no_space(exc, path)
+        if full is not None:
+            raise full from exc
         raise
     return path
+
+
+def check_output_dir(out_dir: Path) -> None:
+    """Raise ``NotADirectoryError`` naming ``out_dir`` and the file in the way when
+    ``out_dir`` or one of its parents is a file (nothing can be written under it)."""
+    out_dir = Path(out_dir)
+    for candidate in (out_dir, *out_dir.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "is a file" if candidate == out_dir else f"is under {candidate}, a file"
+                raise NotADirectoryError(f"{out_dir}: {where}, not a directory; choose another output directory")
+            return
+
+
+def _no_space(exc: BaseException, path: Path) -> OSError | None:
+    """A full disk (ENOSPC, as pyarrow or the OS reports it) as ``OSError`` naming ``path``."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return None
 
 
 def _generator_metadata(seed: int, spec: ArithmeticSpec, **extra: int) -> dict[str, str]:
@@ -302,11 +329,12 @@ def write_synthetic_splits(
     """
     if n_train < 0 or n_heldout < 0:
         raise ValueError(f"write_synthetic_splits: n_train and n_heldout must be >= 0, got {n_train}, {n_heldout}")
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir)
     spec = spec or ArithmeticSpec()
     problems = make_arithmetic_dataset(n_train + n_heldout, seed, spec)
     train, heldout = split_train_heldout(problems, n_heldout, seed)
     metadata = _generator_metadata(seed, spec, n_train=n_train, n_heldout=n_heldout)
-    out_dir = Path(out_dir)
     return {
         "train": write_problems(out_dir / SPLIT_FILES["train"], train, metadata),
         "heldout": write_problems(out_dir / SPLIT_FILES["heldout"], heldout, metadata),

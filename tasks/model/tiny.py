@@ -8,6 +8,7 @@ and the byte-level tokenizer of :mod:`asyncrl.tasks.model.tokenizer`.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -110,6 +111,11 @@ def tiny_qwen2_config(spec: TinyModelSpec) -> Qwen2Config:
 def _check_target(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir}: exists and is not a directory")
+    for parent in out_dir.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"{out_dir}: is under {parent}, a file, not a directory; choose another directory")
+            break
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"{out_dir}: directory is not empty; pass overwrite=True (--overwrite) to replace it")
 
@@ -157,7 +163,9 @@ def write_tiny_model(
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # name the target, not a temp file
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out_dir)) from exc
         raise
     return out_dir

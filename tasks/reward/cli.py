@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.tasks.reward.config import CodeRewardConfig, MathRewardConfig, RewardConfig, SandboxLimits
+from asyncrl.tasks.reward.sandbox import escape_controls
 from asyncrl.tasks.reward.types import RewardResult
 
 
@@ -107,9 +108,19 @@ def cmd_bench_reward(args: argparse.Namespace) -> int:
 
 
 def _read_response(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    return Path(path).read_text(encoding="utf-8")
+    """The response text of ``--response`` (``-``: stdin, in its own encoding; a file: UTF-8).
+    Undecodable input is a ValueError naming the file and the first bad byte."""
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        name = "<stdin>" if path == "-" else path
+        bad = exc.object[exc.start : exc.start + 1].hex()
+        encoding = "UTF-8" if exc.encoding.replace("-", "").lower() == "utf8" else exc.encoding
+        raise ValueError(
+            f"--response {name}: not {encoding} text: byte 0x{bad} at offset {exc.start} ({exc.reason})"
+        ) from exc
 
 
 def _print_result(result: RewardResult, as_json: bool) -> None:
@@ -117,12 +128,13 @@ def _print_result(result: RewardResult, as_json: bool) -> None:
         payload: dict[str, Any] = result.to_json()
         print(json.dumps(payload))
         return
+    # Details may quote the program's output: control characters are escaped before printing.
     print(f"reward {result.reward:g}  reason {result.reason.value}")
     if result.detail:
-        print(f"  {result.detail}")
+        print(f"  {escape_controls(result.detail)}")
     for test in result.tests:
         mark = "pass" if test.passed else f"FAIL {test.reason.value}"
         line = f"  {test.name}: {mark} ({test.wall_s:.2f} s)"
         if test.detail and not test.passed:
-            line += "\n    " + test.detail.replace("\n", "\n    ")
+            line += "\n    " + escape_controls(test.detail).replace("\n", "\n    ")
         print(line)

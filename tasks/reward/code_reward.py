@@ -94,9 +94,17 @@ def load_code_tests(path: Path) -> CodeTests:
     """Read a tests file (JSON, module docstring format)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text: {_describe_decode_error(exc)}") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON: {exc}") from exc
     return code_tests_from_json(data, str(path))
+
+
+def _describe_decode_error(exc: UnicodeDecodeError) -> str:
+    """Where and what the first undecodable byte is, e.g. ``byte 0xff at offset 12``."""
+    bad = exc.object[exc.start : exc.start + 1]
+    return f"byte 0x{bad.hex()} at offset {exc.start} ({exc.reason})"
 
 
 def outputs_match(expected: str, actual: str) -> bool:

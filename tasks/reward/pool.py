@@ -8,7 +8,9 @@ item's reason; the batch always completes.
 
 Workers are separate interpreters (``python -m asyncrl.tasks.reward.worker``), not
 forks of the caller, so a pool can start from a threaded process (the scheduler) and
-never re-imports the caller's ``__main__``.
+never re-imports the caller's ``__main__``. They start with an allow-listed
+environment (``environ.worker_environment``): the caller's secrets (cloud keys, API
+keys, the reward server's token) never reach a worker, a plug-in or a sandbox.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.tasks.reward.environ import worker_environment
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult, failure
 
 _STOP_WAIT_S = 2.0
@@ -295,6 +298,7 @@ class RewardPool:
                     "--fd", str(child_sock.fileno()), "--parent", str(os.getpid()),
                 ],
                 pass_fds=[child_sock.fileno()],
+                env=worker_environment(os.environ),  # allow-listed: no secret reaches a worker
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: killed as a whole on a timeout
             )  # fmt: skip

@@ -8,27 +8,56 @@ Isolation (``bwrap``):
 - the network namespace has only its own loopback: nothing on the host or beyond
   is reachable;
 - the file system is a fresh root holding read-only ``/usr`` (and the ``/bin``,
-  ``/lib*`` links into it), a new ``/proc`` and ``/dev``, a two-line ``/etc``
-  (passwd, group) and the program files, read-only, under ``/sandbox``. The only
-  writable place is a private, size-capped tmpfs at ``/tmp`` (the working
-  directory), gone with the sandbox. Host homes, ``/etc/shadow`` and the rest of
-  the host never appear; no host directory is writable.
+  ``/lib*`` links into it), a new ``/proc``, a new, read-only ``/dev`` (null, zero,
+  full, random, urandom, tty, pts), a two-line ``/etc`` (passwd, group) and the
+  program files, read-only, under ``/sandbox``. The only writable places are two
+  private tmpfs of ``limits.tmpfs_mb`` each (``--size`` before ``--tmpfs``, bwrap >=
+  0.7): ``/tmp`` (the working directory) and ``/dev/shm``, gone with the sandbox.
+  Host homes, ``/etc/shadow`` and the rest of the host never appear; no host
+  directory is writable.
 - the files are handed over as memfds (``--ro-bind-data``): nothing is written on
   the host.
+- environment: bwrap itself is started with SANDBOX_ENV only (``Popen(env=...)``; it
+  is pid 1 of the sandbox, and its ``/proc/1/environ`` is readable there), and the
+  program gets the same few variables (``--clearenv`` / ``--setenv``); see
+  ``environ.py``. No descriptor but stdin, stdout and stderr reaches the program.
+- system calls: a seccomp filter (``--seccomp FD``, built in ``seccomp.py``) makes
+  ptrace, process_vm_*, bpf, io_uring_*, userfaultfd, perf_event_open, the key
+  calls, mount/namespace calls, kexec/module/swap/reboot and memfd_create fail with
+  EPERM, as does every call through a foreign ABI (i386, x32, arm32).
+- output: control characters of the program's stderr are escaped
+  (``escape_controls``) before they enter a reason's detail, so no escape sequence
+  reaches a terminal or a log viewer.
 
-Limits: ``prlimit`` sets RLIMIT_CPU/AS/NPROC/NOFILE/FSIZE inside the sandbox, after
-its user namespace exists, so RLIMIT_NPROC counts only that sandbox's processes
-(set outside, it would be shared by every sandbox of the same host uid). The kernel
-never applies RLIMIT_NPROC to host uid 0, so when the service runs as root the
-sandbox runs as ``code.sandbox_uid`` (65534 by default) on the host. The wall-time
-limit and the output cap are enforced here: the whole sandbox is killed (its pid
-namespace dies with bwrap, daemonised children included).
+Limits: ``prlimit`` sets RLIMIT_CPU/AS/NPROC/NOFILE/FSIZE and RLIMIT_CORE=0 inside
+the sandbox, after its user namespace exists, so RLIMIT_NPROC counts only that
+sandbox's processes (set outside, it would be shared by every sandbox of the same
+host uid). The kernel never applies RLIMIT_NPROC to host uid 0, so when the service
+runs as root the sandbox runs as ``code.sandbox_uid`` (65534 by default) on the
+host. The wall-time limit and the output cap are enforced here: the whole sandbox is
+killed (its pid namespace dies with bwrap, daemonised children included).
+
+What caps what (no cgroup is used, see below):
+
+- processes and threads: RLIMIT_NPROC = ``limits.nproc`` for the whole sandbox (its
+  own user namespace counts them), so a fork bomb stops at that many;
+- memory: RLIMIT_AS = ``limits.memory_mb`` per process, so the sandbox's anonymous
+  memory is at most ``nproc * memory_mb``; files in memory at most ``2 * tmpfs_mb``
+  (``/tmp`` and ``/dev/shm``), each file at most ``fsize_mb``; memfds are denied
+  (seccomp), and no other writable file system exists;
+- CPU: RLIMIT_CPU per process, and the wall-time limit for the whole sandbox.
+
+A cgroup would cap the sandbox's total memory and pids in one number, but needs a
+writable, delegated cgroup v2 subtree for the service; none is assumed (hosts with
+cgroup v1 only, or a container's read-only ``/sys/fs/cgroup``, are common), so the
+rlimits above are the caps everywhere.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -40,10 +69,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.tasks.reward.config import CodeRewardConfig, SandboxLimits
+from asyncrl.tasks.reward.environ import SANDBOX_ENV, SANDBOX_HOME, sandbox_setenv_args
+from asyncrl.tasks.reward.seccomp import SeccompUnsupported, build_filter, native_arch
 from asyncrl.tasks.reward.types import Reason
 
 SANDBOX_DIR = "/sandbox"
-WORK_DIR = "/tmp"
+WORK_DIR = SANDBOX_HOME
+SHM_DIR = "/dev/shm"
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _READ_CHUNK = 65536
 _STDERR_SHOWN = 600
@@ -52,7 +84,11 @@ PROCESS_MARKERS = ("BlockingIOError: [Errno 11]", "can't start new thread", "Res
 # Python ignores SIGXFSZ, so an over-size write fails with EFBIG; a full /tmp with ENOSPC.
 FILE_MARKERS = ("[Errno 27] File too large", "[Errno 28] No space left on device")
 INSTALL_HINT = "install it with `apt-get install bubblewrap`"
+# C0 controls but newline and tab, DEL and the C1 controls (U+0080..U+009F: CSI, OSC...).
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3")
+# bwrap's --dev binds these host devices (and fails, naming only the first, if one is missing).
+DEV_NODES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
 
 
 class SandboxUnavailable(Exception):
@@ -127,6 +163,17 @@ class Sandbox:
             if not os.access(path, os.X_OK):
                 raise SandboxUnavailable(f"{label}: {path!r} is not an executable file")
         if self._bwrap is not None:
+            missing = [(name, major, minor) for name, major, minor in DEV_NODES if not os.path.exists(f"/dev/{name}")]
+            if missing:
+                recreate = "; ".join(f"mknod -m 666 /dev/{name} c {major} {minor}" for name, major, minor in missing)
+                raise SandboxUnavailable(
+                    f"host device(s) {', '.join(f'/dev/{name}' for name, _, _ in missing)} missing: bubblewrap's "
+                    f"--dev needs them in the sandbox's /dev; recreate as root: {recreate}"
+                )
+            try:
+                native_arch()
+            except SeccompUnsupported as exc:
+                raise SandboxUnavailable(str(exc)) from exc
             resolved = os.path.realpath(self.python)
             if not resolved.startswith("/usr/"):
                 raise SandboxUnavailable(
@@ -160,6 +207,7 @@ class Sandbox:
             }
             data_fds = [(_memfd(name, content, owned), f"/etc/{name}") for name, content in etc.items()]
             data_fds += [(_memfd(f.name, f.content, owned), f"{SANDBOX_DIR}/{f.name}") for f in files]
+            seccomp_fd = _memfd("seccomp", build_filter(native_arch()), owned)
             status_r, status_w = os.pipe()
             owned += [status_r, status_w]
             argv = [
@@ -177,6 +225,9 @@ class Sandbox:
                 *_system_dir_args(),
                 "--proc", "/proc",
                 "--dev", "/dev",
+                "--remount-ro", "/dev",  # not recursive: /dev/pts and the tmpfs below stay as they are
+                "--size", str(limits.tmpfs_mb << 20),
+                "--tmpfs", SHM_DIR,
                 "--size", str(limits.tmpfs_mb << 20),
                 "--tmpfs", WORK_DIR,
                 "--dir", "/etc",
@@ -187,13 +238,8 @@ class Sandbox:
             argv += [
                 "--remount-ro", "/",
                 "--chdir", WORK_DIR,
-                "--clearenv",
-                "--setenv", "PATH", "/usr/bin:/bin",
-                "--setenv", "HOME", WORK_DIR,
-                "--setenv", "TMPDIR", WORK_DIR,
-                "--setenv", "LANG", "C.UTF-8",
-                "--setenv", "PYTHONIOENCODING", "utf-8",
-                "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+                *sandbox_setenv_args(),
+                "--seccomp", str(seccomp_fd),
                 "--json-status-fd", str(status_w),
                 "--",
                 *_prlimit_argv(self.config.prlimit, limits),
@@ -207,7 +253,8 @@ class Sandbox:
                 stdin=stdin_fd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=[status_w, *(fd for fd, _ in data_fds)],
+                env=dict(SANDBOX_ENV),  # bwrap is pid 1 inside: its environ is readable there
+                pass_fds=[status_w, seccomp_fd, *(fd for fd, _ in data_fds)],
                 process_group=0,
                 user=uid if as_root else None,
                 group=uid if as_root else None,
@@ -223,7 +270,7 @@ class Sandbox:
         statuses = _json_lines(bytes(capture.status))
         ran = any("exit-code" in s for s in statuses)
         if not ran and not capture.timed_out and not capture.overflow:
-            message = bytes(capture.stderr).decode("utf-8", "replace").strip()[-_STDERR_SHOWN:]
+            message = escape_controls(bytes(capture.stderr).decode("utf-8", "replace").strip()[-_STDERR_SHOWN:])
             return RunOutcome(
                 Reason.SANDBOX_UNAVAILABLE,
                 f"bubblewrap could not start the sandbox (exit status {status}): {message or 'no message'}",
@@ -253,7 +300,7 @@ class Sandbox:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     cwd=work,
-                    env={"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"},
+                    env={**SANDBOX_ENV, "HOME": work, "TMPDIR": work},
                     start_new_session=True,
                     preexec_fn=lambda: _apply_rlimits(limits),  # the worker is single-threaded
                 )
@@ -275,7 +322,8 @@ def classify(exit_code: int | None, capture: _Capture, wall_s: float, limits: Sa
     memory error on stderr -> memory; a failed fork -> process_limit; any other
     non-zero status -> crash. bwrap reports a program killed by signal s as 128 + s.
     The stderr markers come from the program itself: it can only choose the label of
-    its own failure, never turn it into a pass.
+    its own failure, never turn it into a pass. The stderr shown in the detail has its
+    control characters escaped (escape_controls).
     """
     if capture.timed_out:
         return Reason.TIMEOUT, f"wall time limit of {limits.wall_s} s exceeded; sandbox killed"
@@ -284,12 +332,13 @@ def classify(exit_code: int | None, capture: _Capture, wall_s: float, limits: Sa
     if exit_code == 0:
         return Reason.OK, ""
     signum = _signal_of(exit_code)
-    tail = bytes(capture.stderr[-_STDERR_SHOWN:]).decode("utf-8", "replace").strip()
+    tail = escape_controls(bytes(capture.stderr[-_STDERR_SHOWN:]).decode("utf-8", "replace").strip())
     if signum == signal.SIGXCPU or (signum == signal.SIGKILL and wall_s >= limits.cpu_s):
         return Reason.TIMEOUT, f"CPU time limit of {limits.cpu_s} s exceeded"
     if signum == signal.SIGXFSZ or any(marker in tail for marker in FILE_MARKERS):
         return Reason.OUTPUT_LIMIT, (
-            f"file size limit of {limits.fsize_mb} MiB or /tmp size of {limits.tmpfs_mb} MiB: {_last_line(tail)}"
+            f"file size limit of {limits.fsize_mb} MiB or /tmp and /dev/shm size of {limits.tmpfs_mb} MiB each: "
+            f"{_last_line(tail)}"
         )
     if any(marker in tail for marker in MEMORY_MARKERS):
         return Reason.MEMORY, f"memory limit of {limits.memory_mb} MiB: {_last_line(tail)}"
@@ -393,6 +442,7 @@ def _prlimit_argv(prlimit: str, limits: SandboxLimits) -> list[str]:
         f"--nproc={limits.nproc}",
         f"--nofile={limits.nofile}",
         f"--fsize={limits.fsize_mb << 20}",
+        "--core=0",
         "--",
     ]
 
@@ -406,6 +456,7 @@ def _apply_rlimits(limits: SandboxLimits) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb << 20,) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile,) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize_mb << 20,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def _memfd(name: str, content: bytes, owned: list[int]) -> int:
@@ -432,3 +483,14 @@ def _json_lines(data: bytes) -> list[dict[str, object]]:
 def _last_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[-1] if lines else ""
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character but newline and tab written as ``\\xNN``.
+
+    Covers the C0 controls (ESC, CR, BEL, backspace...), DEL and the C1 controls
+    U+0080..U+009F (CSI, OSC: 8-bit escape sequences some terminals obey), so a
+    program's output shown in a reason, a log or a terminal can move no cursor, set
+    no title and hide nothing.
+    """
+    return _CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

@@ -14,6 +14,12 @@ the server through its environment only (never its command line, visible in ``ps
 which guards every path except ``/health`` (vLLM's own ``--api-key`` check skips the dev
 endpoints), and ``VLLM_API_KEY`` for vLLM's own check.
 
+Identity: :meth:`RolloutServer.start` refuses a fixed port that another process already
+listens on (a bind test, before anything is spawned), and serves the model under a per-start
+name ``<name>-<nonce>`` (``handle.model``; the plain name is served too). The server counts
+as up (:meth:`RolloutServer.is_ready`) only when ``/health`` answers and ``/v1/models``
+lists that name, so a foreign process on the port is never mistaken for ours.
+
 Use::
 
     config = RolloutServerConfig(model_dir=Path("model"), kv_cache_gib=1.0)
@@ -44,7 +50,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import errno
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -84,6 +92,14 @@ class RolloutServerError(RuntimeError):
         self.log_tail = log_tail
 
 
+class PortInUseError(RolloutServerError):
+    """The server's fixed port is taken by another process (found before spawning)."""
+
+
+class ForeignServerError(RolloutServerError):
+    """Something answers on the server's port, but it is not the server this object started."""
+
+
 @dataclass(frozen=True)
 class RolloutServerConfig:
     """How to start one rollout server."""
@@ -104,7 +120,8 @@ class RolloutServerConfig:
     max_model_len: int | None = None
     """Longest prompt + output in tokens; None = the model's maximum."""
     served_model_name: str | None = None
-    """Name requests must give as ``model``; None = ``model_dir`` as given to vLLM."""
+    """Name requests may give as ``model``; None = ``model_dir`` as given to vLLM. The server
+    also serves ``<name>-<nonce>`` (``handle.model``), unique to each start."""
     seed: int = 0
     """vLLM's sampling seed (``--seed``)."""
     enable_scale_out: bool = True
@@ -166,7 +183,8 @@ class RolloutServerHandle:
     """Process group of the server and its engine processes."""
     log_path: Path
     model: str
-    """Value for the ``model`` field of ``/v1/completions`` requests."""
+    """Value for the ``model`` field of ``/v1/completions`` requests: the name served by this
+    start only (``<name>-<nonce>``), so a listing of ``/v1/models`` that holds it is ours."""
     api_key: str | None = field(default=None, repr=False)
 
     def headers(self) -> dict[str, str]:
@@ -212,6 +230,41 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise :class:`PortInUseError` naming ``host:port`` if a process listens there now.
+
+    A bind test with ``SO_REUSEADDR`` (what the server itself binds with), so a port left in
+    TIME_WAIT by our own stopped server is free, and one with a listener is not.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bind_host = "" if is_wildcard(host) else host
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((bind_host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise RolloutServerError(f"rollout server cannot bind {_url_host(host)}:{port}: {exc.strerror}") from None
+            raise PortInUseError(
+                f"rollout server port {port} on {host} is already in use by another process; stop that "
+                f"process (`ss -ltnp 'sport = :{port}'` shows it) or choose another port (rollout.base_port)"
+            ) from None
+
+
+def served_names(config: RolloutServerConfig, model_dir: Path, nonce: str) -> tuple[str, str]:
+    """(name unique to this start, plain name): ``<name>-<nonce>`` and ``served_model_name``
+    or the model directory."""
+    plain = config.served_model_name or str(model_dir)
+    return f"{plain}-{nonce}", plain
+
+
+def served_name_args(config: RolloutServerConfig, model_dir: Path, nonce: str) -> list[str]:
+    """``--served-model-name <name>-<nonce> <name>``: the first is the name responses carry
+    and :meth:`RolloutServer.is_ready` looks for; requests may give either. Appended after
+    ``extra_args``, so that it is the one vLLM takes."""
+    return ["--served-model-name", *served_names(config, model_dir, nonce)]
+
+
 
 def check_model_dir(model_dir: Path) -> Path:
     """``model_dir`` resolved, if it is a directory whose ``config.json`` is a JSON object.
@@ -235,7 +288,8 @@ def check_model_dir(model_dir: Path) -> Path:
 
 
 def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> list[str]:
-    """The api_server command line (no secrets: the key travels in the environment)."""
+    """The api_server command line (no secrets: the key travels in the environment), less the
+    served model names that :meth:`RolloutServer.start` appends (:func:`served_name_args`)."""
     command = [
         sys.executable,
         "-m",
@@ -254,8 +308,6 @@ def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> l
         "--worker-extension-cls",
         WORKER_EXTENSION,
     ]
-    if config.served_model_name is not None:
-        command += ["--served-model-name", config.served_model_name]
     if config.max_model_len is not None:
         command += ["--max-model-len", str(config.max_model_len)]
     if config.enable_scale_out:
@@ -309,17 +361,21 @@ class RolloutServer:
     def start(self) -> RolloutServerHandle:
         """Spawn the server (returns at once; call :meth:`wait_healthy` next).
 
-        A missing model directory or a ``config.json`` that is not a JSON object raises
-        (naming the path) before anything is spawned. Starting twice raises ``RuntimeError``.
+        A missing model directory, a ``config.json`` that is not a JSON object, or a fixed
+        port another process listens on (:class:`PortInUseError`) raises (naming the path or
+        port) before anything is spawned. Starting twice raises ``RuntimeError``.
         """
         if self._process is not None:
             raise RuntimeError("rollout server already started")
         config = self._config
         model_dir = check_model_dir(config.model_dir)
+        if config.port:
+            check_port_free(config.host, config.port)
         port = config.port or free_port(config.host)
         log_path = config.log_path or Path(tempfile.mkdtemp(prefix="asyncrl-rollout-")) / "server.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = server_command(config, model_dir, port)
+        nonce = secrets.token_hex(8)
+        command = server_command(config, model_dir, port) + served_name_args(config, model_dir, nonce)
         with open(log_path, "ab") as log:
             log.write(("$ " + " ".join(command) + "\n").encode())
             log.flush()
@@ -341,7 +397,7 @@ class RolloutServer:
             pid=self._process.pid,
             pgid=self._process.pid,  # start_new_session: the child leads its own group
             log_path=log_path,
-            model=config.served_model_name or str(model_dir),
+            model=served_names(config, model_dir, nonce)[0],
             api_key=config.api_key,
         )
         return self._handle
@@ -374,20 +430,65 @@ class RolloutServer:
         except httpx.HTTPError:
             return False
 
+    def identify(self, timeout_s: float = 2.0) -> tuple[bool | None, str]:
+        """Whether the server on our port is ours, from ``GET /v1/models``: (True, "") if it
+        lists this start's name (``handle.model``), (None, why) if it gave no answer (still
+        starting, or too busy), (False, what it said) if it answered without that name."""
+        if not self._probe_url:
+            return None, "not started"
+        try:
+            response = httpx.get(f"{self._probe_url}/v1/models", headers=self.handle.headers(), timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            return None, f"no answer from /v1/models ({type(exc).__name__})"
+        if response.status_code != 200:
+            return False, f"/v1/models answered HTTP {response.status_code}"
+        try:
+            data = response.json().get("data")
+        except (ValueError, AttributeError):
+            data = None
+        if not isinstance(data, list):
+            return False, "/v1/models answered without an OpenAI model list"
+        models = [str(item.get("id")) for item in data if isinstance(item, dict)]
+        if self.handle.model in models:
+            return True, ""
+        return False, f"/v1/models lists {models}"
+
+    def is_ready(self, timeout_s: float = 2.0) -> bool:
+        """Whether our server is up: ``/health`` answers 200 and ``/v1/models`` lists this
+        start's name (``handle.model``); False while starting. A port that answers without
+        listing that name belongs to another process: this raises :class:`ForeignServerError`
+        (after stopping our process, which cannot bind there)."""
+        if not self.is_healthy(timeout_s=timeout_s):
+            return False
+        ours, detail = self.identify(timeout_s=timeout_s)
+        if ours is None:
+            return False
+        if ours:
+            return True
+        self.stop()
+        raise ForeignServerError(
+            f"rollout server port {self.handle.url} is held by another process: it answers /health but "
+            f"{detail}, not this start's {self.handle.model!r}; stop that process or choose another port "
+            "(rollout.base_port)",
+            self.log_tail(),
+        )
+
     def wait_healthy(self, timeout_s: float | None = None) -> float:
-        """Poll ``/health`` until it answers 200; return the seconds waited (for callers that
-        own the server for a block; a run's servers are watched by the supervisor instead).
+        """Poll until the server is up (:meth:`is_ready`); return the seconds waited (for
+        callers that own the server for a block; a run's servers are watched by the supervisor
+        instead).
 
         Raises :class:`RolloutServerError` with the log tail if the process exits first,
-        or, after stopping the server, if it is not healthy within ``timeout_s``
-        (default: ``config.start_timeout_s``).
+        :class:`ForeignServerError` if another process answers on the port, or, after
+        stopping the server, if it is not healthy within ``timeout_s`` (default:
+        ``config.start_timeout_s``).
         """
         timeout_s = self._config.start_timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
         deadline = started + timeout_s
         while True:
             self.check_alive()
-            if self.is_healthy(timeout_s=min(2.0, max(0.1, deadline - time.monotonic()))):
+            if self.is_ready(timeout_s=min(2.0, max(0.1, deadline - time.monotonic()))):
                 return time.monotonic() - started
             if time.monotonic() >= deadline:
                 self.stop()

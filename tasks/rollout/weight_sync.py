@@ -12,25 +12,50 @@ Two halves of one contract:
 The worker downloads the version from the run's :class:`~asyncrl.storage.weights.WeightStore`
 (any supported fsspec URI) into a local cache, reads its safetensors files and reloads
 them with ``model_runner.reload_weights`` (``model.load_weights`` fails on CPU, whose
-backend repacks linear weights after loading). Storage options may hold credentials:
-they are never logged, and never part of an error message.
+backend repacks linear weights after loading). The download checks every file's size
+and SHA-256 against the version's manifest (:meth:`WeightStore.download`), so a worker
+never loads bytes that differ from what the trainer published.
+
+Rules of the mechanisms here:
+
+* A load request carries a reference, never credentials: the ``/collective_rpc`` body
+  holds the root URI, the version, the cache directory and only the storage options
+  :func:`public_storage_options` keeps (endpoint, region, retry and client settings).
+  The worker opens the store with its own credentials (its environment, e.g.
+  ``AWS_ACCESS_KEY_ID``, inherited by the vLLM server process). Options are never logged.
+* The local cache holds ``<cache_dir>/<root key>/v{version:06d}/``. A worker holds a
+  shared ``flock`` lease on ``.v{version:06d}.lock`` beside it while it fetches and loads
+  that version (the kernel drops it if the worker dies). After loading version v it
+  prunes the cache (:func:`prune_weight_cache`): every cached version older than v (and
+  its staging leftovers) is deleted if no one holds its lease, so a version a server is
+  loading is never deleted and the cache holds the newest loaded version plus those being
+  loaded. A server *started* from a cached directory (``serving_weights``) reads it
+  without a lease: another server's prune after loading a newer version may delete it
+  under a starting server, which then fails to start and is started again on the newest.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
+import os
+import re
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+
+from asyncrl.configs.secrets import is_secret_key, redact
 from asyncrl.storage import paths
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import open_root
-from asyncrl.storage.weights import WEIGHT_SUFFIX, WeightStore
+from asyncrl.storage.weights import WEIGHT_SUFFIX, WeightIntegrityError, WeightStore
 from asyncrl.tasks.rollout.http_errors import error_text as _error_text
 
 if TYPE_CHECKING:
@@ -104,25 +129,112 @@ def cached_version_dir(cache_dir: Path, root_uri: str, version: int) -> Path:
     return Path(cache_dir).expanduser() / root_key / paths.weights_version_dirname(version)
 
 
+def public_storage_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` without any secret (the one rule, :func:`asyncrl.configs.secrets.is_secret_key`)
+    at every level of nesting (``client_kwargs``, ``config_kwargs``, ...) and with URI
+    passwords stripped: what may be sent to a rollout server. The run config already refuses
+    credentials in ``storage.options``; this keeps any caller's out of the request."""
+
+    def strip(mapping: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            name: strip(value) if isinstance(value, Mapping) else redact(value)
+            for name, value in mapping.items()
+            if not is_secret_key(str(name))
+        }
+
+    return strip(options or {})
+
+
+_CACHE_ENTRY = re.compile(r"^\.?(v\d{6,})(?:$|\.)")
+
+
+def _lease_path(cache_dir: Path, root_uri: str, version: int) -> Path:
+    target = cached_version_dir(cache_dir, root_uri, version)
+    return target.parent / f".{target.name}.lock"
+
+
+def _acquire_lease(lock_path: Path, exclusive: bool, blocking: bool) -> int | None:
+    """An fd holding a ``flock`` on ``lock_path`` (exclusive or shared); None if not
+    ``blocking`` and someone else holds it. Retries when the file was unlinked by a pruner
+    between open and lock (the lock must be on the file the path names)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+@contextmanager
+def version_lease(cache_dir: Path, root_uri: str, version: int) -> Iterator[None]:
+    """Hold the shared lease of a cached version (see the module docstring) for the block:
+    :func:`prune_weight_cache` leaves the version alone meanwhile."""
+    fd = _acquire_lease(_lease_path(cache_dir, root_uri, version), exclusive=False, blocking=True)
+    try:
+        yield
+    finally:
+        os.close(fd)  # type: ignore[arg-type] - blocking acquisition always returns an fd
+
+
+def prune_weight_cache(cache_dir: Path, root_uri: str, loaded: int) -> list[int]:
+    """Delete the cached versions of ``root_uri`` older than ``loaded`` (and their staging
+    leftovers and lease files) that no one holds a lease on; return them, ascending."""
+    base = cached_version_dir(cache_dir, root_uri, loaded).parent
+    versions: set[int] = set()
+    for entry in os.listdir(base) if base.is_dir() else []:
+        match = _CACHE_ENTRY.match(entry)
+        if match is not None:
+            versions.add(int(match.group(1)[1:]))
+    deleted = []
+    for version in sorted(v for v in versions if v < loaded):
+        lock_path = _lease_path(cache_dir, root_uri, version)
+        fd = _acquire_lease(lock_path, exclusive=True, blocking=False)
+        if fd is None:
+            continue  # a worker is fetching or loading it
+        try:
+            name = paths.weights_version_dirname(version)
+            for entry in os.listdir(base):
+                if entry == name or (entry.startswith(f".{name}.") and entry != lock_path.name):
+                    shutil.rmtree(base / entry, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)  # still held: a waiter re-opens the path (see _acquire_lease)
+        finally:
+            os.close(fd)
+        deleted.append(version)
+    return deleted
+
+
 def fetch_weight_version(
     root_uri: str, storage_options: dict[str, Any], version: int, cache_dir: Path
 ) -> tuple[Path, bool]:
     """Local directory of published ``version`` and whether it was already cached.
 
-    :meth:`WeightStore.download` renames a fully downloaded and size-checked directory
-    into place, so an existing directory is complete. An unpublished version raises
-    :class:`UnknownWeightVersionError` naming it and the available ones.
+    :meth:`WeightStore.download` renames a fully downloaded and verified (sizes and
+    SHA-256) directory into place, so an existing directory is complete. The version's
+    shared lease is held while fetching. An unpublished version raises
+    :class:`UnknownWeightVersionError` naming it and the available ones; a corrupt
+    download :class:`~asyncrl.storage.weights.WeightIntegrityError` naming the file.
     """
     target = cached_version_dir(cache_dir, root_uri, version)
-    if target.is_dir() and any(target.iterdir()):
-        return target, True
-    store = WeightStore(open_root(root_uri, dict(storage_options)))
-    try:
-        store.download(version, target)
-    except (FileExistsError, OSError):
-        if target.is_dir() and any(target.iterdir()):  # another worker won the race
+    with version_lease(cache_dir, root_uri, version):
+        if target.is_dir() and any(target.iterdir()):
             return target, True
-        raise
+        store = WeightStore(open_root(root_uri, dict(storage_options)))
+        try:
+            store.download(version, target)
+        except WeightIntegrityError:
+            raise
+        except (FileExistsError, OSError):
+            if target.is_dir() and any(target.iterdir()):  # another worker won the race
+                return target, True
+            raise
     return target, False
 
 
@@ -206,19 +318,22 @@ class WeightSyncExtension:
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"weight version must be an int, got {version!r}")
         started = time.monotonic()
-        try:
-            local_dir, cached = fetch_weight_version(
-                root_uri, storage_options, version, Path(cache_dir or DEFAULT_CACHE_DIR)
-            )
-        except UnknownWeightVersionError as exc:
-            # A plain ValueError: its message crosses vLLM's RPC error path (which blanks paths).
-            raise ValueError(str(exc)) from None
-        downloaded = time.monotonic()
-        files = safetensors_files(local_dir)
-        self.model_runner.reload_weights(weights_iterator=iter_safetensors(files))
-        repack_cpu_embedding_heads(self.model_runner.get_model())
-        reloaded = time.monotonic()
-        name, file_sha, shape, count = _file_checksum(files)
+        cache = Path(cache_dir or DEFAULT_CACHE_DIR)
+        with version_lease(cache, root_uri, version):
+            try:
+                local_dir, cached = fetch_weight_version(root_uri, storage_options, version, cache)
+            except UnknownWeightVersionError as exc:
+                # A plain ValueError: its message crosses vLLM's RPC error path (which blanks paths).
+                raise ValueError(str(exc)) from None
+            downloaded = time.monotonic()
+            files = safetensors_files(local_dir)
+            self.model_runner.reload_weights(weights_iterator=iter_safetensors(files))
+            repack_cpu_embedding_heads(self.model_runner.get_model())
+            reloaded = time.monotonic()
+            name, file_sha, shape, count = _file_checksum(files)
+        pruned = prune_weight_cache(cache, root_uri, version)
+        if pruned:
+            logger.info("weight cache: deleted versions %s older than the loaded version %d", pruned, version)
         model_sha = _model_checksum(self.model_runner.get_model(), name, shape)
         logger.info("loaded weight version %d from %s in %.2f s", version, local_dir, reloaded - started)
         return {
@@ -273,6 +388,18 @@ def server_weight_version(handle: RolloutServerHandle, timeout_s: float = 30.0) 
     return int(raw)
 
 
+def load_request_body(
+    root_uri: str, storage_options: Mapping[str, Any] | None, version: int, cache_dir: str, timeout_s: float
+) -> dict[str, Any]:
+    """The ``/collective_rpc`` body of a load: a reference to the version (root URI,
+    version, cache directory, :func:`public_storage_options`), no credentials."""
+    return {
+        "method": LOAD_METHOD,
+        "args": [root_uri, public_storage_options(storage_options), version, cache_dir],
+        "timeout": timeout_s,
+    }
+
+
 def update_server_weights(
     handle: RolloutServerHandle,
     root_uri: str,
@@ -284,7 +411,8 @@ def update_server_weights(
     """Load published ``version`` into the server, reset its prefix cache, set its version.
 
     Steps: ``POST /collective_rpc`` (:meth:`WeightSyncExtension.load_weight_version` in
-    every worker; ``cache_dir`` is a directory on the server's machine, default
+    every worker, with :func:`load_request_body`: credentials in ``storage_options`` are
+    dropped, the server uses its own; ``cache_dir`` is a directory on the server's machine, default
     ``~/.cache/asyncrl/rollout-weights``), ``POST /reset_prefix_cache`` (cached prefixes
     were computed with the old weights), ``POST /update_weight_version``. Pausing and
     resuming generation around it is the caller's choice. Raises
@@ -294,11 +422,7 @@ def update_server_weights(
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError(f"weight version must be a non-negative int, got {version!r}")
     started = time.monotonic()
-    body = {
-        "method": LOAD_METHOD,
-        "args": [root_uri, dict(storage_options or {}), version, cache_dir],
-        "timeout": timeout_s,
-    }
+    body = load_request_body(root_uri, storage_options, version, cache_dir, timeout_s)
     response = _post(handle, "/collective_rpc", timeout_s + 30.0, json=body)
     if response.status_code != 200:
         raise WeightSyncError(

@@ -125,8 +125,11 @@ def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: b
     entries = read_ledger(root, violations)
     audit_consumption(entries, contents, violations)
     versions, lineages = audit_weights(root, violations)
+    pruned = pruned_lineages(root, lineages, violations)
     step_versions = steps_published(entries, lineages, violations)
-    staleness, dropped = audit_staleness(entries, contents, step_versions, lineages, set(versions), max_staleness, violations)
+    staleness, dropped = audit_staleness(
+        entries, contents, step_versions, lineages, set(versions) | set(pruned), max_staleness, violations
+    )
     return AuditReport(
         admitted=admitted,
         groups_written=len({gid for content in contents.values() if content for gid in content.groups}),
@@ -264,6 +267,21 @@ def audit_weights(root: RunRoot, violations: list[str]) -> tuple[list[int], dict
     if versions and latest != versions[-1]:
         violations.append(f"(c) LATEST names version {latest}, the newest complete version is {versions[-1]}")
     return versions, lineages
+
+
+def pruned_lineages(root: RunRoot, lineages: dict[int, dict[str, Any]], violations: list[str]) -> list[int]:
+    """Versions retention pruned (their weights gone, their lineage kept): added to
+    ``lineages`` so steps and staleness are audited through them; returns them ascending."""
+    pruned = WeightStore(root).pruned_versions()
+    for version in pruned:
+        try:
+            lineage = read_lineage(root, version)
+        except (ValueError, KeyError, TypeError) as exc:
+            violations.append(f"(c) pruned weight version {version}: unreadable lineage ({exc})")
+            continue
+        if lineage is not None:
+            lineages[version] = lineage
+    return pruned
 
 
 def steps_published(

@@ -217,8 +217,10 @@ class RolloutComponent:
         return None if self.server is None else self.server.returncode()
 
     def ready(self) -> bool:
-        """Registered; once healthy, labels the server with its version and registers it."""
-        if self.registered or self.server is None or not self.server.is_healthy():
+        """Registered; once up (healthy and serving this start's model name: a foreign
+        process on the port raises :class:`~asyncrl.tasks.rollout.server.ForeignServerError`),
+        labels the server with its version and registers it."""
+        if self.registered or self.server is None or not self.server.is_ready():
             return self.registered
         if self.version is not None:
             set_server_weight_version(self.server.handle, self.version)

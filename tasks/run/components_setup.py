@@ -19,6 +19,7 @@ from asyncrl.tasks.scheduler.controller import ControllerSettings, ControllerSta
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
+from asyncrl.tasks.model.checks import require_model_dir
 from asyncrl.tasks.reward.remote import RemoteRewardScorer
 from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
@@ -40,10 +41,14 @@ class HFCodec:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
 
-def load_codec(model_dir: str) -> tuple[HFCodec, tuple[int, ...]]:
-    """The tokenizer and the stop token ids (eos of the tokenizer and generation config)."""
+def load_codec(model_dir: str, key: str = "model.path") -> tuple[HFCodec, tuple[int, ...]]:
+    """The tokenizer and the stop token ids (eos of the tokenizer and generation config).
+
+    A local ``model_dir`` that is missing (or holds no ``config.json``) raises
+    :class:`~asyncrl.tasks.model.checks.ModelPathError` naming ``key`` and the path."""
     from transformers import AutoTokenizer, GenerationConfig
 
+    require_model_dir(model_dir, key)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     stop: set[int] = set()
     if tokenizer.eos_token_id is not None:
@@ -75,7 +80,7 @@ def server_configs(config: RunConfig, paths: RunPaths, model_dir: Path) -> list[
             model_dir=model_dir,
             host=rollout.host,
             port=0 if rollout.base_port == 0 else rollout.base_port + index,
-            api_key=None if rollout.api_key is None else rollout.api_key.get_secret_value(),
+            api_key=rollout.api_key_value(),
             kv_cache_gib=rollout.kv_cache_gib,
             max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
             seed=config.seed + index,

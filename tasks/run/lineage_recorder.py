@@ -1,29 +1,86 @@
 """Feeds MLflow from what the trainer leaves in storage: per-step metrics (its JSONL file)
 and each published weight version, with the shards it was trained on (the version's
-lineage file), as a LoggedModel. The trainer process itself never talks to MLflow."""
+lineage file), as a LoggedModel plus one lineage manifest artifact. The trainer process
+itself never talks to MLflow.
+
+Work per poll does not grow with the run: the metrics file is read from where the last
+poll stopped, and the versions come from a :class:`VersionFollower`, which reads the
+``LATEST`` pointer (one read) and looks only at the versions above the last one handed
+out. Per new version: one existence check of its manifest, one read of its lineage file,
+and one read of each shard it was trained on (for the digest, rows and groups).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
 
 from asyncrl.storage import fs, paths
+from asyncrl.storage.errors import ShardValidationError
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.lineage import DataRef, RunLineage
-from asyncrl.storage.weights import WeightStore
+from asyncrl.storage.schema import ShardMetadata
 from asyncrl.storage.weight_lineage import read_lineage
-from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
+from asyncrl.storage.weights import WeightStore
 
 LOG = logging.getLogger("asyncrl.lineage")
 
 
-def shard_ref(root: RunRoot, shard_name: str) -> DataRef:
-    """A shard as an MLflow dataset: its URI and the sha256 of its bytes (first 16 hex)."""
-    relpath = paths.shard_path(shard_name)
-    digest = hashlib.sha256(fs.read_bytes(root, relpath)).hexdigest()[:16]
-    return DataRef(name=shard_name, uri=root.display(relpath), digest=digest)
+def _read_shard(root: RunRoot, shard_name: str) -> tuple[str, bytes]:
+    """Where the shard is now and its bytes: ``consumed/`` (after its step), else
+    ``trajectories/`` (rolled back), else ``quarantine/``; :class:`FileNotFoundError` names
+    all three if none holds it. One read for a consumed shard."""
+    candidates = (
+        paths.consumed_shard_path(shard_name),
+        paths.shard_path(shard_name),
+        paths.quarantine_path(shard_name),
+    )
+    for relpath in candidates:
+        try:
+            return relpath, fs.read_bytes(root, relpath)
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(f"shard {shard_name} is in none of {[root.display(c) for c in candidates]}")
+
+
+def shard_record(root: RunRoot, shard_name: str) -> dict[str, Any]:
+    """A shard as the lineage manifest lists it: name, URI, sha256 of its bytes (first 16 hex),
+    and the rows and groups its Arrow metadata states (None if unreadable)."""
+    relpath, data = _read_shard(root, shard_name)
+    rows: int | None = None
+    groups: int | None = None
+    try:
+        metadata = ShardMetadata.from_arrow(pa.ipc.open_file(pa.py_buffer(data)).schema.metadata, relpath)
+        rows, groups = metadata.num_rows, metadata.num_groups
+    except (pa.ArrowException, OSError, ValueError, ShardValidationError):
+        pass
+    return {
+        "name": shard_name,
+        "uri": root.display(relpath),
+        "digest": hashlib.sha256(data).hexdigest()[:16],
+        "rows": rows,
+        "groups": groups,
+    }
+
+
+def version_manifest(root: RunRoot, version: int) -> dict[str, Any]:
+    """The lineage manifest of weight ``version``: step, version, parent version, and each shard
+    it was trained on (:func:`shard_record`), from its lineage file."""
+    info = read_lineage(root, version) or {}
+    step = info.get("step")
+    return {
+        "version": version,
+        "step": step if isinstance(step, int) else None,
+        "parent_version": info.get("parent_version"),
+        "shards": [shard_record(root, name) for name in info.get("shards", [])],
+    }
 
 
 def file_ref(path: str, name: str) -> DataRef:
@@ -35,6 +92,41 @@ def file_ref(path: str, name: str) -> DataRef:
     return DataRef(name=name, uri=str(path), digest=digest)
 
 
+class VersionFollower:
+    """Hands out each published weight version once, in order, without listing versions.
+
+    ``after`` is the last version handed out (-1: none). :meth:`new_versions` reads ``LATEST``
+    (L) and walks after+1 .. L: a version whose manifest is there is yielded; one without
+    (pruned by retention before it was handed out, or a publish abandoned by a killed
+    trainer: versions only grow, so neither can appear later) is skipped with a warning.
+    ``after`` moves past a version only once the caller's work on it is done (the
+    generator resumes), so a failure retries it at the next poll. Work per call: one read,
+    plus one existence check per version above ``after``. A version complete above L (a
+    publisher killed between manifest and pointer) is handed out once L passes it.
+    Restart-safe: the follower keeps nothing in storage; a restarted one starts from what
+    its owner already holds (e.g. the versions MLflow has).
+    """
+
+    def __init__(self, root: RunRoot, after: int = -1) -> None:
+        self._root = root
+        self._store = WeightStore(root)
+        self.after = after
+
+    def new_versions(self) -> Iterator[int]:
+        latest = self._store.latest()
+        if latest is None:
+            return
+        for version in range(self.after + 1, latest + 1):
+            if fs.exists(self._root, paths.weights_complete_marker(version)):
+                yield version
+            else:
+                LOG.warning(
+                    "weight version %d was not logged to MLflow: it is no longer published "
+                    "(pruned by retention, or its publish was abandoned); skipped", version
+                )
+            self.after = version
+
+
 @dataclass
 class LineageRecorder:
     lineage: RunLineage
@@ -43,37 +135,59 @@ class LineageRecorder:
     logged_versions: dict[int, str] = field(default_factory=dict)
     """Weight version -> LoggedModel id."""
     metrics_by_step: dict[int, dict[str, float]] = field(default_factory=dict)
-    _metric_lines: int = 0
+    _metrics_offset: int = 0
+    """Bytes of the metrics file already read (whole lines only)."""
+    _follower: VersionFollower | None = None
 
     def adopt_logged_versions(self) -> None:
-        """Count the versions this MLflow run already holds as logged (a resumed run)."""
+        """Count the versions this MLflow run already holds as logged (a resumed run): the
+        follower goes on after the newest of them."""
         self.logged_versions.update(self.lineage.logged_versions())
+        self.follower.after = max(self.follower.after, max(self.logged_versions, default=-1))
+
+    @property
+    def follower(self) -> VersionFollower:
+        if self._follower is None:
+            self._follower = VersionFollower(self.root, max(self.logged_versions, default=-1))
+        return self._follower
 
     def poll(self) -> None:
         """Log new metric lines, then every newly published version."""
         self._log_new_metrics()
-        store = WeightStore(self.root)
-        for version in store.list_versions():
+        for version in self.follower.new_versions():
             if version not in self.logged_versions:
-                self._log_version(store, version)
+                self._log_version(version)
 
     def _log_new_metrics(self) -> None:
+        """Log the whole lines appended since the last poll (a torn last line waits; a line
+        that is not JSON, left by a killed trainer, is skipped with a warning)."""
         if not self.metrics_file.exists():
             return
-        records = read_jsonl_metrics(self.metrics_file)
-        for record in records[self._metric_lines :]:
+        with open(self.metrics_file, "rb") as handle:
+            handle.seek(self._metrics_offset)
+            chunk = handle.read()
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return
+        for line in chunk[:end].splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                LOG.warning("%s: skipping a line that is not JSON: %r", self.metrics_file, line[:120])
+                continue
             step = int(record.get("step", 0) or 0)
             values = {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
             self.metrics_by_step[step] = values
             self.lineage.log_metrics(step, values)
-        self._metric_lines = len(records)
+        self._metrics_offset += end + 1
 
-    def _log_version(self, store: WeightStore, version: int) -> None:
-        info = read_lineage(self.root, version) or {}
-        shards = [shard_ref(self.root, name) for name in info.get("shards", [])]
-        step = info.get("step")
-        metrics = self.metrics_by_step.get(int(step), {}) if isinstance(step, int) else {}
+    def _log_version(self, version: int) -> None:
+        manifest = version_manifest(self.root, version)
+        step = manifest["step"]
+        metrics = self.metrics_by_step.get(step, {}) if isinstance(step, int) else {}
         weights_uri = self.root.display(paths.weights_version_dir(version))
-        model_id = self.lineage.log_version(version, weights_uri, shards, metrics)
+        model_id = self.lineage.log_version(version, weights_uri, manifest, metrics)
         self.logged_versions[version] = model_id
-        LOG.info("MLflow: weight version %d -> LoggedModel %s (%d shards)", version, model_id, len(shards))
+        LOG.info("MLflow: weight version %d -> LoggedModel %s (%d shards)", version, model_id, len(manifest["shards"]))

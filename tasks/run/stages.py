@@ -15,6 +15,7 @@ from typing import Any
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage import fs, paths
+from asyncrl.storage.fs import open_root
 from asyncrl.storage.lineage import RunLineage
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
@@ -322,7 +323,9 @@ def register_best(
     """Link evaluation metrics to each LoggedModel; register the best version with the
     aliases `best` and `current` (MLflow reserves `latest`; `models:/<name>/latest` already
     names the newest registered version). A model already registered under the name (a
-    re-run) keeps its registered version."""
+    re-run) keeps its registered version. The best version is pinned in the run root
+    first (:meth:`WeightStore.pin`): weight retention never deletes a registered model's
+    weights; :class:`UnknownWeightVersionError` if they are gone already."""
     eval_ref = file_ref(config.data.eval_path, Path(config.data.eval_path).name) if config.data.eval_path else None
     for version, result in results.items():
         model_id = logged_models.get(version)
@@ -334,4 +337,5 @@ def register_best(
     model_id = logged_models.get(best.version)
     if model_id is None:
         return best.version, None
+    WeightStore(open_root(config.storage.root, config.storage.options)).pin(best.version)
     return best.version, lineage.register(model_id, config.pipeline.registered_model, ["best", "current"])

@@ -234,7 +234,7 @@ def run_cycle(
     changed = (lambda: False) if source.urls else (lambda: source.snapshot() != snapshot)
     reasons = watch_cycle(stop, terminate, finished, changed, poll_s)
     admitted = _admitted(paths.root)
-    unwritten = admitted - len(written_group_indices(paths.root, config.name) & set(range(admitted)))
+    unwritten = admitted - written_group_indices(paths.root, config.name).count_below(admitted)  # index: no shard read
     logger.info("controller starting on %s at weight version %d: %d groups admitted so far, %d of them in no shard "
                 "(generated again)%s", [h.url for h in handles], version, admitted, unwritten,
                 "" if max_groups is None else "; draining")  # fmt: skip
@@ -301,7 +301,7 @@ def serve(
 ) -> int:
     """Cycles until terminated or finished (see the module docstring)."""
     paths = run_paths(config, private_config)
-    api_key = None if config.rollout.api_key is None else config.rollout.api_key.get_secret_value()
+    api_key = config.rollout.api_key_value()
     source = ServerSource(paths.root, api_key, tuple(urls))
     terminate = StopSignal()
     terminate.install()

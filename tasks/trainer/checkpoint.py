@@ -81,6 +81,13 @@ def read_manifest(root: RunRoot, step: int) -> dict[str, Any]:
     return manifest
 
 
+def checkpoint_versions(root: RunRoot) -> set[int]:
+    """Weight versions named by the complete checkpoints (a trainer resumed from one holds
+    that version's parameters): weight retention keeps them. :class:`CheckpointError`
+    names a corrupt manifest."""
+    return {int(read_manifest(root, step)["version"]) for step in complete_checkpoints(root)}
+
+
 def latest_checkpoint(root: RunRoot) -> CheckpointState | None:
     """State of the newest complete checkpoint, or None."""
     steps = complete_checkpoints(root)

@@ -1,12 +1,16 @@
 """The trainer's input: whole trajectory shards, oldest policy first, checked before use.
 
 A training step consumes whole shards (the ledger records shard names), taken in the
-order :meth:`ShardReader.list_shards` gives (min policy version, then sequence number)
-until they hold at least B prompt groups. Every shard is validated by the storage
-reader (a bad one is quarantined there) and then checked against the model: every
-token id must be below the vocabulary size, every sequence must fit the micro-batch
-token budget. A failed check raises :class:`TrainerInputError` naming the shard, row,
-field and value; nothing is consumed.
+order :meth:`ShardReader.list_pending` gives (min policy version, then sequence number)
+until they hold at least B prompt groups. Consumed shards are moved out of
+``trajectories/`` (:meth:`ShardReader.retire`), so a poll lists only the shards still
+waiting: O(waiting shards) names per poll, never O(run). Every shard is validated by the
+storage reader (a bad one is quarantined there) and then checked against the model:
+every token id must be below the vocabulary size, every sequence must fit the
+micro-batch token budget. A shard failing that check is quarantined too
+(:meth:`ShardReader.quarantine`), and :class:`TrainerInputError` names the shard, row,
+field, value and where the shard went; nothing is consumed, and a restarted trainer
+goes on without the shard.
 """
 
 from __future__ import annotations
@@ -74,18 +78,26 @@ class ShardFeed:
                 groups = self._reader.read_groups(info)
             except ShardValidationError as exc:
                 raise TrainerInputError(f"rejected trajectory shard: {exc}") from exc
-            check_samples(info.relpath, groups, self._vocab_size, self._token_budget)
+            try:
+                check_samples(info.relpath, groups, self._vocab_size, self._token_budget)
+            except TrainerInputError as exc:
+                moved_to = self._reader.quarantine(info)
+                raise TrainerInputError(
+                    f"{exc} (shard moved to {moved_to}; a restarted trainer goes on without it)"
+                ) from None
             cached = tuple(tuple(group) for group in groups)
             self._cache[info.name] = cached
         return cached
 
-    def available_groups(self, consumed: Collection[str]) -> int:
-        """Prompt groups in all unconsumed shards (reads and checks them)."""
+    def available_groups(self, consumed: Collection[str] = ()) -> int:
+        """Prompt groups in all waiting shards not named in ``consumed`` (reads and checks them)."""
         return sum(len(self._groups(info)) for info in self._reader.list_unconsumed(consumed))
 
-    def take(self, consumed: Collection[str], batch_groups: int) -> StepInput | None:
-        """The oldest unconsumed shards holding >= ``batch_groups`` groups, or None if there are
-        not enough yet. Shards are whole, so a step may get more than ``batch_groups`` groups."""
+    def take(self, batch_groups: int, consumed: Collection[str] = ()) -> StepInput | None:
+        """The oldest waiting shards (not named in ``consumed``) holding >= ``batch_groups``
+        groups, or None if there are not enough yet. Shards are whole, so a step may get more
+        than ``batch_groups`` groups. Work: one listing of the waiting shards, and a read of
+        each shard not seen before (checked shards are cached until :meth:`forget`)."""
         if batch_groups < 1:
             raise ValueError(f"batch_groups must be >= 1, got {batch_groups}")
         names: list[str] = []

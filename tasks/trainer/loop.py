@@ -4,7 +4,9 @@ Per step k (1-based; ledger entry ``step-k``):
 
 1. take the oldest unconsumed shards holding >= B prompt groups (checked; bad input
    raises before anything is written);
-2. record them in the ledger as step k, before anything is published;
+2. record them in the ledger as step k, before anything is published, then move them
+   from ``trajectories/`` to ``consumed/`` (:meth:`ShardReader.retire`), so the next poll
+   lists only the shards still waiting;
 3. run the RL step (:func:`run_rl_step`); staleness is measured in training steps,
    against the k - 1 steps the trainer's weights have received, with each token's version
    counted by the steps its weights received (its lineage's ``step``, see
@@ -18,7 +20,9 @@ holds none (otherwise the engine is expected to hold the store's latest version)
 checkpoint 0, so that every later restart has a checkpoint to return to. A restart loads
 the newest complete checkpoint c and rolls back the ledger entries after c.step: their
 shards are trained again from the checkpointed state. Weight versions published after
-the checkpoint are *not* re-published or deleted: the resumed trainer's version label is
+the checkpoint are *not* re-published or deleted (their shards are moved back to
+``trajectories/`` before each rolled-back entry is deleted, so a rollback cut by a kill is
+completed by the next start): the resumed trainer's version label is
 max(c.version, latest published) and it publishes from the next number on, so versions
 stay strictly increasing for the rollout servers; the lineage file of each version names
 its ``step`` and the version label the trainer held (``parent_version``). After such a
@@ -53,6 +57,7 @@ from asyncrl.tasks.trainer.checkpoint import (
 from asyncrl.tasks.trainer.engine import TrainEngine, save_hf_weights
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
 from asyncrl.tasks.trainer.metrics import MetricsSink
+from asyncrl.tasks.trainer.retention import prune_after_publish
 from asyncrl.tasks.trainer.step import RLSettings, run_rl_step
 
 logger = logging.getLogger(__name__)
@@ -114,6 +119,7 @@ def publish_weights(
     try:
         save_hf_weights(engine, staging, {LINEAGE_FILE: json.dumps({"version": version, **lineage}, indent=1)})
         store.publish(version, staging)
+        prune_after_publish(store, version)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -141,9 +147,9 @@ class RLTrainer:
         self._ledger = Ledger(root)
         self._store = WeightStore(root)
         self._updates = VersionUpdates(root)
-        self._feed = ShardFeed(ShardReader(root, run_id), engine.vocab_size, rl.micro_batch_tokens)
+        self._reader = ShardReader(root, run_id)
+        self._feed = ShardFeed(self._reader, engine.vocab_size, rl.micro_batch_tokens)
         self._state: TrainerState | None = None
-        self._consumed: set[str] = set()
 
     @property
     def state(self) -> TrainerState:
@@ -158,13 +164,15 @@ class RLTrainer:
         published_initial = False
         if checkpoint is not None:
             load_checkpoint(self._root, self._engine, checkpoint.step, self._work_dir)
-            rolled_back = self._ledger.rollback_after(checkpoint.step) if writer else []
+            rolled_back = self._ledger.rollback_after(checkpoint.step, self._reader.restore) if writer else []
+            if writer:
+                self._retire_recorded()
             _barrier()
             latest = self._store.newest_complete()
             state = TrainerState(checkpoint.step, max(checkpoint.version, -1 if latest is None else latest))
         else:
             # Ledger entries without any checkpoint (checkpoints deleted by hand): start over.
-            rolled_back = self._ledger.rollback_after(0) if writer else []
+            rolled_back = self._ledger.rollback_after(0, self._reader.restore) if writer else []
             _barrier()
             latest = self._store.newest_complete()
             _barrier()
@@ -178,7 +186,6 @@ class RLTrainer:
             logger.warning("resumed at step %d: ledger steps %s rolled back, their shards will be trained again",
                            state.step, rolled_back)
         self._state = state
-        self._consumed = self._ledger.consumed()
         return StartReport(
             state=state,
             resumed_from=None if checkpoint is None else checkpoint.step,
@@ -186,9 +193,20 @@ class RLTrainer:
             published_initial=published_initial,
         )
 
+    def _retire_recorded(self) -> None:
+        """Move waiting shards that a kept ledger entry names to ``consumed/``: a root whose
+        consumed shards were never moved (written before shards moved when consumed). One
+        listing of the waiting shards; the ledger's entries are read once (as its first
+        ``record`` would). On a root of this version there is nothing to move: every kept
+        step's shards were retired before its checkpoint was taken."""
+        recorded = [info.name for info in self._reader.list_pending() if self._ledger.consumed_by(info.name) is not None]
+        if recorded:
+            logger.warning("moving %d consumed shards still in trajectories/ to consumed/", len(recorded))
+            self._reader.retire(recorded)
+
     def next_input(self) -> StepInput | None:
         """The next step's input, or None if fewer than B groups are waiting."""
-        return self._feed.take(self._consumed, self._loop.batch_groups)
+        return self._feed.take(self._loop.batch_groups)
 
     def train_step(self, step_input: StepInput) -> dict[str, float]:
         """Record, train, publish and maybe checkpoint one step; return its metrics."""
@@ -198,8 +216,10 @@ class RLTrainer:
         writer = self._engine.rank == 0
         if writer:
             self._ledger.record(step, step_input.shards)
+            # After the entry: a kill in between leaves a recorded step whose shards are still
+            # waiting; its checkpoint does not exist yet, so the next start rolls it back.
+            self._reader.retire(step_input.shards)
         _barrier()
-        self._consumed.update(step_input.shards)
         self._feed.forget(step_input.shards)
         result = run_rl_step(self._engine, step_input.groups, self._rl, state.step, updates_of=self._updates)
 
@@ -248,7 +268,7 @@ class RLTrainer:
                     raise TrainerWaitTimeout(
                         f"waited {timeout:g} s for {self._loop.batch_groups} prompt groups of run "
                         f"{self._run_id!r} in {self._root.uri}; "
-                        f"{self._feed.available_groups(self._consumed)} unconsumed"
+                        f"{self._feed.available_groups()} unconsumed"
                     )
                 time.sleep(self._loop.poll_interval_s)
                 continue

@@ -205,3 +205,26 @@ def test_bad_budget_names_file_row_and_field(tmp_path: Path, budget: Any) -> Non
     with pytest.raises(DatasetError) as info:
         load_prompts(path)
     assert str(info.value) == f"{path}, line 1 (row 0): field 'max_new_tokens' must be an int >= 1 or null, got {budget!r}"
+
+
+def test_a_json_lines_file_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "train.jsonl"
+    good = json.dumps(GSM8K_ROWS[0]).encode()
+    path.write_bytes(good + b"\n" + good + b"\n" + '{"question": "caf\u00e9", "answer": "1"}'.encode("latin-1") + b"\n")
+    with pytest.raises(DatasetError) as info:
+        load_prompts(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}, line 3: not UTF-8 text (byte ") and "column 18" in message
+    assert message.endswith("save the file as UTF-8")
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_a_parquet_string_column_that_is_not_utf8_names_the_row_and_field(large: bool, tmp_path: Path) -> None:
+    """Parquet stores string columns unchecked; a row with Latin-1 bytes is named, not a bare
+    UnicodeDecodeError."""
+    binary, string = (pa.large_binary(), pa.large_string()) if large else (pa.binary(), pa.string())
+    prompts = pa.array([b"What is 1+1?", b"What is 2+2?", "Caf\u00e9: 3+3?".encode("latin-1")], binary).view(string)
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": prompts, "answer": pa.array(["2", "4", "6"])}), path)
+    with pytest.raises(DatasetError, match=re.escape(f"{path}, row 2: field 'prompt' is not UTF-8 text (byte 3 of the value)")):
+        load_prompts(path)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import s3_servers
-from prefect_runs import run_tree
+from prefect_runs import run_records_text, run_tree
 import yaml
 from mlflow import MlflowClient
 
@@ -27,6 +27,7 @@ from asyncrl.storage.weights import WeightStore
 pytestmark = pytest.mark.slow
 
 RUN = "e2e"
+API_KEY = "e2e-canary-api-key-5b21"
 STEPS = 2
 B = 2
 
@@ -41,7 +42,8 @@ def e2e_config(tmp_path: Path, root_uri: str, options: dict[str, Any]) -> dict[s
             "eval_path": str(tmp_path / "data" / "heldout.parquet"),
             "max_prompt_tokens": 64,
         },
-        "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "shard_groups": B, "shard_seconds": 2.0},
+        "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "shard_groups": B, "shard_seconds": 2.0,
+                    "api_key": API_KEY},
         "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": 1,
                     "optimizer": {"lr": 1.0e-4}},
         "pipeline": {"init_tiny_model": True, "synthetic_data": {"n_train": 64, "n_heldout": 6},
@@ -49,6 +51,13 @@ def e2e_config(tmp_path: Path, root_uri: str, options: dict[str, Any]) -> dict[s
         "storage": {"root": root_uri, "options": options},
         "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "e2e"},
     }
+
+
+def stored_text(root: Any) -> str:  # noqa: ANN401 - a RunRoot
+    """Every object of the run root but weights, shards and checkpoints' tensors, concatenated."""
+    binary = (".arrow", ".safetensors", ".bin", ".pt", ".pkl")
+    names = [p for p in root.fs.find(root.path) if not p.endswith(binary)]
+    return "\n".join(root.fs.cat_file(name).decode(errors="replace") for name in names)
 
 
 def latest_artifacts(keys: list[str]) -> dict[str, Any]:
@@ -64,7 +73,7 @@ def latest_artifacts(keys: list[str]) -> dict[str, Any]:
 
 def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tmp_path: Path) -> None:
     bucket = s3_servers.create_bucket(seaweedfs_endpoint)
-    options = s3_servers.storage_options(seaweedfs_endpoint)
+    options = {"endpoint_url": seaweedfs_endpoint.url}  # credentials: the environment's
     config = config_from_dict(e2e_config(tmp_path, f"s3://{bucket}/{RUN}", options))
 
     state = pipeline(config, return_state=True)
@@ -101,8 +110,12 @@ def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tm
     for step, entry in enumerate(entries, start=1):
         trained_on = by_version[step].tags["asyncrl.trained_on"].split(",")
         assert trained_on == list(entry.shards)
+    # the prompt dataset is the run's input; each version's shards are one manifest artifact
     inputs = {d.dataset.name for d in run.inputs.dataset_inputs}
-    assert set(recorded) <= inputs and "train.parquet" in inputs
+    assert "train.parquet" in inputs and not set(recorded) & inputs
+    final = client.download_artifacts(run.info.run_id, by_version[STEPS].tags["asyncrl.lineage_artifact"], str(tmp_path))
+    manifest = json.loads(Path(final).read_text())
+    assert [shard["name"] for shard in manifest["shards"]] == list(entries[-1].shards) and manifest["step"] == STEPS
     assert "trainer.batch_groups" in run.data.params
     registered = client.get_model_version_by_alias("e2e-policy", "best")
     assert int(registered.tags["asyncrl.version"]) == summary["best_version"]
@@ -114,12 +127,20 @@ def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tm
     assert "Reward curve" in report and f"| steps | {STEPS} |" in report
     assert f"{100 * stored['pass_at_1_after']:.1f}%" in artifacts[f"{RUN}-summary"].data
 
-    # secrets never reach MLflow params or the frozen config
-    secret = options["secret"]
-    assert secret not in json.dumps(run.data.params)
+    # Secrets (the servers' API key from the config, the store's secret key from the
+    # environment) reach no place that shows or keeps the run: Prefect's parameters, logs and
+    # artifacts, MLflow, the run root, the local logs; the frozen config keeps the endpoint.
     frozen = yaml.safe_load(fs.read_bytes(root, paths.CONFIG))
-    assert secret not in json.dumps(frozen)
     assert frozen["storage"]["options"]["endpoint_url"] == options["endpoint_url"]
+    places = {
+        "prefect": run_records_text(state.state_details.flow_run_id),
+        "mlflow": json.dumps([run.data.params, run.data.tags, [m.tags for m in models]]),
+        "run root": stored_text(root),
+        "local logs": "\n".join(p.read_text(errors="replace") for p in (tmp_path / "work").rglob("*.log")),
+    }
+    for secret in (API_KEY, seaweedfs_endpoint.secret):
+        leaked = [place for place, text in places.items() if secret in text]
+        assert not leaked, f"secret found in {leaked}"
 
     # One Prefect run per stage and per component, read back from the server.
     tree = run_tree(state.state_details.flow_run_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import mlflow
@@ -10,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from asyncrl.configs.loading import config_from_dict, public_dict
-from asyncrl.storage.lineage import DataRef, RunLineage, flatten_params
+from asyncrl.storage.lineage import DataRef, RunLineage, flatten_params, manifest_artifact_path
 
 
 @pytest.fixture
@@ -19,11 +20,9 @@ def tracking_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
-def shard_ref(tmp_path: Path, name: str) -> DataRef:
-    path = tmp_path / "trajectories" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(name.encode())
-    return DataRef(name=name, uri=str(path), digest=hashlib.sha256(name.encode()).hexdigest()[:16])
+def shard_entry(name: str, rows: int = 4, groups: int = 2) -> dict[str, object]:
+    return {"name": name, "uri": f"s3://b/run/consumed/{name}", "digest": hashlib.sha256(name.encode()).hexdigest()[:16],
+            "rows": rows, "groups": groups}
 
 
 def test_flatten_params() -> None:
@@ -35,7 +34,8 @@ def test_version_lineage_links_model_to_its_shards(tmp_path: Path, tracking_uri:
         {
             "model": {"path": "/m"},
             "data": {"train_path": "/d.parquet"},
-            "storage": {"root": "s3://b/run", "options": {"key": "AKIASECRET", "secret": "s3cr3t"}},
+            "storage": {"root": "s3://b/run", "options": {"endpoint_url": "http://127.0.0.1:8333"}},
+            "tracking": {"mlflow_uri": "postgresql://mlflow:s3cr3t@db/mlflow"},
         }
     )
     lineage = RunLineage.start(tracking_uri, "exp", "run-1", public_dict(config))
@@ -46,10 +46,11 @@ def test_version_lineage_links_model_to_its_shards(tmp_path: Path, tracking_uri:
     weights = tmp_path / "weights"
     weights.mkdir()
     (weights / "config.json").write_text("{}")
-    shards_v1 = [shard_ref(tmp_path, "shard-00000001.arrow"), shard_ref(tmp_path, "shard-00000002.arrow")]
-    model_v1 = lineage.log_version(1, "s3://b/run/weights/v000001", shards_v1, {"loss": 0.4}, weights_dir=weights)
-    shards_v2 = [shard_ref(tmp_path, "shard-00000003.arrow")]
-    model_v2 = lineage.log_version(2, "s3://b/run/weights/v000002", shards_v2, {"loss": 0.3})
+    manifest_v1 = {"version": 1, "step": 1, "parent_version": 0,
+                   "shards": [shard_entry("shard-00000001.arrow"), shard_entry("shard-00000002.arrow")]}
+    model_v1 = lineage.log_version(1, "s3://b/run/weights/v000001", manifest_v1, {"loss": 0.4}, weights_dir=weights)
+    manifest_v2 = {"version": 2, "step": 2, "parent_version": 1, "shards": [shard_entry("shard-00000003.arrow", 6, 3)]}
+    model_v2 = lineage.log_version(2, "s3://b/run/weights/v000002", manifest_v2, {"loss": 0.3})
     lineage.log_evaluation(model_v2, 2, {"pass_at_1": 0.5}, DataRef("heldout", str(tmp_path / "h.parquet"), "d1"))
     version = lineage.register(model_v2, "asyncrl-policy", ["current", "best"])
     lineage.end()
@@ -59,19 +60,23 @@ def test_version_lineage_links_model_to_its_shards(tmp_path: Path, tracking_uri:
     assert run.data.params["storage.root"] == "s3://b/run"
     assert "AKIASECRET" not in repr(run.data.params) and "s3cr3t" not in repr(run.data.params)
     assert run.data.metrics["loss"] == pytest.approx(0.3)
+    # The prompt and held-out datasets are run inputs; the shards are not (one manifest per step).
     input_names = {d.dataset.name for d in run.inputs.dataset_inputs}
-    assert input_names >= {"train.parquet", "shard-00000001.arrow", "shard-00000003.arrow", "heldout"}
+    assert input_names == {"train.parquet", "heldout"}
 
     model = client.get_logged_model(model_v1)
     assert model.tags["asyncrl.trained_on"] == "shard-00000001.arrow,shard-00000002.arrow"
     assert str(model.status) in ("READY", "LoggedModelStatus.READY")
+    assert model.tags["asyncrl.lineage_artifact"] == manifest_artifact_path(1) == "lineage/v000001.json"
     assert {a.path for a in client.list_logged_model_artifacts(model_v1)} == {"config.json"}
 
+    # One manifest artifact per version, from the model back to its shards' names, digests, rows, groups.
+    assert {a.path for a in client.list_artifacts(lineage.run_id, "lineage")} == {"lineage/v000001.json", "lineage/v000002.json"}
+    stored = json.loads(Path(client.download_artifacts(lineage.run_id, manifest_artifact_path(2), str(tmp_path / "dl"))).read_text())
+    assert stored == {**manifest_v2, "model_id": model_v2}
     mlflow.set_tracking_uri(tracking_uri)
     found = mlflow.search_logged_models(
-        experiment_ids=[lineage.experiment_id],
-        datasets=[{"dataset_name": "shard-00000003.arrow", "dataset_digest": shards_v2[0].digest}],
-        output_format="list",
+        experiment_ids=[lineage.experiment_id], filter_string="tags.`asyncrl.version` = '2'", output_format="list"
     )
     assert [m.model_id for m in found] == [model_v2]
     registered = client.get_model_version_by_alias("asyncrl-policy", "best")

@@ -84,3 +84,31 @@ def test_bench_reward_prints_a_table_and_json(tmp_path: Path, capsys: pytest.Cap
         assert row["verifications_per_s"] == pytest.approx(row["items"] / row["seconds"])
         assert sum(row["reasons"].values()) == row["items"]
     assert set(rows[("math", 1)]["reasons"]) <= {"ok", "wrong_answer"}
+
+
+def test_reward_code_non_utf8_files_are_named(tmp_path: Path) -> None:
+    response = tmp_path / "response.md"
+    response.write_text("```python\nprint(1)\n```")
+    tests = tmp_path / "tests.json"
+    tests.write_bytes(b'{"stdio": [{"input": "", "output": "\xff1"}]}')
+    with pytest.raises(ValueError, match=r"tests.json: not UTF-8 text: byte 0xff at offset 36"):
+        run_cli(["reward", "code", "--tests", str(tests), "--response", str(response)])
+    tests.write_text(json.dumps({"stdio": [{"input": "", "output": "1"}]}))
+    response.write_bytes(b"```python\nprint('\xe9')\n```")
+    with pytest.raises(ValueError, match=r"--response .*response.md: not UTF-8 text: byte 0xe9 at offset 17"):
+        run_cli(["reward", "code", "--tests", str(tests), "--response", str(response)])
+    with pytest.raises(ValueError, match=r"--response .*response.md: not UTF-8 text"):
+        run_cli(["reward", "math", "--answer", "1", "--response", str(response)])
+
+
+def test_reward_code_text_output_escapes_control_characters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    response = tmp_path / "response.md"
+    response.write_text("```python\nimport sys\nsys.stderr.write('\\x1b]0;owned\\x07\\x1b[2J')\nsys.exit(1)\n```")
+    tests = tmp_path / "tests.json"
+    tests.write_text(json.dumps({"stdio": [{"input": "", "output": "1\n"}]}))
+    assert run_cli(["reward", "code", "--tests", str(tests), "--response", str(response)]) == 0
+    out = capsys.readouterr().out
+    assert "\\x1b]0;owned\\x07\\x1b[2J" in out, out
+    assert "\x1b" not in out and "\x07" not in out

@@ -7,6 +7,8 @@ reaching a host server), a reward of 0 is itself evidence that the attack failed
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
 import signal
@@ -18,12 +20,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import pytest
 
 from asyncrl.tasks.reward.code_reward import score_code
-from asyncrl.tasks.reward.config import CodeRewardConfig
-from asyncrl.tasks.reward.sandbox import RunOutcome, Sandbox, SandboxFile
-from asyncrl.tasks.reward.types import CodeTests, Reason, RewardResult, StdioCase
+from asyncrl.tasks.reward.config import CodeRewardConfig, RewardConfig
+from asyncrl.tasks.reward.environ import SANDBOX_ENV, WORKER_ENV_NAMES, WORKER_ENV_PREFIXES
+from asyncrl.tasks.reward.pool import RewardPool
+from asyncrl.tasks.reward.sandbox import RunOutcome, Sandbox, SandboxFile, escape_controls
+from asyncrl.tasks.reward.seccomp import X32_SYSCALL_BIT, native_arch
+from asyncrl.tasks.reward.types import CodeTests, Reason, RewardRequest, RewardResult, StdioCase
 
 if TYPE_CHECKING:
     from conftest import HostGuard  # fixtures come from tests/reward/conftest.py
@@ -285,3 +291,202 @@ def test_interpreter_outside_usr_is_refused(tmp_path: Path) -> None:
     outcome = box.run([SandboxFile("main.py", b"print(1)")], "main.py")
     assert outcome.reason == Reason.SANDBOX_UNAVAILABLE
     assert "outside /usr" in outcome.detail
+
+
+# -- secrets, system calls, file systems, descriptors, leftovers, output -------------------------
+
+CANARY_NAMES = ("AWS_SECRET_ACCESS_KEY", "ASYNCRL_ROLLOUT_API_KEY", "ASYNCRL_REWARD_TOKEN")
+
+# Reads the environment of every process it can see and its own os.environ into `report`.
+ENVIRON_PROBE = """\
+import json, os
+canaries = {canaries!r}
+seen, unreadable, leaks = [], [], []
+for pid in sorted((p for p in os.listdir('/proc') if p.isdigit()), key=int):
+    try:
+        data = open(f'/proc/{{pid}}/environ', 'rb').read().decode('utf-8', 'replace')
+    except OSError as exc:
+        unreadable.append(f'{{pid}}: {{exc}}')
+        continue
+    seen.append(int(pid))
+    leaks += [f'/proc/{{pid}}/environ' for c in canaries if c in data]
+leaks += [f'os.environ[{{k}}]' for k, v in os.environ.items() for c in canaries if c in v or c in k]
+report = {{'seen': seen, 'unreadable': unreadable, 'leaks': leaks, 'names': sorted(os.environ)}}
+"""
+
+
+@pytest.fixture
+def canaries(monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    """Secret-looking variables set in this process (the reward worker's / pool's parent)."""
+    values = tuple(f"canary-{name.lower()}-{os.getpid()}" for name in CANARY_NAMES)
+    for name, value in zip(CANARY_NAMES, values, strict=True):
+        monkeypatch.setenv(name, value)
+    return values
+
+
+def run_probe(sandbox: Sandbox, source: str) -> RunOutcome:
+    outcome = sandbox.run([SandboxFile("main.py", source.encode())], "main.py")
+    assert outcome.reason == Reason.OK, outcome
+    return outcome
+
+
+def test_no_secret_in_any_sandbox_process_environment(
+    sandbox: Sandbox, host_guard: HostGuard, canaries: tuple[str, ...]
+) -> None:
+    assert all(c in os.environ.values() for c in canaries)  # bwrap would inherit them without env=
+    source = ENVIRON_PROBE.format(canaries=canaries) + "print(json.dumps(report))\n"
+    report = json.loads(run_probe(sandbox, source).stdout)
+    assert 1 in report["seen"] and len(report["seen"]) >= 2, report  # bwrap's pid 1 was readable: a real check
+    assert report["leaks"] == [], report
+    assert set(report["names"]) <= set(SANDBOX_ENV) | {"PWD"}, report["names"]
+
+
+def test_pool_workers_and_their_sandboxes_get_no_secret(
+    pool_config: RewardConfig, host_guard: HostGuard, canaries: tuple[str, ...]
+) -> None:
+    require_bwrap()
+    program = fenced(
+        ENVIRON_PROBE.format(canaries=canaries) + "print('clean' if not leaks and 1 in seen else report)"
+    )
+    with RewardPool(pool_config, workers=1) as pool:
+        host_guard.allow(pool.worker_pids())
+        for pid in pool.worker_pids():
+            environ = psutil.Process(pid).environ()
+            assert not [c for c in canaries if c in "\0".join(f"{k}={v}" for k, v in environ.items())], environ
+            assert all(k in WORKER_ENV_NAMES or k.startswith(WORKER_ENV_PREFIXES) for k in environ), sorted(environ)
+            assert "PATH" in environ  # the worker still finds bwrap
+        tests = CodeTests(stdio=(StdioCase("", "clean\n"),))
+        (result,) = pool.score_sync([RewardRequest("code", program, tests)], timeout=60)
+    assert result.reward == 1.0 and result.reason == Reason.OK, result
+
+
+def test_dangerous_system_calls_fail_with_eperm(sandbox: Sandbox, host_guard: HostGuard) -> None:
+    arch = native_arch()
+    nr = arch.numbers
+    # Each call is made so that, without the filter, it would succeed or fail with another errno
+    # (EFAULT, EINVAL...): EPERM from all of them is the seccomp filter's answer.
+    calls = {
+        "ptrace(PTRACE_ATTACH, 1)": (nr["ptrace"], [16, 1, 0, 0]),
+        "process_vm_readv(self, 0 iovecs)": (nr["process_vm_readv"], ["SELF", 0, 0, 0, 0, 0]),
+        "process_vm_writev(self, 0 iovecs)": (nr["process_vm_writev"], ["SELF", 0, 0, 0, 0, 0]),
+        "bpf(BPF_MAP_CREATE, NULL)": (nr["bpf"], [0, 0, 0]),
+        "io_uring_setup(1, NULL)": (nr["io_uring_setup"], [1, 0]),
+        "userfaultfd(UFFD_USER_MODE_ONLY)": (nr["userfaultfd"], [1]),
+        "perf_event_open(NULL)": (nr["perf_event_open"], [0, 0, -1, -1, 0]),
+        "keyctl(KEYCTL_GET_KEYRING_ID, session)": (nr["keyctl"], [0, -3, 0]),
+        "unshare(CLONE_NEWNS)": (nr["unshare"], [0x00020000]),
+        "mount(NULL)": (nr["mount"], [0, 0, 0, 0, 0]),
+        "memfd_create('x')": (nr["memfd_create"], ["NAME", 0]),
+    }
+    if arch.has_x32:
+        calls["x32 getpid"] = (X32_SYSCALL_BIT | 39, [])
+    source = (
+        "import ctypes, json, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        f"calls = {calls!r}\n"
+        "out = {}\n"
+        "for name, (number, args) in calls.items():\n"
+        "    args = [os.getpid() if a == 'SELF' else ctypes.c_char_p(b'x') if a == 'NAME' else ctypes.c_long(a) for a in args]\n"
+        "    ctypes.set_errno(0)\n"
+        "    result = libc.syscall(ctypes.c_long(number), *args)\n"
+        "    out[name] = [result, os.strerror(ctypes.get_errno()) if result == -1 else '']\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)\n"
+        "print(json.dumps({'calls': out, 'seccomp': status['Seccomp'].strip(), 'getpid': os.getpid()}))\n"
+    )
+    report = json.loads(run_probe(sandbox, source).stdout)
+    assert report["seccomp"] == "2", report  # SECCOMP_MODE_FILTER
+    assert report["getpid"] > 0  # ordinary calls still work
+    eperm = os.strerror(errno.EPERM)
+    refused = {name: result for name, result in report["calls"].items() if result != [-1, eperm]}
+    assert refused == {}, f"not denied with EPERM: {refused}"
+
+
+def test_dev_is_read_only_and_dev_shm_and_tmp_are_capped(sandbox: Sandbox, host_guard: HostGuard) -> None:
+    limits = sandbox.config.limits
+    # Files of 8 MiB each stay under RLIMIT_FSIZE: only the tmpfs size can stop the writes.
+    source = (
+        "import json, os\n"
+        "out = {}\n"
+        "for d in ('/dev/shm', '/tmp'):\n"
+        "    written, error = 0, ''\n"
+        "    try:\n"
+        "        for i in range(128):\n"
+        "            with open(f'{d}/fill{i}', 'wb') as f:\n"
+        "                for _ in range(8):\n"
+        "                    f.write(b'x' * (1 << 20))\n"
+        "                    f.flush()\n"
+        "                    written += 1 << 20\n"
+        "    except OSError as exc:\n"
+        "        error = os.strerror(exc.errno)\n"
+        "    for name in os.listdir(d):\n"
+        "        os.unlink(f'{d}/{name}')\n"
+        "    out[d] = [written, error]\n"
+        "try:\n"
+        "    open('/dev/planted', 'w').close()\n"
+        "    out['/dev'] = 'created'\n"
+        "except OSError as exc:\n"
+        "    out['/dev'] = os.strerror(exc.errno)\n"
+        "print(json.dumps(out))\n"
+    )
+    report = json.loads(run_probe(sandbox, source).stdout)
+    for directory in ("/dev/shm", "/tmp"):
+        written, error = report[directory]
+        assert error == os.strerror(errno.ENOSPC), report
+        assert written <= limits.tmpfs_mb << 20, f"{directory}: {written} bytes written, cap {limits.tmpfs_mb} MiB"
+    assert report["/dev"] == os.strerror(errno.EROFS), report
+
+
+def test_no_descriptor_is_inherited_beyond_stdio(sandbox: Sandbox, host_guard: HostGuard) -> None:
+    source = (
+        "import os\n"
+        "def is_open(fd):\n"
+        "    try:\n"
+        "        os.fstat(fd)\n"
+        "        return True\n"
+        "    except OSError:\n"
+        "        return False\n"
+        "print([fd for fd in range(1024) if is_open(fd)])\n"
+    )
+    assert run_probe(sandbox, source).stdout == b"[0, 1, 2]\n"
+
+
+def test_sleeping_grandchild_is_gone_when_the_run_returns(sandbox: Sandbox, host_guard: HostGuard) -> None:
+    source = (
+        "import os\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv('/usr/bin/python3', ['python3', '-c', 'import time; time.sleep(60)', {host_guard.marker!r}])\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "print('parent leaves')\n"
+    )
+    outcome = run_probe(sandbox, source)
+    assert outcome.stdout == b"parent leaves\n"
+    # No settling time: the pid namespace's init waits for every process in it before it exits.
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if host_guard.marker in " ".join(p.info["cmdline"] or [])]
+    assert left == [], f"sandbox processes still running after run() returned: {left}"
+
+
+def test_core_dumps_are_disabled(sandbox: Sandbox, host_guard: HostGuard) -> None:
+    source = "import resource\nprint(resource.getrlimit(resource.RLIMIT_CORE))"
+    assert run_probe(sandbox, source).stdout == b"(0, 0)\n"
+
+
+def test_escape_sequences_on_stderr_come_back_escaped(sandbox: Sandbox, host_guard: HostGuard) -> None:
+    source = (
+        "import sys\n"
+        "sys.stderr.write('\\x1b[2J\\x1b]0;owned\\x07\\r\\x9b31m red\\tend\\n')\n"
+        "sys.exit(3)\n"
+    )
+    result = run_hostile(sandbox, source)
+    assert_zero(result, Reason.CRASH, "exit status 3")
+    detail = result.tests[0].detail
+    assert "\\x1b[2J\\x1b]0;owned\\x07\\x0d\\x9b31m red\tend" in detail, detail
+    assert not [c for c in detail if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F], repr(detail)
+
+
+def test_escape_controls_keeps_newlines_tabs_and_text() -> None:
+    assert escape_controls("a\tb\nc é ✓") == "a\tb\nc é ✓"
+    assert escape_controls("\x1b[31m\x00\x7f\x85\x9b\r") == "\\x1b[31m\\x00\\x7f\\x85\\x9b\\x0d"

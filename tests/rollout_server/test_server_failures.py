@@ -243,3 +243,174 @@ def test_wildcard_host_advertises_machine_name(tmp_path: Path) -> None:
 
     config = RolloutServerConfig(model_dir=tmp_path, host="0.0.0.0", api_key="k")
     assert server_urls(config, 9000)[0] == f"http://{socket.gethostname()}:9000"
+
+
+# ----- the port and the server on it are ours -----
+
+
+class _ForeignHandler:
+    """Handler factory of a foreign HTTP server: ``/health`` 200, ``/v1/models`` as given."""
+
+    @staticmethod
+    def make(models_status: int, models_body: bytes) -> type:
+        from http.server import BaseHTTPRequestHandler
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                status, body = (200, b"ok") if self.path == "/health" else (models_status, models_body)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+
+def _serve_foreign(models_status: int = 200, models_body: bytes = b'{"object": "list", "data": [{"id": "other-model"}]}'):  # noqa: ANN202
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ForeignHandler.make(models_status, models_body))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def _model_dir(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return model
+
+
+def test_a_port_in_use_is_refused_before_spawning(tmp_path: Path) -> None:
+    from asyncrl.tasks.rollout.server import PortInUseError
+
+    httpd = _serve_foreign()
+    port = httpd.server_address[1]
+    try:
+        server = RolloutServer(RolloutServerConfig(model_dir=_model_dir(tmp_path), port=port, log_path=tmp_path / "server.log"))
+        started = time.monotonic()
+        with pytest.raises(PortInUseError, match=f"port {port} on 127.0.0.1 is already in use by another process"):
+            server.start()
+        assert time.monotonic() - started < 1.0
+        assert server.returncode() is None and not (tmp_path / "server.log").exists()  # nothing spawned
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_free_fixed_port_passes_the_bind_test() -> None:
+    from asyncrl.tasks.rollout.server import check_port_free, free_port
+
+    check_port_free("127.0.0.1", free_port("127.0.0.1"))
+
+
+def _fake_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the bind test cannot close (another process takes the port after it): the
+    bind test passes, and a sleeping process stands in for vLLM (which would fail to bind)."""
+    import sys
+
+    from asyncrl.tasks.rollout import server as server_module
+
+    monkeypatch.setattr(server_module, "check_port_free", lambda host, port: None)
+    monkeypatch.setattr(
+        server_module, "server_command", lambda config, model_dir, port: [sys.executable, "-c", "import time; time.sleep(120)"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "detail"),
+    [
+        (200, b'{"object": "list", "data": [{"id": "other-model"}]}', r"/v1/models lists \['other-model'\]"),
+        (404, b"not found", "/v1/models answered HTTP 404"),
+        (200, b"<html>hello</html>", "without an OpenAI model list"),
+    ],
+)
+def test_a_foreign_server_on_the_port_is_not_taken_for_ours(
+    status: int, body: bytes, detail: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncrl.tasks.rollout.server import ForeignServerError
+
+    _fake_spawn(monkeypatch)
+    httpd = _serve_foreign(status, body)
+    port = httpd.server_address[1]
+    try:
+        server = RolloutServer(RolloutServerConfig(model_dir=_model_dir(tmp_path), port=port, log_path=tmp_path / "server.log"))
+        handle = server.start()
+        assert server.is_healthy()  # the foreign server answers /health...
+        with pytest.raises(ForeignServerError, match=f"port {handle.url} is held by another process.*{detail}"):
+            server.wait_healthy(timeout_s=30.0)  # ...but it is not ours
+        assert server.returncode() is not None  # ours was stopped
+        assert_group_gone(handle.pgid)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_foreign_server_fails_the_supervised_start_and_registers_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from asyncrl.storage.fs import open_root
+    from asyncrl.tasks.rollout.registry import list_servers
+    from asyncrl.tasks.rollout.server import ForeignServerError
+    from asyncrl.tasks.run.components import RolloutComponent
+    from asyncrl.tasks.run.supervisor import RestartPolicy, supervise
+
+    _fake_spawn(monkeypatch)
+    httpd = _serve_foreign()
+    try:
+        root = open_root(f"file://{tmp_path}/run")
+        config = RolloutServerConfig(model_dir=_model_dir(tmp_path), port=httpd.server_address[1], log_path=tmp_path / "s.log")
+        component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None), tmp_path / "s.log")
+        with pytest.raises(ForeignServerError, match="held by another process"):
+            supervise(component, threading.Event(), RestartPolicy(max_restarts=3, poll_s=0.05))
+        assert list_servers(root) == [] and not component.registered
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_each_start_serves_a_name_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncrl.tasks.rollout.server import served_name_args, served_names
+
+    config = RolloutServerConfig(model_dir=tmp_path, served_model_name="policy")
+    # this start's name first (responses carry it), the plain one kept for requests
+    assert served_name_args(config, tmp_path, "abc123") == ["--served-model-name", "policy-abc123", "policy"]
+    assert "--served-model-name" not in server_command(config, tmp_path, 8000)  # start() appends them last
+    assert served_names(RolloutServerConfig(model_dir=tmp_path), tmp_path, "n1") == (f"{tmp_path}-n1", str(tmp_path))
+    _fake_spawn(monkeypatch)
+    model = _model_dir(tmp_path)
+    handles = []
+    for _ in range(2):
+        server = RolloutServer(RolloutServerConfig(model_dir=model, log_path=tmp_path / "server.log"))
+        handles.append(server.start())
+        server.stop()
+    assert handles[0].model != handles[1].model
+    assert all(h.model.startswith(f"{model}-") for h in handles)
+
+
+def test_a_port_in_use_fails_the_supervised_start_before_spawning(tmp_path: Path) -> None:
+    import threading
+
+    from asyncrl.storage.fs import open_root
+    from asyncrl.tasks.rollout.registry import list_servers
+    from asyncrl.tasks.rollout.server import PortInUseError
+    from asyncrl.tasks.run.components import RolloutComponent
+    from asyncrl.tasks.run.supervisor import RestartPolicy, supervise
+
+    httpd = _serve_foreign()
+    try:
+        root = open_root(f"file://{tmp_path}/run")
+        config = RolloutServerConfig(model_dir=_model_dir(tmp_path), port=httpd.server_address[1], log_path=tmp_path / "s.log")
+        component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None), tmp_path / "s.log")
+        with pytest.raises(PortInUseError, match=f"port {httpd.server_address[1]} on 127.0.0.1 is already in use"):
+            supervise(component, threading.Event(), RestartPolicy(max_restarts=3))
+        assert list_servers(root) == [] and not (tmp_path / "s.log").exists()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -57,7 +57,11 @@ class LiveServer:
 
 
 @pytest.fixture(scope="module")
-def live(tiny_model_dir: Path, weight_variants: dict[int, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def live(
+    aws_env: None, tiny_model_dir: Path, weight_variants: dict[int, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """One server for the module, started with the store credentials in its environment (it
+    reads the store with its own credentials: a weight load carries none)."""
     base = tmp_path_factory.mktemp("rollout-live")
     root_uri = f"file://{base}/run"
     WeightStore(open_root(root_uri)).publish(1, weight_variants[1])

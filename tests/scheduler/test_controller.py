@@ -9,6 +9,7 @@ end-to-end tests run the same controller on real vLLM servers and the real rewar
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from asyncrl.tasks.scheduler.controller import (
     group_index,
     load_gate_state,
 )
+from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.shards import ShardReader
 from asyncrl.storage.weights import WeightStore
@@ -185,6 +187,9 @@ def test_restart_resubmits_unwritten_groups_without_new_admissions(tmp_path: Pat
     assert second.stats.resubmitted_after_restart == 1
     assert second.stats.admitted == 0  # the bound at version 0 was already reached
     assert sorted(written_groups(root_dir)) == [0, 1, 2, 3]  # each exactly once
+    # The controller kept its written-groups index up to date with every shard it wrote.
+    index = json.loads(fs.read_bytes(open_root(str(root_dir)), paths.SCHEDULER_WRITTEN))
+    assert (index["prefix"], index["extra"]) == (4, [])
     assert [call for call in second_generator.calls] == [
         [ord(c) for c in schedule.record(1).prompt]
     ]

@@ -155,3 +155,47 @@ def test_corrupt_entry_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="entry says step 4, its name says 3"):
         Ledger(root).consumed()
     assert sorted(os.listdir(tmp_path / paths.LEDGER_DIR)) == ["step-00000003.json"]
+
+
+def test_record_reads_the_entries_once_then_writes_one_object_per_step(
+    root: RunRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Ledger(root).record(1, [shard(0)])
+    calls: list[str] = []
+    for name in ("read_bytes", "read_many", "list_dir", "exists", "put_if_absent"):
+        real = getattr(fs, name)
+        monkeypatch.setattr(fs, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    ledger = Ledger(root)  # a restarted writer: one initial read of the entries
+    ledger.record(2, [shard(1)])
+    initial = len(calls)
+    assert initial >= 2
+    for step in range(3, 8):
+        calls.clear()
+        ledger.record(step, [shard(step)])
+        assert calls == ["put_if_absent"]
+    with pytest.raises(ValueError, match=f"shard {shard(1)} was already consumed by step 2"):
+        ledger.record(8, [shard(1)])
+    with pytest.raises(ValueError, match="step 7 is already recorded"):
+        ledger.record(7, [shard(9)])
+
+
+def test_rollback_restores_the_shards_of_each_dropped_step_before_deleting_it(root: RunRoot) -> None:
+    ledger = Ledger(root)
+    for step in range(1, 5):
+        ledger.record(step, [shard(2 * step), shard(2 * step + 1)])
+    restored: list[tuple[str, ...]] = []
+
+    def restore_then_die(names: object) -> None:
+        restored.append(tuple(names))  # type: ignore[arg-type]
+        if len(restored) == 2:
+            raise KeyboardInterrupt  # killed while restoring step 3
+
+    with pytest.raises(KeyboardInterrupt):
+        ledger.rollback_after(2, restore_then_die)
+    assert ledger.steps() == [1, 2, 3]  # step 4's shards were restored, then its entry deleted
+    assert ledger.rollback_after(2, restored.append) == [3]  # the repeat restores step 3 again
+    assert restored == [(shard(8), shard(9)), (shard(6), shard(7)), (shard(6), shard(7))]
+    # The writer state follows the rollback: step 3 and its shards are free again.
+    ledger.record(3, [shard(6)])
+    with pytest.raises(ValueError, match="already consumed by step 2"):
+        ledger.record(4, [shard(4)])

@@ -11,7 +11,7 @@ from asyncrl.storage import fs, paths
 from asyncrl.storage.errors import ShardValidationError
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.schema import SCHEMA_VERSION, ShardMetadata, groups_to_table
-from asyncrl.storage.shards import ShardInfo, ShardReader, ShardWriter
+from asyncrl.storage.shards import ShardInfo, ShardReader, ShardWriter, read_claims
 
 RUN = "run-a"
 
@@ -206,3 +206,94 @@ def test_incomplete_group_in_file_is_quarantined(tmp_path, group_factory) -> Non
     bad_name = paths.shard_name(5, 0, 1)
     fs.put_if_absent(root, paths.shard_path(bad_name), data)
     _assert_quarantined(root, bad_name, good, "'g2' has 2 rows, group_size says 3", data)
+
+
+# --- consumed shards, claims and restarts ---------------------------------------------------
+
+
+def test_retire_moves_consumed_shards_out_of_the_poll_and_restore_brings_them_back(root: RunRoot, group_factory) -> None:
+    writer = ShardWriter(root, RUN)
+    first, second, third = (writer.write_groups([group_factory(f"g{i}")]) for i in range(3))
+    reader = ShardReader(root, RUN)
+    reader.retire([first.name, second.name])
+    assert reader.list_pending() == [third]
+    assert fs.list_dir(root, paths.TRAJECTORIES_DIR) == ["_seq", third.name]  # the poll lists only what waits
+    consumed = [dataclasses.replace(first, consumed=True), dataclasses.replace(second, consumed=True)]
+    assert reader.list_consumed() == consumed
+    assert reader.list_shards() == [*consumed, third]
+    assert consumed[0].relpath == f"consumed/{first.name}"
+    # Consumed shards stay readable, by name or by their info (audits, lineage).
+    assert reader.read_groups(first.name) == [group_factory("g0")]
+    assert reader.read_groups(consumed[1]) == [group_factory("g1")]
+    assert reader.read_groups(first) == [group_factory("g0")]  # an info taken before the move
+    assert reader.locate(first.name) == consumed[0] and reader.locate(third.name) == third
+    assert reader.locate(paths.shard_name(99, 0, 0)) is None
+    reader.restore([second.name])
+    assert reader.list_pending() == [second, third]
+    with pytest.raises(FileNotFoundError, match="none at"):
+        reader.retire([paths.shard_name(99, 0, 0)])
+
+
+def test_a_move_cut_by_a_kill_completes_when_repeated(root: RunRoot, group_factory) -> None:
+    shard = ShardWriter(root, RUN).write_groups([group_factory("g0")])
+    data = fs.read_bytes(root, shard.relpath)
+    reader = ShardReader(root, RUN)
+    # Killed between the copy and the delete: the shard is in both places.
+    fs.put_if_absent(root, paths.consumed_shard_path(shard.name), data)
+    assert [i.name for i in reader.list_shards()] == [shard.name]
+    reader.retire([shard.name])
+    reader.retire([shard.name])  # repeated after it finished: nothing to do
+    assert reader.list_pending() == [] and fs.read_bytes(root, paths.consumed_shard_path(shard.name)) == data
+    # The same for a restore cut after its copy.
+    fs.put_if_absent(root, shard.relpath, data)
+    reader.restore([shard.name])
+    reader.restore([shard.name])
+    assert reader.list_pending() == [shard] and reader.list_consumed() == []
+
+
+def test_claims_name_their_shard_and_groups(root: RunRoot, group_factory) -> None:
+    writer = ShardWriter(root, RUN)
+    first = writer.write_groups([group_factory("g0"), group_factory("g1")])
+    second = writer.write_groups([group_factory("g2")])
+    claims = read_claims(root, 0)
+    assert [(c.seq, c.shard, c.group_ids) for c in claims] == [
+        (0, first.name, ("g0", "g1")),
+        (1, second.name, ("g2",)),
+    ]
+    assert read_claims(root, 1) == claims[1:] and read_claims(root, 2) == []
+
+
+def test_a_new_writer_finds_the_next_number_without_listing(
+    root: RunRoot, group_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for seq in range(37):  # claims of an earlier writer (some of them never got a shard)
+        fs.put_if_absent(root, paths.shard_seq_claim(seq), b'{"run_id": "run-a"}')
+    probes: list[str] = []
+    real_exists = fs.exists
+
+    def exists(root_: RunRoot, relpath: str) -> bool:
+        probes.append(relpath)
+        return real_exists(root_, relpath)
+
+    def no_listing(*args: object) -> list[str]:
+        raise AssertionError("the writer listed a directory")
+
+    monkeypatch.setattr(fs, "exists", exists)
+    monkeypatch.setattr(fs, "list_dir", no_listing)
+    writer = ShardWriter(root, RUN)
+    assert writer.write_groups([group_factory("g0")]).seq == 37
+    assert len(probes) <= 2 * math.ceil(math.log2(38)) + 1
+    probes.clear()
+    assert writer.write_groups([group_factory("g1")]).seq == 38 and probes == []  # remembered in memory
+    # Another writer took the next numbers meanwhile: the lost claim searches on from there.
+    for seq in range(39, 45):
+        fs.put_if_absent(root, paths.shard_seq_claim(seq), b'{"run_id": "other"}')
+    assert writer.write_groups([group_factory("g2")]).seq == 45
+
+
+def test_quarantine_is_one_public_move_that_a_repeat_completes(root: RunRoot, group_factory) -> None:
+    shard = ShardWriter(root, RUN).write_groups([group_factory("g0")])
+    reader = ShardReader(root, RUN)
+    assert reader.quarantine(shard) == paths.quarantine_path(shard.name)
+    assert reader.quarantine(shard) == paths.quarantine_path(shard.name)
+    assert reader.list_shards() == [] and fs.list_dir(root, paths.QUARANTINE_DIR) == [shard.name]

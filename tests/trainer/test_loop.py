@@ -176,8 +176,28 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(
     assert WeightStore(run_root).list_versions() == [0]  # only the initial weights
     assert not (tmp_path / "m.jsonl").exists()
     assert good.name in [i.name for i in ShardReader(run_root, RUN_ID).list_unconsumed(set())]
+    # Every rejected shard is quarantined, whatever check rejected it, and the error says where.
     quarantined = fs.list_dir(run_root, paths.QUARANTINE_DIR)
-    if kind == "vocabulary":
-        assert quarantined == []  # the data is fine; the model is the wrong one
-    else:
-        assert [n for n in quarantined if n.startswith(bad)]
+    assert [n for n in quarantined if n.startswith(bad)]
+    assert f"moved to {paths.QUARANTINE_DIR}/{bad}" in str(caught.value)
+
+
+def test_a_restarted_trainer_goes_on_past_a_shard_its_model_cannot_train(
+    run_root: Any, engine: Any, trajectories: Any, tmp_path: Path
+) -> None:
+    writer = ShardWriter(run_root, RUN_ID)
+    bad, expected = _bad_shard("vocabulary", run_root, trajectories)  # oldest: taken first
+    good = writer.write_groups([trajectories.group("g-good", [1.0, 0.0], versions=1)])
+    loop = LoopSettings(batch_groups=1, max_steps=1, checkpoint_every=1, poll_interval_s=0.05, wait_timeout_s=5)
+
+    def trainer() -> RLTrainer:
+        return RLTrainer(run_root, RUN_ID, engine, RL, loop, tmp_path / "work", JsonlMetricsSink(tmp_path / "m.jsonl"))
+
+    with pytest.raises(TrainerInputError, match=expected) as caught:
+        trainer().run()
+    assert f"(shard moved to {paths.quarantine_path(bad)}; a restarted trainer goes on without it)" in str(caught.value)
+    assert trainer().run().step == 1  # the restart trains on the good shard instead of crashing again
+    assert [e.shards for e in Ledger(run_root).entries()] == [(good.name,)]
+    assert ShardReader(run_root, RUN_ID).list_pending() == []
+    assert fs.exists(run_root, paths.consumed_shard_path(good.name))
+    assert fs.list_dir(run_root, paths.QUARANTINE_DIR) == [bad]

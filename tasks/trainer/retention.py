@@ -1,0 +1,176 @@
+"""Retention of published weight versions: what the trainer keeps after each publish.
+
+Right after every publish the writer rank calls :func:`prune_after_publish`. With C the
+version just published, U(v) the update count of version v (its lineage ``step``,
+:func:`asyncrl.storage.weight_lineage.lineage_updates`), m the run's max staleness
+(``trainer.max_staleness``, else ``rollout.eta``) and K ``trainer.keep_versions``, a
+version v of the store is kept iff at least one holds:
+
+1. v >= C (the current version; anything newer is a publish in progress);
+2. U(v) >= U(C) - (m + 1) (the staleness window): the trainer's next step counts a
+   sample's staleness as U(C) - U(v) over its oldest token's version v and drops it above
+   m, so no sample from an older version can still be trained; the one extra update is a
+   margin for a rollout server still fetching the version before the newest when the
+   trainer publishes;
+3. v is the lowest complete version (the run's initial weights: version 0 or the SFT
+   warm start; evaluation compares it with the final version). It is never deleted, so it
+   stays the lowest;
+4. v is the version of a complete checkpoint (a restarted trainer resumes from it);
+5. v is pinned (``weights/_pins/``, written when the register stage registers it);
+6. v is one of the K newest complete versions besides C.
+
+Every other version is deleted by :meth:`WeightStore.prune` (manifest first, then its
+files except the lineage file, which staleness and the audit still read). A trainer
+killed mid-prune leaves versions without manifest below the pointer; the next prune
+deletes them. When in doubt nothing is deleted: a run root without ``config.yaml`` (the
+run's frozen config, where m and K are read) is not pruned; one whose config or
+checkpoint manifests are unreadable, or whose store fails mid-pass, is not pruned this
+time (a warning names why; the publish stands and the next pass tries again).
+
+The same call first aborts the incomplete multipart uploads under ``weights/`` and
+``checkpoints/`` (:func:`abort_trainer_uploads`: parts left by a killed trainer), with or
+without a policy: only the trainer uploads there, and while its writer rank runs this no
+upload of its own is in flight. So the first publish of a (re)started trainer cleans
+what an earlier one left (``RLTrainer.start`` may call it too, before anything else).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+import yaml
+
+from asyncrl.storage import fs, paths
+from asyncrl.storage.fs import RunRoot
+from asyncrl.storage.weight_lineage import VersionUpdates
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.trainer.checkpoint import CheckpointError, checkpoint_versions
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ETA = 4
+"""``rollout.eta``'s default, used when the frozen config omits it."""
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """The run's knobs of the rule in the module docstring."""
+
+    max_staleness: int
+    """m: samples staler than this (in updates) are dropped by the trainer."""
+    keep_versions: int = 0
+    """K: extra newest versions kept besides the current one."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_staleness", "keep_versions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"retention {name} must be a non-negative int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    """What one pass kept and deleted."""
+
+    kept: tuple[int, ...]
+    deleted: tuple[int, ...]
+    aborted_uploads: tuple[str, ...]
+
+
+def policy_from_config(config: Mapping[str, object]) -> RetentionPolicy:
+    """The policy of a run config as plain data (the frozen ``config.yaml``): m =
+    ``trainer.max_staleness``, else ``rollout.eta``; K = ``trainer.keep_versions`` (0 if
+    absent). ``ValueError`` names a bad value."""
+    trainer = config.get("trainer") or {}
+    rollout = config.get("rollout") or {}
+    if not isinstance(trainer, Mapping) or not isinstance(rollout, Mapping):
+        raise ValueError("run config: trainer and rollout must be mappings")
+    staleness = trainer.get("max_staleness")
+    if staleness is None:
+        staleness = rollout.get("eta", DEFAULT_ETA)
+    keep = trainer.get("keep_versions", 0)
+    return RetentionPolicy(max_staleness=staleness, keep_versions=0 if keep is None else keep)  # type: ignore[arg-type]
+
+
+def run_root_policy(root: RunRoot) -> RetentionPolicy | None:
+    """The policy of the run's frozen ``config.yaml`` in ``root``; None if there is none."""
+    try:
+        raw = fs.read_bytes(root, paths.CONFIG)
+    except FileNotFoundError:
+        return None
+    content = yaml.safe_load(raw)
+    if not isinstance(content, Mapping):
+        raise ValueError(f"{root.display(paths.CONFIG)}: not a mapping")
+    try:
+        return policy_from_config(content)
+    except ValueError as exc:
+        raise ValueError(f"{root.display(paths.CONFIG)}: {exc}") from None
+
+
+def versions_to_keep(
+    complete: Collection[int],
+    current: int,
+    policy: RetentionPolicy,
+    updates_of: Callable[[int], int],
+    checkpointed: Collection[int] = (),
+) -> set[int]:
+    """Rules 1-4 and 6 of the module docstring over the ``complete`` versions (pins, rule 5,
+    are applied by :meth:`WeightStore.prune` itself)."""
+    ordered = sorted(complete)
+    keep = {v for v in ordered if v >= current}
+    floor = updates_of(current) - (policy.max_staleness + 1)
+    keep.update(v for v in ordered if v < current and updates_of(v) >= floor)
+    if ordered:
+        keep.add(ordered[0])
+    keep.update(checkpointed)
+    older = [v for v in ordered if v < current]
+    if policy.keep_versions:
+        keep.update(older[-policy.keep_versions :])
+    return keep
+
+
+def prune_weights(store: WeightStore, current: int, policy: RetentionPolicy) -> RetentionReport:
+    """One retention pass for ``current`` (the version just published) under ``policy``."""
+    root = store.root
+    try:
+        checkpointed = checkpoint_versions(root)
+    except CheckpointError as exc:
+        logger.warning("weight retention skipped: %s", exc)
+        return RetentionReport(kept=tuple(store.list_versions()), deleted=(), aborted_uploads=())
+    complete = store.list_versions()
+    keep = versions_to_keep(complete, current, policy, VersionUpdates(root), checkpointed)
+    deleted = store.prune(keep_latest=0, referenced=keep)
+    if deleted:
+        logger.info("weight retention at version %d: deleted versions %s", current, deleted)
+    return RetentionReport(kept=tuple(sorted(set(complete) - set(deleted))), deleted=tuple(deleted), aborted_uploads=())
+
+
+def abort_trainer_uploads(root: RunRoot) -> list[str]:
+    """Abort the incomplete multipart uploads under ``weights/`` and ``checkpoints/``;
+    return their relative paths. Call only from the trainer's writer rank while it uploads
+    nothing (no other process uploads there)."""
+    aborted: list[str] = []
+    for directory in (paths.WEIGHTS_DIR, paths.CHECKPOINTS_DIR):
+        aborted.extend(fs.abort_incomplete_uploads(root, directory))
+    if aborted:
+        logger.info("aborted incomplete multipart uploads left by a killed trainer: %s", aborted)
+    return aborted
+
+
+def prune_after_publish(store: WeightStore, version: int) -> RetentionReport | None:
+    """The trainer's call right after publishing ``version``: :func:`abort_trainer_uploads`,
+    then :func:`prune_weights` under the run root's frozen config (:func:`run_root_policy`);
+    None, pruning nothing, without one (or when the pass failed: a warning says why)."""
+    try:
+        aborted = abort_trainer_uploads(store.root)
+        policy = run_root_policy(store.root)
+        if policy is None:
+            return None
+        report = prune_weights(store, version, policy)
+        return RetentionReport(kept=report.kept, deleted=report.deleted, aborted_uploads=tuple(aborted))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        logger.warning("weight retention after publishing version %d failed, retried after the next publish: %r",
+                       version, exc)
+        return None

@@ -1,0 +1,121 @@
+"""The lineage recorder's storage side: each version once, from LATEST down to the last one
+logged, with one manifest per version; a poll with nothing new costs one read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.storage import fs, paths
+from asyncrl.storage.fs import RunRoot, open_root
+from asyncrl.storage.schema import Sample
+from asyncrl.storage.shards import ShardReader, ShardWriter
+from asyncrl.storage.weight_lineage import LINEAGE_FILE
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.run.lineage_recorder import LineageRecorder
+
+RUN_ID = "run-r"
+
+
+class FakeLineage:
+    """Stands in for :class:`RunLineage` (MLflow itself is tested in test_lineage.py)."""
+
+    def __init__(self, logged: dict[int, str] | None = None) -> None:
+        self.logged = dict(logged or {})
+        self.versions: list[tuple[int, str, dict[str, Any], dict[str, float]]] = []
+        self.metrics: list[tuple[int, dict[str, float]]] = []
+
+    def logged_versions(self) -> dict[int, str]:
+        return dict(self.logged)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.metrics.append((step, dict(metrics)))
+
+    def log_version(self, version: int, weights_uri: str, manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
+        self.versions.append((version, weights_uri, dict(manifest), dict(metrics)))
+        return f"m-{version}"
+
+
+def group(gid: str) -> list[Sample]:
+    return [Sample(prompt_id="p", group_id=gid, prompt_token_ids=[1], output_token_ids=[2], behaviour_logprobs=[-1.0],
+                   token_versions=[0], reward=0.0, finish_reason="stop", submit_time=1.0, finish_time=1.0)] * 2  # fmt: skip
+
+
+def publish(root: RunRoot, tmp_path: Path, version: int, step: int, shards: list[str]) -> None:
+    local = tmp_path / f"v{version}"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    (local / "model.safetensors").write_bytes(b"\0" * 8)
+    (local / LINEAGE_FILE).write_text(json.dumps({"version": version, "parent_version": version - 1, "step": step,
+                                                  "shards": shards}))  # fmt: skip
+    WeightStore(root).publish(version, local)
+
+
+def consumed_shard(root: RunRoot, *gids: str) -> str:
+    name = ShardWriter(root, RUN_ID).write_groups([group(g) for g in gids]).name
+    ShardReader(root, RUN_ID).retire([name])
+    return name
+
+
+def test_each_version_once_with_one_manifest_and_a_constant_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = open_root(str(tmp_path / "run"))
+    metrics = tmp_path / "metrics.jsonl"
+    lineage = FakeLineage()
+    recorder = LineageRecorder(lineage, root, metrics)  # type: ignore[arg-type]
+    recorder.poll()
+    assert lineage.versions == []
+
+    publish(root, tmp_path, 0, 0, [])
+    first = consumed_shard(root, "g0", "g1")
+    metrics.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n" + '{"step": 2, "lo')  # a torn last line waits
+    publish(root, tmp_path, 1, 1, [first])
+    recorder.poll()
+    assert [v for v, *_ in lineage.versions] == [0, 1]
+    _, uri, manifest, step_metrics = lineage.versions[1]
+    data = fs.read_bytes(root, paths.consumed_shard_path(first))
+    assert uri == root.display("weights/v000001") and step_metrics["loss"] == 0.5
+    assert manifest == {"version": 1, "step": 1, "parent_version": 0, "shards": [
+        {"name": first, "uri": root.display(paths.consumed_shard_path(first)),
+         "digest": hashlib.sha256(data).hexdigest()[:16], "rows": 4, "groups": 2}]}  # fmt: skip
+    assert [s for s, _ in lineage.metrics] == [1]
+
+    # Nothing new: one read of LATEST (and the metrics file, local), no listing, no HEAD.
+    calls: list[str] = []
+    for name in ("read_bytes", "exists", "list_dir"):
+        real = getattr(fs, name)
+        monkeypatch.setattr(fs, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    recorder.poll()
+    assert calls == ["read_bytes"] and len(lineage.versions) == 2
+    monkeypatch.undo()
+
+    # Versions pruned before they were logged are skipped with a warning; the rest are logged.
+    with metrics.open("a") as handle:
+        handle.write('ss": 0.25}\n')
+    for version in (2, 3, 4):
+        publish(root, tmp_path, version, version, [consumed_shard(root, f"g{version + 1}")])
+    assert WeightStore(root).prune(keep_latest=1, referenced=[0, 1]) == [2, 3]
+    with caplog.at_level(logging.WARNING, logger="asyncrl.lineage"):
+        recorder.poll()
+    assert [v for v, *_ in lineage.versions] == [0, 1, 4]
+    assert "weight version 2 was not logged" in caplog.text and "weight version 3 was not logged" in caplog.text
+    assert [s for s, _ in lineage.metrics] == [1, 2] and lineage.metrics[1][1]["loss"] == 0.25
+    assert recorder.logged_versions == {0: "m-0", 1: "m-1", 4: "m-4"}
+
+
+def test_a_resumed_recorder_goes_on_after_the_versions_mlflow_holds(tmp_path: Path) -> None:
+    root = open_root(str(tmp_path / "run"))
+    for version in range(3):
+        publish(root, tmp_path, version, version, [consumed_shard(root, f"g{version}")] if version else [])
+    lineage = FakeLineage({0: "m-0", 1: "m-1"})
+    recorder = LineageRecorder(lineage, root, tmp_path / "none.jsonl")  # type: ignore[arg-type]
+    recorder.adopt_logged_versions()
+    recorder.poll()
+    assert [v for v, *_ in lineage.versions] == [2]

@@ -1,0 +1,147 @@
+"""The rollout side of the weights path without a vLLM server: load requests carry no
+credentials, the local weight cache stays bounded and never loses a version being loaded,
+and a corrupt download is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from asyncrl.storage import fs, paths
+from asyncrl.storage.fs import open_root
+from asyncrl.storage.weights import WeightIntegrityError, WeightStore
+from asyncrl.tasks.rollout import weight_sync
+from asyncrl.tasks.rollout.weight_sync import (
+    cached_version_dir,
+    fetch_weight_version,
+    load_request_body,
+    prune_weight_cache,
+    public_storage_options,
+    update_server_weights,
+    version_lease,
+)
+
+SECRET_OPTIONS: dict[str, Any] = {
+    "key": "AKIA-TOP",
+    "secret": "s3cr3t-top",
+    "token": "tok-top",
+    "endpoint_url": "http://10.0.0.5:8333",
+    "client_kwargs": {
+        "region_name": "eu-west-1",
+        "aws_access_key_id": "AKIA-NESTED",
+        "aws_secret_access_key": "s3cr3t-nested",
+        "aws_session_token": "tok-nested",
+    },
+    "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 5}},
+    "password": "pw",
+    "access_key": "ak",
+    "secret_key": "sk",
+    "session_token": "st",
+}
+PUBLIC_OPTIONS = {
+    "endpoint_url": "http://10.0.0.5:8333",
+    "client_kwargs": {"region_name": "eu-west-1"},
+    "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 5}},
+}
+
+
+def test_public_storage_options_drop_every_credential() -> None:
+    assert public_storage_options(SECRET_OPTIONS) == PUBLIC_OPTIONS
+    assert public_storage_options(None) == {}
+    assert SECRET_OPTIONS["client_kwargs"]["aws_access_key_id"] == "AKIA-NESTED"  # the input is not modified
+
+
+def test_a_load_request_sends_a_reference_and_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_request_body("s3://b/run", SECRET_OPTIONS, 3, "/cache", 60.0) == {
+        "method": weight_sync.LOAD_METHOD,
+        "args": ["s3://b/run", PUBLIC_OPTIONS, 3, "/cache"],
+        "timeout": 60.0,
+    }
+    sent: list[bytes] = []
+    report = {"version": 3, "local_dir": "/cache/x/v000003", "cached": False, "num_tensors": 1,
+              "checksum_tensor": "w", "file_sha256": "0", "model_sha256": None, "download_s": 0.0, "reload_s": 0.0}
+
+    def post(url: str, **kwargs: Any) -> httpx.Response:
+        request = httpx.Request("POST", url, json=kwargs.get("json"))
+        sent.append(request.read())
+        if url.endswith("/collective_rpc"):
+            return httpx.Response(200, json={"results": [report]}, request=request)
+        return httpx.Response(200, json={"success": True}, request=request)
+
+    class Handle:
+        url = "http://rollout:8000"
+
+        def headers(self) -> dict[str, str]:
+            return {}
+
+    monkeypatch.setattr(httpx, "post", post)
+    update_server_weights(Handle(), "s3://b/run", SECRET_OPTIONS, 3, cache_dir="/cache")  # type: ignore[arg-type]
+    wire = b"".join(sent)
+    for secret in ("AKIA", "s3cr3t", "tok-", '"pw"', '"ak"', '"sk"', '"st"'):
+        assert secret.encode() not in wire
+    assert b"http://10.0.0.5:8333" in wire
+
+
+def publish(store: WeightStore, base: Path, version: int) -> None:
+    local = base / f"v{version}"
+    local.mkdir(parents=True)
+    save_file({"w": np.full(64, float(version), dtype=np.float32)}, str(local / "model.safetensors"))
+    (local / "config.json").write_text(json.dumps({"v": version}))
+    store.publish(version, local)
+
+
+def cached(cache: Path, root_uri: str) -> list[str]:
+    base = cached_version_dir(cache, root_uri, 0).parent
+    return sorted(entry.name for entry in base.iterdir() if not entry.name.endswith(".lock"))
+
+
+def test_the_cache_keeps_the_loaded_version_and_those_being_loaded(tmp_path: Path) -> None:
+    root_uri = f"file://{tmp_path / 'run'}"
+    store = WeightStore(open_root(root_uri))
+    cache = tmp_path / "cache"
+    for version in range(6):
+        publish(store, tmp_path / "local", version)
+    sizes = []
+    for version in range(4):  # a server loading each new version in turn
+        fetch_weight_version(root_uri, {}, version, cache)
+        prune_weight_cache(cache, root_uri, version)
+        sizes.append(sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()))
+        assert cached(cache, root_uri) == [paths.weights_version_dirname(version)]
+    assert len(set(sizes)) == 1  # bounded: one version's bytes
+
+    # Another server on the machine still loads version 3 (holds its lease) while this one
+    # loads 5: 3 stays; a leftover staging directory of 4 (a killed download) goes.
+    leftover = cached_version_dir(cache, root_uri, 4).parent / ".v000004.abc123"
+    leftover.mkdir()
+    (leftover / "model.safetensors").write_bytes(b"partial")
+    with version_lease(cache, root_uri, 3):
+        fetch_weight_version(root_uri, {}, 5, cache)
+        assert prune_weight_cache(cache, root_uri, 5) == [4]
+        assert cached(cache, root_uri) == ["v000003", "v000005"]
+    assert prune_weight_cache(cache, root_uri, 5) == [3]
+    assert cached(cache, root_uri) == ["v000005"]
+    # A version pruned from the cache is fetched again when asked for.
+    model_dir, was_cached = fetch_weight_version(root_uri, {}, 3, cache)
+    assert not was_cached and json.loads((model_dir / "config.json").read_text()) == {"v": 3}
+
+
+def test_a_corrupt_version_is_not_cached(tmp_path: Path) -> None:
+    root_uri = f"file://{tmp_path / 'run'}"
+    root = open_root(root_uri)
+    store = WeightStore(root)
+    publish(store, tmp_path / "local", 1)
+    path = Path(root.full_path(paths.weights_file(1, "model.safetensors")))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(WeightIntegrityError, match="model.safetensors: downloaded SHA-256"):
+        fetch_weight_version(root_uri, {}, 1, cache)
+    assert cached(cache, root_uri) == []
+    assert fs.exists(root, paths.weights_complete_marker(1))
