@@ -9,7 +9,8 @@ path, in process:
   at the written groups (:func:`written_group_indices`) per step;
 * trainer: :class:`ShardFeed` takes the oldest waiting shards, the ledger records them,
   the shards are retired to ``consumed/``, and tiny weights are published as the step's
-  version (with its lineage file);
+  version (with its lineage file), followed by the trainer's retention pass
+  (:func:`prune_after_publish` under a frozen config with eta = ``BENCH_ETA``);
 * lineage: the recorder's storage path (:class:`VersionFollower`, :func:`version_manifest`).
 
 Every call of the storage primitives of :mod:`asyncrl.storage.fs` is counted (outermost
@@ -36,7 +37,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.storage import fs
+import yaml
+
+from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.schema import Sample
@@ -51,6 +54,7 @@ from asyncrl.tasks.scheduler.controller import (
     written_group_indices,
 )
 from asyncrl.tasks.trainer.feed import ShardFeed
+from asyncrl.tasks.trainer.retention import prune_after_publish
 
 COUNTED = (
     "read_bytes", "read_many", "exists", "list_dir", "put_if_absent", "put_atomic_replace",
@@ -59,6 +63,8 @@ COUNTED = (
 COMPONENTS = ("scheduler", "trainer", "publish", "lineage")
 RUN_ID = "storage-bench"
 VOCAB = 1000
+BENCH_ETA = 2
+"""The synthetic run's staleness bound: retention keeps about BENCH_ETA + 2 versions."""
 
 
 @dataclass
@@ -215,6 +221,7 @@ class SyntheticRun:
         self.version = 0
 
     def start(self) -> None:
+        fs.put_if_absent(self.root, paths.CONFIG, yaml.safe_dump({"name": RUN_ID, "rollout": {"eta": BENCH_ETA}}).encode())
         (self.weights / LINEAGE_FILE).write_text(json.dumps({"version": 0, "parent_version": None, "step": 0}))
         self.store.publish(0, self.weights)
 
@@ -244,6 +251,7 @@ class SyntheticRun:
             lineage = {"version": step, "parent_version": self.version, "step": step, "shards": list(taken.shards)}
             (self.weights / LINEAGE_FILE).write_text(json.dumps(lineage))
             self.store.publish(step, self.weights)
+            prune_after_publish(self.store, step)
             self.version = step
         with self.counter.within("lineage"):
             for version in self.follower.new_versions():

@@ -15,12 +15,13 @@ Rules; every violation is one line that names the objects involved.
     of the root regenerates them: audit it with ``in_flight_ok=True``. Unwritten groups
     are listed in the report either way.
 (b) Consumption. The final ledger holds steps 1..N without a gap; no shard is named twice
-    (by two steps or twice by one); every named shard is a valid shard of
-    ``trajectories/``.
+    (by two steps or twice by one); every named shard is a valid shard of the run
+    (consumed ones live in ``consumed/``).
 (c) Weights. Publish order is version order: sorted by version, the manifests'
     ``published_at`` increase strictly; ``LATEST`` names the newest complete version; each
     version's lineage names that version and a parent below it; the versions published
-    for the final ledger's steps increase with the step.
+    for the final ledger's steps increase with the step. Versions that retention pruned
+    (their lineage kept in ``weights-lineage/``) count as published for (d).
 (d) Staleness. The weights published for step k are the newest version whose lineage
     names step k (a step redone after a trainer restart is published again, later; the
     final ledger's entry is the last one recorded, by the run that published last). Its
@@ -158,7 +159,8 @@ def admitted_groups(root: RunRoot, violations: list[str]) -> int:
 
 
 def read_shards(root: RunRoot, run_id: str, violations: list[str]) -> dict[str, _ShardContent | None]:
-    """Every shard of ``trajectories/`` by name (None: unreadable or invalid, a violation).
+    """Every shard of the run (``trajectories/`` and ``consumed/``) by name (None: unreadable
+    or invalid, a violation).
     Read without :class:`ShardReader`'s quarantine: an audit moves nothing."""
     contents: dict[str, _ShardContent | None] = {}
     for info in ShardReader(root, run_id).list_shards():
@@ -230,7 +232,10 @@ def audit_consumption(
         if len(by_steps) > 1:
             violations.append(f"(b) shard {name} was consumed {len(by_steps)} times: by steps {by_steps}")
         if name not in contents:
-            violations.append(f"(b) shard {name}, consumed by step {by_steps[0]}, is not in {paths.TRAJECTORIES_DIR}/")
+            violations.append(
+                f"(b) shard {name}, consumed by step {by_steps[0]}, is in neither "
+                f"{paths.TRAJECTORIES_DIR}/ nor {paths.CONSUMED_DIR}/"
+            )
 
 
 def audit_weights(root: RunRoot, violations: list[str]) -> tuple[list[int], dict[int, dict[str, Any]]]:

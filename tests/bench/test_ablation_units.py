@@ -73,7 +73,9 @@ def test_variants_differ_only_in_eta_objective_and_where_they_write(tmp_path: Pa
     assert variant.storage.root.startswith(str(tmp_path)) and variant.name == "demo-eta8-standard"
     same = ("seed", "data", "reward")
     assert all(getattr(variant, key) == getattr(base, key) for key in same)
-    assert variant.trainer.model_dump(exclude={"objective"}) == base.trainer.model_dump(exclude={"objective"})
+    changed = {"objective", "keep_versions"}  # every version is kept for the sweep's evaluation
+    assert variant.trainer.model_dump(exclude=changed) == base.trainer.model_dump(exclude=changed)
+    assert variant.trainer.keep_versions > variant.trainer.max_steps
     assert variant.rollout.model_dump(exclude={"eta"}) == base.rollout.model_dump(exclude={"eta"})
 
 
