@@ -188,16 +188,8 @@ def _write_local_temp(final: str, data: bytes) -> str:
     return tmp
 
 
-def fsync_dir(directory: str) -> None:
-    """fsync a local directory, making the renames and links done in it durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """fsync a local file (its data) or directory (the renames and links done in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -215,13 +207,13 @@ def _copy_durably(source: str, final: str, temp_suffix: str) -> None:
     try:
         shutil.copyfile(source, tmp)
         os.chmod(tmp, 0o644)
-        _fsync_file(tmp)
+        fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    fsync_path(directory)
 
 
 def _exists_error(root: RunRoot, relpath: str) -> FileExistsError:
@@ -296,7 +288,7 @@ def _local_put_if_absent(root: RunRoot, relpath: str, data: bytes) -> None:
         raise
     finally:
         os.unlink(tmp)
-    fsync_dir(os.path.dirname(target))
+    fsync_path(os.path.dirname(target))
 
 
 def put_atomic_replace(root: RunRoot, relpath: str, data: bytes) -> None:
@@ -314,7 +306,7 @@ def put_atomic_replace(root: RunRoot, relpath: str, data: bytes) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
-        fsync_dir(os.path.dirname(target))
+        fsync_path(os.path.dirname(target))
         return
     with _named_faults(root, "put_atomic_replace", relpath):
         root.fs.pipe_file(target, data)
@@ -475,12 +467,12 @@ def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
             if not _s3_is_file(root, source):
                 raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
             root.fs.get_file(source, tmp)
-        _fsync_file(tmp)
+        fsync_path(tmp)
         os.replace(tmp, local_path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    fsync_dir(str(local_path.parent))
+    fsync_path(str(local_path.parent))
 
 
 def read_json_object(root: RunRoot, relpath: str) -> dict[str, Any] | None:

@@ -277,7 +277,7 @@ class WeightStore:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        fs.fsync_dir(str(dest_dir.parent))
+        fs.fsync_path(str(dest_dir.parent))
         return dest_dir
 
     def pin(self, version: int) -> None:
