@@ -83,10 +83,12 @@ async def measure_stalls(
 ) -> StallRow:
     """Updates while 8 long generations run; each update loads the next published version."""
     from asyncrl.tasks.rollout.client import RolloutClient
-    from asyncrl.tasks.rollout.weight_sync import server_weight_version, update_server_weights
+    from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, server_weight_version
 
     stats = []
-    async with RolloutClient([handle], interrupt_mode=mode, initial_version=server_weight_version(handle) or 0) as client:
+    async with RolloutClient(
+        [handle], interrupt_mode=mode, initial_version=server_weight_version(handle) or 0
+    ) as client, ServerWeightLoader(store_uri, {}, cache_dir) as loader:
         for version in versions:
             if version <= client.current_version:
                 continue
@@ -94,11 +96,7 @@ async def measure_stalls(
                 *(client.generate_group(prompt, 1, 256, 1.0, ignore_eos=True) for _ in range(8))
             )
             await asyncio.sleep(1.0)  # let the generations get going
-            stats.append(
-                await client.update_weights(
-                    version, lambda h, v=version: update_server_weights(h, store_uri, {}, v, cache_dir=cache_dir)
-                )
-            )
+            stats.append(await client.update_weights(version, loader.for_version(version)))
             await generation
     return StallRow(
         mode=mode,

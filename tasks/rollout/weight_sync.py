@@ -43,7 +43,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -349,16 +349,24 @@ class WeightSyncExtension:
         }
 
 
-def _post(handle: RolloutServerHandle, path: str, timeout_s: float, **kwargs: Any) -> httpx.Response:
+def _post(
+    handle: RolloutServerHandle, path: str, timeout_s: float, http: httpx.Client | None = None, **kwargs: Any
+) -> httpx.Response:
+    """POST to the server, on ``http``'s pooled connections when given. Without it each call
+    builds a client (and its TLS context): ~30 ms, the bulk of a small model's update."""
     try:
-        return httpx.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
+        if http is None:
+            return httpx.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
+        return http.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
     except httpx.HTTPError as exc:
         raise WeightSyncError(f"rollout server {handle.url}{path}: request failed: {exc!r}") from exc
 
 
-def set_server_weight_version(handle: RolloutServerHandle, version: int, timeout_s: float = 30.0) -> None:
+def set_server_weight_version(
+    handle: RolloutServerHandle, version: int, timeout_s: float = 30.0, http: httpx.Client | None = None
+) -> None:
     """Tell the server which version its weights are (``POST /update_weight_version``)."""
-    response = _post(handle, "/update_weight_version", timeout_s, json={"new_version": str(version)})
+    response = _post(handle, "/update_weight_version", timeout_s, http, json={"new_version": str(version)})
     if response.status_code != 200:
         raise WeightSyncError(
             f"rollout server {handle.url}: setting weight version {version} failed "
@@ -407,6 +415,7 @@ def update_server_weights(
     version: int,
     cache_dir: str = "",
     timeout_s: float = 600.0,
+    http: httpx.Client | None = None,
 ) -> WeightUpdateReport:
     """Load published ``version`` into the server, reset its prefix cache, set its version.
 
@@ -415,7 +424,9 @@ def update_server_weights(
     dropped, the server uses its own; ``cache_dir`` is a directory on the server's machine, default
     ``~/.cache/asyncrl/rollout-weights``), ``POST /reset_prefix_cache`` (cached prefixes
     were computed with the old weights), ``POST /update_weight_version``. Pausing and
-    resuming generation around it is the caller's choice. Raises
+    resuming generation around it is the caller's choice. A caller that updates repeatedly
+    passes one ``http`` client (:class:`ServerWeightLoader`), so the three requests reuse
+    pooled connections. Raises
     :class:`WeightSyncError` with the server's reason (an unknown version names the
     available ones) and leaves the server running on its previous weights.
     """
@@ -423,7 +434,7 @@ def update_server_weights(
         raise ValueError(f"weight version must be a non-negative int, got {version!r}")
     started = time.monotonic()
     body = load_request_body(root_uri, storage_options, version, cache_dir, timeout_s)
-    response = _post(handle, "/collective_rpc", timeout_s + 30.0, json=body)
+    response = _post(handle, "/collective_rpc", timeout_s + 30.0, http, json=body)
     if response.status_code != 200:
         raise WeightSyncError(
             f"rollout server {handle.url}: loading weight version {version} from {root_uri} failed "
@@ -436,12 +447,43 @@ def update_server_weights(
     wrong = [w.version for w in workers if w.version != version]
     if wrong:
         raise WeightSyncError(f"rollout server {handle.url}: workers loaded versions {wrong}, expected {version}")
-    reset = _post(handle, "/reset_prefix_cache", 60.0)
+    reset = _post(handle, "/reset_prefix_cache", 60.0, http)
     prefix_cache_reset = reset.status_code == 200 and bool(reset.json().get("success"))
-    set_server_weight_version(handle, version)
+    set_server_weight_version(handle, version, http=http)
     return WeightUpdateReport(
         version=version,
         workers=workers,
         prefix_cache_reset=prefix_cache_reset,
         seconds=time.monotonic() - started,
     )
+
+
+class ServerWeightLoader:
+    """Loads published versions of one store into servers (:func:`update_server_weights`)
+    over one pooled HTTP client, for a component that updates its servers for a whole run.
+
+    ``loader.for_version(v)`` is the per-server callable :meth:`RolloutClient.update_weights`
+    takes. Close it (or use it as a context manager) to drop its connections."""
+
+    def __init__(self, root_uri: str, storage_options: Mapping[str, Any] | None, cache_dir: str = "") -> None:
+        self._root_uri = root_uri
+        self._options = dict(storage_options or {})
+        self._cache_dir = cache_dir
+        self._http = httpx.Client()
+
+    def load(self, handle: RolloutServerHandle, version: int) -> WeightUpdateReport:
+        return update_server_weights(
+            handle, self._root_uri, self._options, version, cache_dir=self._cache_dir, http=self._http
+        )
+
+    def for_version(self, version: int) -> Callable[[RolloutServerHandle], WeightUpdateReport]:
+        return lambda handle: self.load(handle, version)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ServerWeightLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from asyncrl.tasks.model.checks import require_model_dir
 from asyncrl.tasks.reward.remote import RemoteRewardScorer
 from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
-from asyncrl.tasks.rollout.weight_sync import fetch_weight_version, update_server_weights
+from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, fetch_weight_version
 from asyncrl.tasks.trainer.process import TrainerLaunch
 
 
@@ -125,11 +125,9 @@ def run_scheduler(
     service, until `stop` is set (or, with `max_groups`, until that many groups are admitted
     and produced)."""
     codec, stop_ids = load_codec(config.model.path)
-    options = dict(config.storage.options)
-
-    def loader(version: int) -> Callable[[RolloutServerHandle], Any]:
-        cache = str(paths.work_dir / "weights-cache")
-        return lambda handle: update_server_weights(handle, config.storage.root, options, version, cache_dir=cache)
+    weight_loader = ServerWeightLoader(
+        config.storage.root, config.storage.options, cache_dir=str(paths.work_dir / "weights-cache")
+    )
 
     async def main() -> ControllerStats:
         stop_async = asyncio.Event()
@@ -152,11 +150,12 @@ def run_scheduler(
                     codec=codec,
                     generator=client,
                     scorer=scorer,
-                    weight_loader=loader,
+                    weight_loader=weight_loader.for_version,
                 )
                 return await controller.run(stop_async)
         finally:
             relay.cancel()
+            weight_loader.close()
 
     return asyncio.run(main())
 

@@ -252,7 +252,7 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     from asyncrl.tasks.reward.pool import RewardPool
     from asyncrl.tasks.rollout.client import RolloutClient
     from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
-    from asyncrl.tasks.rollout.weight_sync import update_server_weights
+    from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader
 
     if not config.data.eval_path or not versions:
         return {}
@@ -280,16 +280,13 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
 
     async def run_all(server: RolloutServer) -> None:
         async with RolloutClient([server.handle], initial_version=versions[0]) as client:
-            with RewardPool(config.reward) as pool:
+            cache = str(run_paths.work_dir / "weights-cache")
+            with RewardPool(config.reward) as pool, ServerWeightLoader(
+                config.storage.root, config.storage.options, cache
+            ) as loader:
                 for version in versions:
                     if version != client.current_version:
-                        await client.update_weights(
-                            version,
-                            lambda handle, v=version: update_server_weights(
-                                handle, config.storage.root, dict(config.storage.options), v,
-                                cache_dir=str(run_paths.work_dir / "weights-cache"),
-                            ),
-                        )
+                        await client.update_weights(version, loader.for_version(version))
                     results[version] = await evaluate(
                         client, version, prompts,
                         lambda record: render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer),
