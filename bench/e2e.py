@@ -71,11 +71,23 @@ def split_cores() -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
     return tuple(cpus[:half]), tuple(cpus[half:])
 
 
+WORKLOADS: dict[str, dict[str, int]] = {
+    "balanced": {},
+    "generation-bound": {"max_new_tokens": 1536, "micro_batch_tokens": 2048},
+}
+"""Named workloads: settings they change from the defaults. ``balanced`` (the default):
+generation and training take about as long (T_gen ~ 1.4 T_train on 2 CPUs);
+``generation-bound``: four times longer outputs, so generation is the bottleneck and the
+rollout server's utilisation can be judged. Explicit options override a workload's values."""
+
+
 @dataclass(frozen=True)
 class E2EBenchSettings:
     """The sweep and its workload. The defaults (9 runs of 16 steps) took 12.5 minutes on 2
     CPUs with another job using one of them; about 35 s of each run is start-up and shutdown."""
 
+    workload: str = "balanced"
+    """Name of the workload (:data:`WORKLOADS`); recorded with the result."""
     etas: tuple[int, ...] = (0, 1, 2, 4, 8)
     """Staleness bounds; must include 0 (the synchronous baseline, run once)."""
     modes: tuple[InterruptMode, ...] = INTERRUPT_MODES
@@ -98,6 +110,8 @@ class E2EBenchSettings:
     """Write the result here as JSON (after every configuration, so a long sweep keeps what it measured)."""
 
     def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload: must be one of {list(WORKLOADS)}, got {self.workload!r}")
         if not self.etas or any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in self.etas):
             raise ValueError(f"etas: must be ints >= 0, got {self.etas!r}")
         if 0 not in self.etas:
@@ -253,27 +267,45 @@ def run_figures(
     }
 
 
+def run_limit_s(eta: int, t_gen: float, t_train: float) -> float:
+    """The shortest wall time a configuration can reach, its own limit:
+
+        synchronous (eta = 0): T_gen + T_train (generation and training take turns)
+        asynchronous (eta > 0): max(T_gen, T_train) (perfect overlap)"""
+    return t_gen + t_train if eta == 0 else max(t_gen, t_train)
+
+
 def compare_runs(runs: Sequence[Mapping[str, Any]], t_gen: float) -> dict[str, Any]:
     """Figures across runs, against the eta = 0 run (the first without ``error``):
 
-        speedup            = W(eta = 0) / W
-        T_train            = training_only_s of the eta = 0 run
-        bound              = overlap_bound(T_gen, T_train)
-        speedup_over_bound = speedup / bound
+        T_train                  = training_only_s of the eta = 0 run
+        ideal_sync_s             = T_gen + T_train
+        bound                    = overlap_bound(T_gen, T_train) (the most overlap can gain)
+        limit_s                  = run_limit_s(eta, T_gen, T_train)
+        efficiency               = limit_s / W (1 = the run reaches its own limit)
+        speedup                  = W(eta = 0) / W (over this sweep's synchronous run)
+        speedup_over_ideal_sync  = ideal_sync_s / W (over a synchronous run without idle time)
 
-    Returns {"t_train_s", "overlap_bound", "runs": copies of ``runs`` with ``speedup`` and
-    ``speedup_over_bound`` added}; all None while no eta = 0 run succeeded."""
+    Returns {"t_train_s", "ideal_sync_s", "overlap_bound", "runs": copies of ``runs`` with
+    those figures added}; all None while no eta = 0 run succeeded."""
     baseline = next((r for r in runs if r["eta"] == 0 and "error" not in r), None)
     t_train = None if baseline is None else float(baseline["training_only_s"])
     bound = None if t_train is None else overlap_bound(t_gen, t_train)
     compared = []
     for run in runs:
         row = dict(run)
-        if baseline is not None and bound is not None and "error" not in run:
+        if baseline is not None and t_train is not None and "error" not in run:
+            row["limit_s"] = run_limit_s(int(run["eta"]), t_gen, t_train)
+            row["efficiency"] = row["limit_s"] / run["wall_s"]
             row["speedup"] = baseline["wall_s"] / run["wall_s"]
-            row["speedup_over_bound"] = row["speedup"] / bound
+            row["speedup_over_ideal_sync"] = (t_gen + t_train) / run["wall_s"]
         compared.append(row)
-    return {"t_train_s": t_train, "overlap_bound": bound, "runs": compared}
+    return {
+        "t_train_s": t_train,
+        "ideal_sync_s": None if t_train is None else t_gen + t_train,
+        "overlap_bound": bound,
+        "runs": compared,
+    }
 
 
 # ----- the workload, the standalone measurement, the runs -----
@@ -484,26 +516,29 @@ def format_tables(result: Mapping[str, Any]) -> str:
     """The workload, the standalone measurement, the bound, and one table row per run."""
     w, s = result["workload"], result["standalone"]
     lines = [
-        f"workload: {w['groups']} groups x {result['settings']['n_samples']} samples, output budget mean "
+        f"workload {result['settings'].get('workload', 'balanced')}: {w['groups']} groups x {result['settings']['n_samples']} samples, output budget mean "
         f"{w['budget_mean']:.0f}, p50 {w['budget_p50']}, p90 {w['budget_p90']}, max {w['budget_max']} tokens "
         f"(long-tailed, EOS ignored); {result['settings']['steps']} steps of {result['settings']['batch_groups']} groups",
         f"CPUs: rollout {result['settings']['rollout_cores']}, trainer {result['settings']['trainer_cores']}",
         "standalone server: " + ", ".join(f"{r['tokens_per_s']:.0f} tokens/s at c={r['concurrency']}" for r in s["throughput"]),
         f"T_gen {s['t_gen_s']:.1f} s (batch by batch), T_train {_fmt(result.get('t_train_s'), '.1f')} s "
-        f"(eta=0 step times): ideal overlap bound {_fmt(result.get('overlap_bound'), '.2f')}x",
+        f"(eta=0 step times): ideal synchronous {_fmt(result.get('ideal_sync_s'), '.1f')} s, "
+        f"ideal overlap bound {_fmt(result.get('overlap_bound'), '.2f')}x",
+        "limit: T_gen + T_train at eta 0, max(T_gen, T_train) at eta > 0; efficiency = limit / wall",
         "",
-        "| eta | mode | wall (s) | trained tok/s | speed-up | speed-up / bound | rollout util. | stall frac. "
-        "| packing eff. | staleness max | staleness (value:samples) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| eta | mode | wall (s) | limit (s) | efficiency | speed-up vs eta 0 | speed-up vs ideal sync "
+        "| trained tok/s | rollout util. | stall frac. | packing eff. | staleness max | staleness (value:samples) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result.get("runs", []):
         mode = "sync" if r["eta"] == 0 else r["mode"]
         if "error" in r:
-            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 8)
+            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 10)
             continue
         lines.append(
-            f"| {r['eta']} | {mode} | {r['wall_s']:.1f} | {r['trained_tokens_per_s']:.0f} | "
-            f"{_fmt(r.get('speedup'), '.2f')} | {_fmt(r.get('speedup_over_bound'), '.2f')} | "
+            f"| {r['eta']} | {mode} | {r['wall_s']:.1f} | {_fmt(r.get('limit_s'), '.1f')} | "
+            f"{_fmt(r.get('efficiency'), '.2f')} | {_fmt(r.get('speedup'), '.2f')} | "
+            f"{_fmt(r.get('speedup_over_ideal_sync'), '.2f')} | {r['trained_tokens_per_s']:.0f} | "
             f"{r['rollout_utilisation']:.2f} | {r['weight_sync_stall_fraction']:.3f} | {r['packing_efficiency']:.3f} | "
             f"{r['staleness_max']} | {format_staleness(r['staleness_counts'])} |"
         )
@@ -527,13 +562,21 @@ def _modes(text: str) -> tuple[str, ...]:
 
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
     defaults = E2EBenchSettings()
+    if args.workload not in WORKLOADS:
+        raise ValueError(f"--workload: must be one of {list(WORKLOADS)}, got {args.workload!r}")
+    preset = WORKLOADS[args.workload]
+    max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", defaults.max_new_tokens)
     settings = E2EBenchSettings(
+        workload=args.workload,
         etas=args.etas,
         modes=args.modes,  # type: ignore[arg-type]  # checked by the settings
         steps=args.steps,
         batch_groups=args.batch_groups,
         n_samples=args.n_samples,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=max_new_tokens,
+        micro_batch_tokens=max(
+            preset.get("micro_batch_tokens", defaults.micro_batch_tokens), defaults.max_prompt_tokens + max_new_tokens
+        ),
         seed=args.seed,
         rollout_cores=defaults.rollout_cores if args.rollout_cores == "auto" else _cores(args.rollout_cores),
         trainer_cores=defaults.trainer_cores if args.trainer_cores == "auto" else _cores(args.trainer_cores),
@@ -557,8 +600,10 @@ def add_e2e_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps per run")
     parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help="prompt groups per step (B)")
     parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help="samples per prompt (n)")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
-                        help="budget of the longest reference solution")  # fmt: skip
+    parser.add_argument("--workload", choices=list(WORKLOADS), default=defaults.workload,
+                        help="balanced (default) or generation-bound (4x longer outputs)")  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"budget of the longest reference solution (default {defaults.max_new_tokens}, or the workload's)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--rollout-cores", default="auto", help="comma-separated CPU ids, 'auto' (first half) or 'none'")
     parser.add_argument("--trainer-cores", default="auto", help="comma-separated CPU ids, 'auto' (second half) or 'none'")

@@ -27,6 +27,7 @@ from asyncrl.storage.errors import StorageOperationError
 from asyncrl.bench.ablation import add_ablation_bench
 from asyncrl.bench.e2e import add_e2e_bench
 from asyncrl.bench.storage import add_storage_bench
+from asyncrl.bench.weight_sync import add_weight_sync_bench
 from asyncrl.cli.chaos import add_chaos_command
 from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
 from asyncrl.tasks.rollout.bench import add_rollout_bench
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_e2e_bench(bench_commands)
     add_ablation_bench(bench_commands)
     add_storage_bench(bench_commands)
+    add_weight_sync_bench(bench_commands)
     return parser
 
 

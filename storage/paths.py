@@ -16,6 +16,7 @@ Layout (relative to the run root)::
     checkpoints/step-{step:08d}/                  trainer state for resume
     scheduler/state.json                          scheduler counters for resume
     scheduler/written.json                        index of the group indices written in shards
+    doorbells/{topic}/{listener}.json             where a waiting component listens for rings
 
 Paths are POSIX-style, relative, without ``..``; :func:`join` checks that.
 Other modules never format these names by hand.
@@ -207,3 +208,19 @@ def parse_pruned_lineage_name(name: str) -> int | None:
     """The version of a ``v{version:06d}.json`` name in ``weights-lineage/``, else None."""
     stem, dot, suffix = name.partition(".")
     return parse_weights_version_dirname(stem) if dot and suffix == "json" else None
+
+
+DOORBELLS_DIR = "doorbells"
+_TOPIC_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+def doorbell_dir(topic: str) -> str:
+    """``doorbells/{topic}``: the listeners of one topic (lower-case letters, digits, ``-``)."""
+    if not _TOPIC_RE.match(topic):
+        raise ValueError(f"doorbell topic {topic!r}: use lower-case letters, digits and '-'")
+    return join(DOORBELLS_DIR, topic)
+
+
+def doorbell(topic: str, listener: str) -> str:
+    """``doorbells/{topic}/{listener}.json``: one listener's address."""
+    return join(doorbell_dir(topic), f"{listener}.json")

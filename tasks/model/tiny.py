@@ -26,6 +26,7 @@ from asyncrl.tasks.model.tokenizer import (
 )
 
 if TYPE_CHECKING:
+    import torch
     from transformers import Qwen2Config
 
 
@@ -169,3 +170,79 @@ def write_tiny_model(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out_dir)) from exc
         raise
     return out_dir
+
+
+QWEN25_05B_SPEC = TinyModelSpec(
+    hidden_size=896,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+)
+"""The shape of Qwen2.5-0.5B (tied embeddings): 494,032,768 parameters by
+:meth:`TinyModelSpec.num_parameters`."""
+
+
+def write_qwen2_model(
+    out_dir: Path,
+    spec: TinyModelSpec,
+    *,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    overwrite: bool = False,
+) -> Path:
+    """Write a randomly initialised Qwen2 model of shape ``spec`` in ``dtype`` (a torch
+    dtype name, e.g. ``bfloat16``) at ``out_dir``, with the byte-level tokenizer of
+    :func:`write_tiny_model`; return its path.
+
+    The weights are initialised in ``dtype`` directly (no float32 copy of a large model).
+    Deterministic in (seed, spec, dtype). Refuses a non-empty ``out_dir`` unless
+    ``overwrite``; written to a sibling temporary directory and renamed into place.
+    """
+    import torch
+
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        raise ValueError(f"write_qwen2_model: dtype must name a torch floating-point dtype, got {dtype!r}")
+    out_dir = Path(out_dir)
+    _check_target(out_dir, overwrite)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        staging.chmod(0o755)
+        _save_model_files_in_dtype(staging, spec, seed, torch_dtype)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _save_model_files_in_dtype(target: Path, spec: TinyModelSpec, seed: int, dtype: torch.dtype) -> None:
+    """:func:`_save_model_files` with the weights created and saved in ``dtype``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    config = tiny_qwen2_config(spec)
+    config.dtype = str(dtype).removeprefix("torch.")
+    previous = torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        torch.set_default_dtype(dtype)
+        try:
+            model = Qwen2ForCausalLM(config)
+        finally:
+            torch.set_default_dtype(previous)
+    model.save_pretrained(target, safe_serialization=True)
+    ids = special_token_ids()
+    GenerationConfig(
+        bos_token_id=ids[EOS_TOKEN],
+        eos_token_id=[ids[EOS_TOKEN], ids[IM_END_TOKEN]],
+        pad_token_id=ids[PAD_TOKEN],
+    ).save_pretrained(target)
+    build_tokenizer(spec.vocab_size, spec.max_position_embeddings).save_pretrained(target)

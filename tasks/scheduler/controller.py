@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from asyncrl.tasks.scheduler.staleness_gate import GateState, StalenessGate
 from asyncrl.storage import fs, paths
+from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardReader, ShardWriter, read_claims
@@ -177,6 +178,11 @@ class WrittenGroups:
 
     def __contains__(self, index: object) -> bool:
         return isinstance(index, int) and (index < self.prefix or index in self.extra)
+
+    @property
+    def total(self) -> int:
+        """How many groups are written."""
+        return self.prefix + len(self.extra)
 
     def count_below(self, limit: int) -> int:
         """How many of the groups 0 .. limit-1 are written: O(|extra|)."""
@@ -352,6 +358,12 @@ class RolloutController:
         self._finished: list[list[Sample]] = []
         self._oldest_finished_at: float | None = None
         self._failure: BaseException | None = None
+        self._trainer_steps = 0
+        """Training steps of the newest published version seen (the trainer has done at least these)."""
+        self._version_changed = asyncio.Event()
+        """Set when the servers move to a new version: the gate may admit again."""
+        self._shards_bell = Doorbell(root, SHARDS_TOPIC)
+        self._weights_listener: DoorbellListener | None = None
 
     async def run(self, stop: asyncio.Event) -> ControllerStats:
         """Work until `stop` is set (or `max_groups` are admitted and produced).
@@ -359,6 +371,7 @@ class RolloutController:
         On stop, finished groups are written and groups still generating are cancelled:
         no shard holds them, so a later run of the same root regenerates them."""
         in_flight: set[asyncio.Task[None]] = set()
+        self._weights_listener = await asyncio.to_thread(DoorbellListener, self.root, WEIGHTS_TOPIC)
         watcher = self._start(self._watch_weights(stop), "weight-watcher")
         flusher = self._start(self._flush_periodically(stop), "shard-flusher")
         try:
@@ -380,6 +393,8 @@ class RolloutController:
             for task in (*in_flight, watcher, flusher):
                 task.cancel()
             await asyncio.gather(*in_flight, watcher, flusher, return_exceptions=True)
+            await asyncio.to_thread(self._weights_listener.close)
+            self._weights_listener = None
         self._raise_failure()
         return self.stats
 
@@ -392,8 +407,12 @@ class RolloutController:
         while not stop.is_set() and (limit is None or self.gate.stats().admitted < limit):
             self._raise_failure()
             if not self.gate.try_admit():
-                await _wait(stop, self.settings.admit_poll_seconds)
-                continue
+                # Woken by the next weight update (the only thing that opens the gate);
+                # the poll interval is a fallback.
+                self._version_changed.clear()
+                if not self.gate.try_admit():
+                    await _wait_either(stop, self._version_changed, self.settings.admit_poll_seconds)
+                    continue
             index = self.gate.stats().admitted - 1
             save_gate_state(self.root, self.gate.state())  # before dispatch: see module docstring
             self.stats.admitted += 1
@@ -463,8 +482,19 @@ class RolloutController:
         self._finished.append(samples)
         if self._oldest_finished_at is None:
             self._oldest_finished_at = time.monotonic()
-        if len(self._finished) >= self.settings.shard_groups:
+        if len(self._finished) >= self.settings.shard_groups or self._completes_next_batch():
             await self._flush()
+
+    def _completes_next_batch(self) -> bool:
+        """Whether the finished groups complete the batch the trainer waits for: with s the
+        training steps of the newest published version, W the groups written and F the
+        finished ones not yet written, W < B * (s + 1) <= W + F. Holding them back for
+        ``shard_groups`` or ``shard_seconds`` would only keep the trainer waiting."""
+        written = self.written
+        if written is None:
+            return False
+        need = self.settings.batch_groups * (self._trainer_steps + 1)
+        return written.total < need <= written.total + len(self._finished)
 
     async def _flush(self) -> None:
         """Write every finished group as one shard (groups are never split).
@@ -473,19 +503,22 @@ class RolloutController:
         event loop keeps streaming tokens); if the write fails the controller fails and
         a restart regenerates them, since no shard holds them. Writes take turns, and
         each is followed by saving the written-groups index (see :func:`load_written_groups`):
-        three PUTs per shard (claim, shard, index)."""
+        three PUTs per shard (claim, shard, index). The trainer's doorbell is rung as soon as
+        the shard is published."""
         if not self._finished:
             return
         groups, self._finished, self._oldest_finished_at = self._finished, [], None
         async with self._write_lock:
             shard = await asyncio.to_thread(self.writer.write_groups, groups)
+            self.stats.groups_written += len(groups)
+            self.stats.shards_written += 1
             written = self.written
             if written is not None:
                 written.add({group_index(group[0].group_id) for group in groups})
                 written.next_seq = max(written.next_seq, shard.seq + 1)
+            await asyncio.to_thread(self._shards_bell.ring)  # the trainer looks at once
+            if written is not None:
                 await asyncio.to_thread(save_written_groups, self.root, written)
-        self.stats.groups_written += len(groups)
-        self.stats.shards_written += 1
         LOG.info("wrote %s (%d groups)", shard.name, len(groups))
 
     async def _flush_periodically(self, stop: asyncio.Event) -> None:
@@ -496,16 +529,26 @@ class RolloutController:
                 await self._flush()
 
     async def _watch_weights(self, stop: asyncio.Event) -> None:
-        """Push each newly published version to every server (pause, load, resume)."""
+        """Push each newly published version to every server (pause, load, resume), as soon
+        as the trainer rings the weights doorbell (``weight_poll_seconds`` is the fallback)."""
         while not stop.is_set():
             latest = await asyncio.to_thread(self.weights.latest)
             if latest is not None and latest > self.generator.current_version:
                 # Read its update count (lineage) here, off the event loop: the gate asks for it next.
-                await asyncio.to_thread(self.version_updates, latest)
+                self._trainer_steps = max(self._trainer_steps, await asyncio.to_thread(self.version_updates, latest))
                 stats = await self.generator.update_weights(latest, self.weight_loader(latest))
+                self._version_changed.set()
                 self.stats.updates.append(stats)
                 LOG.info("rollout now on weight version %d (stall %.2fs)", latest, stats.stall_s)
-            await _wait(stop, self.settings.weight_poll_seconds)
+                if self._finished and self._completes_next_batch():
+                    await self._flush()
+                continue  # a version published during the update is loaded at once
+            if stop.is_set():
+                break
+            if self._weights_listener is None:
+                await _wait(stop, self.settings.weight_poll_seconds)
+            else:
+                await _first_of(stop.wait(), self._weights_listener.wait_async(self.settings.weight_poll_seconds))
 
 
 class _GeneratorUpdates:
@@ -536,5 +579,24 @@ class _GeneratorUpdates:
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass
+
+
+async def _first_of(*waits: Coroutine[Any, Any, object]) -> None:
+    """Return when the first of ``waits`` returns; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _wait_either(stop: asyncio.Event, event: asyncio.Event, seconds: float) -> None:
+    """Wait until ``stop`` or ``event`` is set, at most ``seconds``."""
+    try:
+        await asyncio.wait_for(_first_of(stop.wait(), event.wait()), timeout=seconds)
     except TimeoutError:
         pass

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardReader
@@ -77,6 +78,7 @@ class LoopSettings:
     checkpoint_every: int
     keep_checkpoints: int = 2
     poll_interval_s: float = 1.0
+    """Longest wait between looks for shards; the scheduler's doorbell ends a wait as soon as a shard is written."""
     wait_timeout_s: float | None = None
     """Give up (:class:`TrainerWaitTimeout`) after waiting this long for one batch; None waits forever."""
 
@@ -150,6 +152,7 @@ class RLTrainer:
         self._reader = ShardReader(root, run_id)
         self._feed = ShardFeed(self._reader, engine.vocab_size, rl.micro_batch_tokens)
         self._state: TrainerState | None = None
+        self._weights_bell = Doorbell(root, WEIGHTS_TOPIC)
 
     @property
     def state(self) -> TrainerState:
@@ -227,6 +230,7 @@ class RLTrainer:
         lineage = {"parent_version": state.version, "step": step, "run_id": self._run_id, "shards": list(step_input.shards)}
         if writer:
             publish_weights(self._store, self._engine, version, lineage, self._work_dir)
+            self._weights_bell.ring()  # the scheduler loads it at once
         _barrier()
         self._state = TrainerState(step, version)
         publish_time = time.perf_counter() - publish_started
@@ -252,26 +256,28 @@ class RLTrainer:
         return metrics
 
     def run(self, should_stop: Callable[[], bool] | None = None) -> TrainerState:
-        """Train until ``max_steps`` steps are done (or ``should_stop()``), waiting for data."""
+        """Train until ``max_steps`` steps are done (or ``should_stop()``), waiting for data:
+        a wait ends when the scheduler rings the shards doorbell, or after ``poll_interval_s``."""
         if self._state is None:
             self.start()
-        waiting_since: float | None = None
-        while self.state.step < self._loop.max_steps:
-            if should_stop is not None and should_stop():
-                break
-            step_input = self.next_input()
-            if step_input is None:
-                now = time.monotonic()
-                waiting_since = waiting_since or now
-                timeout = self._loop.wait_timeout_s
-                if timeout is not None and now - waiting_since > timeout:
-                    raise TrainerWaitTimeout(
-                        f"waited {timeout:g} s for {self._loop.batch_groups} prompt groups of run "
-                        f"{self._run_id!r} in {self._root.uri}; "
-                        f"{self._feed.available_groups()} unconsumed"
-                    )
-                time.sleep(self._loop.poll_interval_s)
-                continue
-            waiting_since = None
-            self.train_step(step_input)
+        with DoorbellListener(self._root, SHARDS_TOPIC) as shards_bell:
+            waiting_since: float | None = None
+            while self.state.step < self._loop.max_steps:
+                if should_stop is not None and should_stop():
+                    break
+                step_input = self.next_input()
+                if step_input is None:
+                    now = time.monotonic()
+                    waiting_since = waiting_since or now
+                    timeout = self._loop.wait_timeout_s
+                    if timeout is not None and now - waiting_since > timeout:
+                        raise TrainerWaitTimeout(
+                            f"waited {timeout:g} s for {self._loop.batch_groups} prompt groups of run "
+                            f"{self._run_id!r} in {self._root.uri}; "
+                            f"{self._feed.available_groups()} unconsumed"
+                        )
+                    shards_bell.wait(self._loop.poll_interval_s)
+                    continue
+                waiting_since = None
+                self.train_step(step_input)
         return self.state

@@ -52,7 +52,12 @@ def test_quick_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert [r["concurrency"] for r in standalone["throughput"]] == [B * N, STEPS * B * N]  # eta 0 and 2 (capped)
     assert result["t_train_s"] == pytest.approx(sync["training_only_s"])
     assert 1.0 <= result["overlap_bound"] <= 2.0
-    assert async_run["speedup_over_bound"] == pytest.approx(async_run["speedup"] / result["overlap_bound"])
+    assert result["ideal_sync_s"] == pytest.approx(standalone["t_gen_s"] + sync["training_only_s"])
+    assert sync["limit_s"] == pytest.approx(result["ideal_sync_s"])
+    assert async_run["limit_s"] == pytest.approx(max(standalone["t_gen_s"], sync["training_only_s"]))
+    for run in (sync, async_run):
+        assert run["efficiency"] == pytest.approx(run["limit_s"] / run["wall_s"])
+        assert run["speedup_over_ideal_sync"] == pytest.approx(result["ideal_sync_s"] / run["wall_s"])
     assert result["settings"]["rollout_cores"] != result["settings"]["trainer_cores"]
 
     # The workload: every sample was generated to its prompt's budget (EOS ignored), in both runs.

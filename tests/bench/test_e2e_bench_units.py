@@ -15,6 +15,7 @@ from asyncrl.bench.e2e import (
     format_tables,
     mean_packing_efficiency,
     overlap_bound,
+    run_limit_s,
     rl_wall_s,
     run_figures,
     solution_budgets,
@@ -96,22 +97,32 @@ def run_row(eta: int, wall: float, training: float = 12.0, **extra: Any) -> dict
     return {"eta": eta, "mode": "recompute", "wall_s": wall, "training_only_s": training, **extra}
 
 
-def test_speedup_and_bound_against_the_synchronous_run() -> None:
+def test_speedup_and_efficiency_against_each_runs_own_limit() -> None:
     runs = [run_row(0, 60.0, training=20.0), run_row(2, 40.0), run_row(4, 30.0)]
     compared = compare_runs(runs, t_gen=30.0)
     assert compared["t_train_s"] == pytest.approx(20.0)  # eta = 0's training time, not the others'
+    assert compared["ideal_sync_s"] == pytest.approx(50.0)
     assert compared["overlap_bound"] == pytest.approx(50.0 / 30.0)
-    speedups = [r["speedup"] for r in compared["runs"]]
-    assert speedups == pytest.approx([1.0, 1.5, 2.0])
-    assert compared["runs"][1]["speedup_over_bound"] == pytest.approx(1.5 / (50.0 / 30.0))
+    rows = compared["runs"]
+    assert [r["speedup"] for r in rows] == pytest.approx([1.0, 1.5, 2.0])
+    assert [r["speedup_over_ideal_sync"] for r in rows] == pytest.approx([50 / 60, 50 / 40, 50 / 30])
+    # sync: limit T_gen + T_train; async: max(T_gen, T_train)
+    assert [r["limit_s"] for r in rows] == pytest.approx([50.0, 30.0, 30.0])
+    assert [r["efficiency"] for r in rows] == pytest.approx([50 / 60, 30 / 40, 1.0])
     assert "speedup" not in runs[1]  # the inputs are not modified
+
+
+def test_run_limit() -> None:
+    assert run_limit_s(0, 30.0, 20.0) == pytest.approx(50.0)
+    assert run_limit_s(1, 30.0, 20.0) == pytest.approx(30.0)
+    assert run_limit_s(4, 10.0, 20.0) == pytest.approx(20.0)
 
 
 def test_no_speedup_without_a_successful_synchronous_run() -> None:
     failed = {"eta": 0, "mode": "recompute", "error": "ComponentFailed: trainer failed"}
     compared = compare_runs([failed, run_row(2, 40.0)], t_gen=30.0)
-    assert compared["t_train_s"] is None and compared["overlap_bound"] is None
-    assert all("speedup" not in r for r in compared["runs"])
+    assert compared["t_train_s"] is None and compared["overlap_bound"] is None and compared["ideal_sync_s"] is None
+    assert all("speedup" not in r and "efficiency" not in r for r in compared["runs"])
     compared = compare_runs([run_row(0, 60.0), {"eta": 1, "mode": "keep", "error": "boom"}], t_gen=30.0)
     assert "speedup" not in compared["runs"][1]
 
@@ -205,7 +216,9 @@ def test_report_has_every_run_and_the_bound() -> None:
     }
     table = format_tables(json.loads(json.dumps(result)))
     assert "ideal overlap bound 1.67x" in table and "T_gen 30.0 s" in table and "T_train 20.0 s" in table
-    assert "| 0 | sync | 60.0 | 100 | 1.00 | 0.60 | 0.31 | 0.020 | 0.910 | 0 | 0:128 |" in table
-    assert "| 2 | keep | 40.0 | 150 | 1.50 | 0.90 | 0.60 | 0.040 | 0.900 | 2 | 0:90 1:30 2:8 |" in table
+    assert "ideal synchronous 50.0 s" in table
+    # wall, limit, efficiency, speed-up vs eta 0, vs ideal sync, tok/s, util., stall, packing, staleness
+    assert "| 0 | sync | 60.0 | 50.0 | 0.83 | 1.00 | 0.83 | 100 | 0.31 | 0.020 | 0.910 | 0 | 0:128 |" in table
+    assert "| 2 | keep | 40.0 | 30.0 | 0.75 | 1.50 | 1.25 | 150 | 0.60 | 0.040 | 0.900 | 2 | 0:90 1:30 2:8 |" in table
     assert "| 4 | recompute | failed: ComponentFailed: trainer failed: boom |" in table
     assert not math.isnan(result["overlap_bound"])

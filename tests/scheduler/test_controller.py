@@ -263,3 +263,62 @@ def test_rates_end_when_the_controller_stops(tmp_path: Path) -> None:
     assert stats.summary() == first
     assert first["elapsed_s"] == pytest.approx(stats.finished_at - stats.started_at)
     assert first["gen_tokens_per_s"] == pytest.approx(stats.output_tokens / first["elapsed_s"])
+
+
+# ----- the hand-off without idle waits (doorbells, batch-completing flush) -----
+
+
+def test_a_finished_batch_is_written_at_once_not_after_the_shard_timer(tmp_path: Path) -> None:
+    """B = 2 and shard_groups = 4 with a 60 s shard timer: the two groups of the trainer's
+    next batch are written as soon as both finished, in one shard, and the trainer's
+    doorbell rings; groups beyond that batch wait for the shard to fill."""
+    from asyncrl.storage.doorbell import SHARDS_TOPIC, DoorbellListener
+
+    root_dir = tmp_path / "run"
+    root = open_root(str(root_dir))
+    ctrl = controller(root_dir, ScriptedGenerator(delay_s=0.05), eta=0, shard_groups=4, shard_seconds=60.0)
+
+    async def scenario() -> float:
+        with DoorbellListener(root, SHARDS_TOPIC) as trainer_bell:
+            stop = asyncio.Event()
+            task = asyncio.create_task(ctrl.run(stop))
+            started = time.monotonic()
+            rung = await trainer_bell.wait_async(10.0)
+            waited = time.monotonic() - started
+            assert rung and sorted(written_groups(root_dir)) == [0, 1]
+            stop.set()
+            await task
+            assert ctrl.stats.shards_written == 1
+            return waited
+
+    assert asyncio.run(scenario()) < 5.0  # not the 60 s shard timer
+    assert sorted(written_groups(root_dir)) == [0, 1]  # nothing lost or written twice
+
+
+def test_a_published_version_is_loaded_when_the_trainer_rings_and_admits_at_once(tmp_path: Path) -> None:
+    """With a 30 s weight poll, the doorbell alone brings the new version: it is loaded and
+    the next batch admitted well before any poll would have seen it."""
+    from asyncrl.storage.doorbell import WEIGHTS_TOPIC, Doorbell
+
+    root_dir = tmp_path / "run"
+    generator = ScriptedGenerator()
+    ctrl = controller(root_dir, generator, eta=0, weight_poll_seconds=30.0, admit_poll_seconds=30.0)
+
+    async def scenario() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctrl.run(stop))
+        await asyncio.sleep(0.5)
+        assert ctrl.stats.admitted == 2  # eta = 0: one batch while on version 0
+        publish(root_dir, 1, tmp_path)
+        started = time.monotonic()
+        Doorbell(open_root(str(root_dir)), WEIGHTS_TOPIC).ring()
+        while ctrl.stats.admitted < 4 and time.monotonic() - started < 10.0:
+            await asyncio.sleep(0.01)
+        waited = time.monotonic() - started
+        stop.set()
+        await task
+        return waited
+
+    assert asyncio.run(scenario()) < 5.0
+    assert generator.updates == [1]
+    assert sorted(written_groups(root_dir)) == [0, 1, 2, 3]

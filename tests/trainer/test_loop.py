@@ -201,3 +201,38 @@ def test_a_restarted_trainer_goes_on_past_a_shard_its_model_cannot_train(
     assert ShardReader(run_root, RUN_ID).list_pending() == []
     assert fs.exists(run_root, paths.consumed_shard_path(good.name))
     assert fs.list_dir(run_root, paths.QUARANTINE_DIR) == [bad]
+
+
+def test_a_waiting_trainer_starts_when_the_scheduler_rings_and_rings_after_publishing(
+    run_root: Any, engine: Any, trajectories: Any, tmp_path: Path
+) -> None:
+    """With a 60 s poll interval, the shards doorbell alone starts the step: a shard written
+    and rung while the trainer waits is trained at once, exactly once, and the trainer rings
+    the weights doorbell after publishing the step's version."""
+    import threading
+    import time
+
+    from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
+
+    loop = LoopSettings(batch_groups=1, max_steps=1, checkpoint_every=1, poll_interval_s=60.0, wait_timeout_s=None)
+    trainer = RLTrainer(run_root, RUN_ID, engine, RL, loop, tmp_path / "work", JsonlMetricsSink(tmp_path / "m.jsonl"))
+    trainer.start()
+    written: list[str] = []
+
+    def scheduler() -> None:
+        time.sleep(1.0)  # the trainer is waiting by now
+        written.append(ShardWriter(run_root, RUN_ID).write_groups([trajectories.group("g-late", [1.0, 0.0])]).name)
+        Doorbell(run_root, SHARDS_TOPIC).ring()
+
+    with DoorbellListener(run_root, WEIGHTS_TOPIC) as weights_bell:
+        thread = threading.Thread(target=scheduler)
+        started = time.monotonic()
+        thread.start()
+        assert trainer.run().step == 1
+        elapsed = time.monotonic() - started
+        thread.join()
+        assert weights_bell.wait(0.0)  # rung after version 1 was published
+    assert elapsed < 30.0  # woken by the ring, not the 60 s poll
+    assert [e.shards for e in Ledger(run_root).entries()] == [tuple(written)]
+    assert WeightStore(run_root).list_versions()[-1] == 1
+    assert fs.list_dir(run_root, paths.doorbell_dir(SHARDS_TOPIC)) == []  # the listener left no address
