@@ -235,7 +235,10 @@ def run_figures(
         trained_tokens_per_s       = trained tokens (:func:`trained_tokens`) / W
         gen_tokens_per_s           = output tokens of the samples the scheduler finished /
                                      the scheduler's lifetime (ControllerStats.summary)
-        rollout_utilisation        = gen_tokens_per_s / the standalone tokens/s at the run's concurrency
+        streamed_tokens_per_s      = output tokens the servers streamed (groups cut by the
+                                     end of the run included) / the scheduler's lifetime
+        rollout_utilisation        = streamed_tokens_per_s / the standalone tokens/s at the
+                                     run's concurrency: how busy the run kept the server
         weight_sync_stall_fraction = seconds generation was paused for weight updates / scheduler lifetime
         packing_efficiency         = :func:`mean_packing_efficiency`
         staleness_max, staleness_counts (:func:`staleness_counts`), dropped_stale = sum of ``dropped_stale``
@@ -247,6 +250,7 @@ def run_figures(
     tokens = trained_tokens(step_metrics)
     counts = staleness_counts(step_metrics)
     gen = float(scheduler["gen_tokens_per_s"])
+    streamed = float(scheduler.get("streamed_tokens_per_s", gen))
     return {
         "eta": eta,
         "mode": mode,
@@ -255,8 +259,9 @@ def run_figures(
         "trained_tokens": tokens,
         "trained_tokens_per_s": tokens / wall,
         "gen_tokens_per_s": gen,
+        "streamed_tokens_per_s": streamed,
         "standalone_tokens_per_s": standalone_tokens_per_s,
-        "rollout_utilisation": gen / standalone_tokens_per_s,
+        "rollout_utilisation": streamed / standalone_tokens_per_s,
         "weight_sync_stall_fraction": float(scheduler["weight_sync_stall_fraction"]),
         "weight_updates": int(scheduler["weight_updates"]),
         "packing_efficiency": mean_packing_efficiency(step_metrics),

@@ -5,7 +5,9 @@ long-tailed length workload, and the stall per weight update in both interrupt m
     with c requests in flight at a time; request lengths L_i (ignore_eos) drawn from a
     truncated power law, so a few long generations dominate as with reasoning models.
     stall per update = first /pause sent -> last /resume answered (UpdateStats.stall_s),
-    measured while the server is generating.
+    measured while the server is generating, split into its phases (pause, load,
+    set version, resume); stall / load = mean stall / mean load, where load is the
+    weight loader's own time (fetch from the store, reload in place, prefix-cache reset).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class BenchSettings:
     min_tokens: int = 16
     max_tokens: int = 512
     length_exponent: float = 1.2
-    updates_per_mode: int = 3
+    updates_per_mode: int = 5
     seed: int = 0
 
 
@@ -49,8 +51,14 @@ class StallRow:
     mode: str
     updates: int
     stall_s_mean: float
+    stall_s_p50: float
     stall_s_max: float
+    pause_s_mean: float
     load_s_mean: float
+    resume_s_mean: float
+    """Setting the version and resuming."""
+    stall_over_load: float
+    """stall_s_mean / load_s_mean."""
     interrupted_mean: float
 
 
@@ -98,12 +106,24 @@ async def measure_stalls(
             await asyncio.sleep(1.0)  # let the generations get going
             stats.append(await client.update_weights(version, loader.for_version(version)))
             await generation
+    return stall_row(mode, stats)
+
+
+def stall_row(mode: str, stats: list[Any]) -> StallRow:
+    """Means over the updates' :class:`~asyncrl.tasks.rollout.samples.UpdateStats`; the load is
+    the loader's own time (mean over servers), so stall / load says what the update adds to it."""
+    stall_mean = statistics.fmean(s.stall_s for s in stats)
+    load_mean = statistics.fmean(statistics.fmean(s.load_s.values()) for s in stats)
     return StallRow(
         mode=mode,
         updates=len(stats),
-        stall_s_mean=statistics.fmean(s.stall_s for s in stats),
+        stall_s_mean=stall_mean,
+        stall_s_p50=statistics.median(s.stall_s for s in stats),
         stall_s_max=max(s.stall_s for s in stats),
-        load_s_mean=statistics.fmean(statistics.fmean(s.load_s.values()) for s in stats),
+        pause_s_mean=statistics.fmean(s.phase_s["pause"] for s in stats),
+        load_s_mean=load_mean,
+        resume_s_mean=statistics.fmean(s.phase_s["set_version"] + s.phase_s["resume"] for s in stats),
+        stall_over_load=stall_mean / load_mean,
         interrupted_mean=statistics.fmean(s.interrupted_segments for s in stats),
     )
 
@@ -167,10 +187,12 @@ def format_tables(result: dict[str, Any]) -> str:
     ]
     lines += [f"| {r['concurrency']} | {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} |"
               for r in result["throughput"]]
-    lines += ["", "| interrupt mode | updates | stall mean (s) | stall max (s) | load mean (s) | interrupted |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['mode']} | {r['updates']} | {r['stall_s_mean']:.2f} | {r['stall_s_max']:.2f} | "
-              f"{r['load_s_mean']:.2f} | {r['interrupted_mean']:.1f} |" for r in result["update_stall"]]
+    lines += ["", "| interrupt mode | updates | stall mean (s) | stall p50 (s) | stall max (s) | pause (s) "
+              "| load (s) | version + resume (s) | stall / load | interrupted |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['mode']} | {r['updates']} | {r['stall_s_mean']:.3f} | {r['stall_s_p50']:.3f} | {r['stall_s_max']:.3f} | "
+              f"{r['pause_s_mean']:.3f} | {r['load_s_mean']:.3f} | {r['resume_s_mean']:.3f} | {r['stall_over_load']:.2f} | "
+              f"{r['interrupted_mean']:.1f} |" for r in result["update_stall"]]
     return "\n".join(lines)
 
 

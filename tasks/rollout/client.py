@@ -351,6 +351,8 @@ class RolloutClient:
                     f"{len(partial.token_ids)}/{partial.max_new_tokens} tokens"
                 )
             await self._resumed.wait()  # never submit into a pause: resubmissions go to the new weights
+            if not self._resumed.is_set():
+                continue  # woken by a resume, but another update began before this task ran
             server = self._pool.acquire()
             partial.segments += 1
             self._active[server.index].add(partial)
@@ -438,7 +440,8 @@ class RolloutClient:
         """Pause every server, ``load(address)`` each, set ``version``, resume; return the cost.
 
         Phases run on all servers together: pause (``abort`` or ``keep`` per
-        ``interrupt_mode``), load, ``/update_weight_version``, resume. New and
+        ``interrupt_mode``; skipped, with its resume, on a server with no request in flight),
+        load, ``/update_weight_version``, resume. New and
         interrupted requests wait until every server has resumed. A server that fails
         a phase is taken out of rotation (its requests move to the others); if none is
         left, :class:`~asyncrl.tasks.rollout.routing.NoLiveServerError`.
@@ -463,6 +466,8 @@ class RolloutClient:
         paused_at: dict[str, float] = {}
         interrupted = 0
 
+        paused: set[str] = set()
+
         async def pause(server: ServerState) -> None:
             nonlocal interrupted
             server.update_epoch += 1
@@ -470,10 +475,17 @@ class RolloutClient:
                 partial.interruptions += 1
             interrupted += len(self._active[server.index])
             paused_at[server.url] = time.monotonic()
+            if not self._active[server.index]:
+                # Idle (e.g. every synchronous update): nothing to stop, and nothing can start
+                # until the update ends (``_resumed`` is clear), so no pause round trip.
+                return
             await self._control(server, "POST", "/pause", params=PAUSE_PARAMS[self._mode])
+            paused.add(server.url)
 
         started = time.monotonic()
+        phase_s: dict[str, float] = {}
         servers = await self._phase(servers, pause, "pausing", failed)
+        phase_s["pause"] = time.monotonic() - started
         load_s: dict[str, float] = {}
 
         async def run_loader(server: ServerState) -> None:
@@ -486,21 +498,28 @@ class RolloutClient:
                     await result
             load_s[server.url] = time.monotonic() - begun
 
+        mark = time.monotonic()
         servers = await self._phase(servers, run_loader, f"loading weight version {version}", failed)
+        phase_s["load"] = time.monotonic() - mark
 
         async def set_version(server: ServerState) -> None:
             await self._control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
             server.version = version
 
+        mark = time.monotonic()
         servers = await self._phase(servers, set_version, f"setting weight version {version}", failed)
+        phase_s["set_version"] = time.monotonic() - mark
         resumed_at: dict[str, float] = {}
 
         async def resume(server: ServerState) -> None:
-            await self._control(server, "POST", "/resume")
+            if server.url in paused:
+                await self._control(server, "POST", "/resume")
             resumed_at[server.url] = time.monotonic()
 
+        mark = time.monotonic()
         await self._phase(servers, resume, "resuming", failed)
         ended = time.monotonic()
+        phase_s["resume"] = ended - mark
         if not self._pool.live():
             raise self._pool.no_live_error()
         stats = UpdateStats(
@@ -511,6 +530,8 @@ class RolloutClient:
             load_s=load_s,
             interrupted_segments=interrupted,
             failed_servers=failed,
+            phase_s=phase_s,
+            paused_servers=len(paused),
         )
         logger.info(
             "weight version %d on %d servers (%s): stall %.3f s, %d requests interrupted, %d servers failed",

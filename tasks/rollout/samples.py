@@ -73,6 +73,11 @@ class UpdateStats:
     """Requests in flight on the paused servers when the pause was sent."""
     failed_servers: dict[str, str] = field(default_factory=dict)
     """Servers taken out of rotation during the update, with the reason."""
+    phase_s: dict[str, float] = field(default_factory=dict)
+    """Seconds of each phase over all servers: ``pause``, ``load``, ``set_version``, ``resume``
+    (their sum is ``stall_s``)."""
+    paused_servers: int = 0
+    """Servers that had requests in flight and were paused (an idle server is not)."""
 
 
 @dataclass(frozen=True)

@@ -244,11 +244,13 @@ def fetch_weight_version(
             raise FileExistsError(f"download destination {target} exists and is not an empty directory")
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        directories = {staging}
         try:
             for relname, expected in files.items():
                 relpath = paths.weights_file(version, relname)
                 local_path = staging / relname
                 local_path.parent.mkdir(parents=True, exist_ok=True)
+                directories.add(local_path.parent)
                 try:
                     os.link(store.root.full_path(relpath), local_path)
                 except FileNotFoundError:
@@ -269,6 +271,8 @@ def fetch_weight_version(
                         raise WeightIntegrityError(
                             f"{store.root.display(relpath)}: downloaded SHA-256 {actual}, manifest says {expected.sha256}"
                         )
+            for directory in sorted(directories, reverse=True):  # the links are durable before the rename
+                fs.fsync_path(str(directory))
             if target.exists():
                 target.rmdir()
             os.rename(staging, target)

@@ -49,6 +49,8 @@ class GroupGenerator(Protocol):
     @property
     def current_version(self) -> int: ...
 
+    def streamed_tokens(self) -> dict[str, int]: ...
+
     async def generate_group(
         self,
         prompt_token_ids: Sequence[int],
@@ -293,6 +295,9 @@ class ControllerStats:
     reward_reasons: dict[str, int] = field(default_factory=dict)
     updates: list[UpdateStats] = field(default_factory=list)
     skipped_prompts: int = 0
+    streamed_tokens: int = 0
+    """Output tokens the servers streamed during the controller's life, including those of
+    groups cut by the stop (server work), set when it stops."""
     started_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     """When the controller stopped (None while it runs): rates are over its lifetime only,
@@ -300,7 +305,9 @@ class ControllerStats:
 
     def summary(self) -> dict[str, float]:
         """Counts and rates over elapsed = finished_at (or now) - started_at:
-        gen_tokens_per_s = output_tokens / elapsed, weight_sync_stall_fraction = stall / elapsed."""
+        gen_tokens_per_s = output_tokens / elapsed (tokens of finished groups),
+        streamed_tokens_per_s = streamed_tokens / elapsed (all the servers generated),
+        weight_sync_stall_fraction = stall / elapsed."""
         end = time.monotonic() if self.finished_at is None else self.finished_at
         elapsed = max(end - self.started_at, 1e-9)
         stall = sum(u.stall_s for u in self.updates)
@@ -312,6 +319,8 @@ class ControllerStats:
             "samples": self.samples,
             "output_tokens": self.output_tokens,
             "gen_tokens_per_s": self.output_tokens / elapsed,
+            "streamed_tokens": self.streamed_tokens,
+            "streamed_tokens_per_s": self.streamed_tokens / elapsed,
             "reward_mean": self.reward_sum / self.samples if self.samples else 0.0,
             "weight_updates": len(self.updates),
             "weight_sync_stall_s": stall,
@@ -371,6 +380,7 @@ class RolloutController:
         On stop, finished groups are written and groups still generating are cancelled:
         no shard holds them, so a later run of the same root regenerates them."""
         in_flight: set[asyncio.Task[None]] = set()
+        streamed_before = sum(self.generator.streamed_tokens().values())
         self._weights_listener = await asyncio.to_thread(DoorbellListener, self.root, WEIGHTS_TOPIC)
         watcher = self._start(self._watch_weights(stop), "weight-watcher")
         flusher = self._start(self._flush_periodically(stop), "shard-flusher")
@@ -389,6 +399,7 @@ class RolloutController:
             await self._flush()
         finally:
             self.stats.finished_at = time.monotonic()
+            self.stats.streamed_tokens = sum(self.generator.streamed_tokens().values()) - streamed_before
             stop.set()
             for task in (*in_flight, watcher, flusher):
                 task.cancel()

@@ -70,7 +70,7 @@ from asyncrl.tasks.rollout.weight_sync import server_weight_version, update_serv
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
 CYCLE_STATS_FILE = "scheduler-stats.jsonl"
-RATE_KEYS = frozenset({"gen_tokens_per_s", "weight_sync_stall_fraction", "reward_mean"})
+RATE_KEYS = frozenset({"gen_tokens_per_s", "streamed_tokens_per_s", "weight_sync_stall_fraction", "reward_mean"})
 MODULE = "asyncrl.tasks.scheduler.main"
 logger = logging.getLogger("asyncrl.scheduler")
 
@@ -263,7 +263,7 @@ def append_cycle_stats(path: Path, summary: dict[str, float]) -> None:
 def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
     """The figures of all cycles: counts and seconds are summed; rates are recomputed over the
     summed controller time E = sum(elapsed_s): gen_tokens_per_s = output_tokens / E,
-    weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples."""
+    streamed_tokens_per_s = streamed_tokens / E, weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples."""
     if not lines:
         return {}
     total: dict[str, float] = {}
@@ -274,6 +274,7 @@ def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
     elapsed = max(total.get("elapsed_s", 0.0), 1e-9)
     samples = total.get("samples", 0.0)
     total["gen_tokens_per_s"] = total.get("output_tokens", 0.0) / elapsed
+    total["streamed_tokens_per_s"] = total.get("streamed_tokens", 0.0) / elapsed
     total["weight_sync_stall_fraction"] = total.get("weight_sync_stall_s", 0.0) / elapsed
     total["reward_mean"] = (
         sum(float(line.get("reward_mean", 0.0)) * float(line.get("samples", 0.0)) for line in lines) / samples

@@ -75,11 +75,13 @@ def test_overlap_bound() -> None:
 
 
 def test_run_figures() -> None:
-    scheduler = {"gen_tokens_per_s": 300.0, "weight_sync_stall_fraction": 0.05, "weight_updates": 3}
+    scheduler = {"gen_tokens_per_s": 300.0, "streamed_tokens_per_s": 360.0, "weight_sync_stall_fraction": 0.05,
+                 "weight_updates": 3}
     figures = run_figures(2, "keep", STEPS, scheduler, READY, standalone_tokens_per_s=600.0)
     assert figures["wall_s"] == pytest.approx(40.0)
     assert figures["trained_tokens_per_s"] == pytest.approx(3000 / 40)
-    assert figures["rollout_utilisation"] == pytest.approx(0.5)
+    assert figures["rollout_utilisation"] == pytest.approx(0.6)  # streamed (server work), not only finished
+    assert figures["gen_tokens_per_s"] == pytest.approx(300.0)
     assert figures["weight_sync_stall_fraction"] == pytest.approx(0.05)
     assert figures["packing_efficiency"] == pytest.approx(0.8)
     assert figures["staleness_max"] == 2

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import statistics
 
-from asyncrl.tasks.rollout.bench import BenchSettings, format_tables, long_tailed_lengths
+import pytest
+
+from asyncrl.tasks.rollout.bench import BenchSettings, format_tables, long_tailed_lengths, stall_row
+from asyncrl.tasks.rollout.samples import UpdateStats
 
 
 def test_lengths_are_bounded_long_tailed_and_seeded() -> None:
@@ -24,9 +27,25 @@ def test_report_lists_every_row() -> None:
         "length_p90": 90,
         "throughput": [{"concurrency": c, "output_tokens": 100 * c, "seconds": 1.0, "tokens_per_s": 100.0 * c}
                        for c in (1, 4)],
-        "update_stall": [{"mode": m, "updates": 2, "stall_s_mean": 0.5, "stall_s_max": 0.7, "load_s_mean": 0.3,
+        "update_stall": [{"mode": m, "updates": 2, "stall_s_mean": 0.5, "stall_s_p50": 0.45, "stall_s_max": 0.7,
+                          "pause_s_mean": 0.1, "load_s_mean": 0.3, "resume_s_mean": 0.1, "stall_over_load": 5 / 3,
                           "interrupted_mean": 8.0} for m in ("recompute", "keep")],
     }
     table = format_tables(result)
     assert "| 4 | 400 | 1.00 | 400 |" in table
-    assert "| keep | 2 | 0.50 | 0.70 | 0.30 | 8.0 |" in table
+    assert "| keep | 2 | 0.500 | 0.450 | 0.700 | 0.100 | 0.300 | 0.100 | 1.67 | 8.0 |" in table
+
+
+def _update(stall: float, pause: float, load: float, resume: float) -> UpdateStats:
+    phases = {"pause": pause, "load": load, "set_version": resume / 2, "resume": resume / 2}
+    return UpdateStats(1, "keep", stall, {}, {"http://a": load}, 3, phase_s=phases)
+
+
+def test_stall_row_splits_the_stall_into_its_phases() -> None:
+    row = stall_row("keep", [_update(0.2, 0.05, 0.1, 0.05), _update(0.4, 0.1, 0.2, 0.1), _update(0.3, 0.1, 0.1, 0.1)])
+    assert row.stall_s_mean == pytest.approx(0.3) and row.stall_s_p50 == pytest.approx(0.3)
+    assert row.stall_s_max == pytest.approx(0.4)
+    assert row.pause_s_mean == pytest.approx(0.25 / 3) and row.resume_s_mean == pytest.approx(0.25 / 3)
+    assert row.load_s_mean == pytest.approx(0.4 / 3)
+    assert row.stall_over_load == pytest.approx(0.3 / (0.4 / 3))
+    assert row.interrupted_mean == 3

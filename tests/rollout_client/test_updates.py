@@ -93,6 +93,9 @@ def _check_stats(stats: UpdateStats, new: int, mode: str, url: str, samples: lis
     assert stats.version == new and stats.mode == mode and stats.failed_servers == {}
     assert stats.interrupted_segments == sum(s.timings.interruptions for s in samples) > 0, ends
     assert 0 < stats.load_s[url] < stats.server_stall_s[url] <= stats.stall_s
+    assert stats.paused_servers == 1  # requests were in flight
+    assert set(stats.phase_s) == {"pause", "load", "set_version", "resume"}
+    assert sum(stats.phase_s.values()) == pytest.approx(stats.stall_s, abs=1e-3)
     print(f"{mode} update to v{new}: stall {stats.stall_s:.3f} s (load {stats.load_s[url]:.3f} s)")
 
 
@@ -186,3 +189,27 @@ def test_a_failed_weight_load_takes_the_server_out_and_says_why(
     assert re.search(expected, str(update_error)) and re.search(expected, str(group_error))
     assert version_change == 0
     assert len(samples[0].output_token_ids) == 4
+
+
+@pytest.mark.slow
+def test_an_update_of_an_idle_server_skips_the_pause_and_serves_the_new_weights(
+    server_a: RolloutServerHandle, loader: Callable[[int], Any], hf_models: Callable[[int], Any], helpers: Any
+) -> None:
+    """The synchronous case: nothing in flight, so no pause round trip; the prompt's cached
+    prefix (computed by the old weights just before) is not reused by the new ones."""
+
+    async def run() -> tuple[int, int, UpdateStats, list[SampleOutput]]:
+        async with RolloutClient([server_a], interrupt_mode="recompute") as client:
+            old = client.current_version
+            await client.generate_group(PROMPT, 2, 16, ignore_eos=True)  # fills the prefix cache
+            stats = await client.update_weights(old + 1, loader(old + 1))
+            return old, old + 1, stats, await client.generate_group(PROMPT, 2, 32, ignore_eos=True)
+
+    old, new, stats, samples = asyncio.run(run())
+    assert stats.paused_servers == 0 and stats.interrupted_segments == 0 and stats.failed_servers == {}
+    assert stats.phase_s["pause"] < stats.phase_s["load"]
+    model = hf_models(new)
+    for sample in samples:
+        assert sample.token_versions == [new] * 32
+        reference = helpers.reference_logprobs(model, None, PROMPT, sample.output_token_ids, 32)
+        assert _max_diff(reference, sample.behaviour_logprobs) < LOGPROB_TOLERANCE

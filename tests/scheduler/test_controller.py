@@ -46,6 +46,7 @@ class ScriptedGenerator:
         self.fail_on = fail_on
         self.calls: list[list[int]] = []
         self.updates: list[int] = []
+        self.streamed = 0
 
     async def generate_group(
         self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
@@ -59,8 +60,12 @@ class ScriptedGenerator:
         await asyncio.sleep(self.delay_s)
         version = self.current_version
         out = list(reversed(prompt_token_ids))[:max_new_tokens]
+        self.streamed += n * len(out)
         timings = SampleTimings(time.time(), time.time(), 0, 0, 1)
         return [SampleOutput(out, [-0.5] * len(out), [version] * len(out), "stop", timings) for _ in range(n)]
+
+    def streamed_tokens(self) -> dict[str, int]:
+        return {"scripted": self.streamed}
 
     async def update_weights(self, version: int, load: Callable[[Any], Any]) -> UpdateStats:
         load(None)
@@ -263,6 +268,9 @@ def test_rates_end_when_the_controller_stops(tmp_path: Path) -> None:
     assert stats.summary() == first
     assert first["elapsed_s"] == pytest.approx(stats.finished_at - stats.started_at)
     assert first["gen_tokens_per_s"] == pytest.approx(stats.output_tokens / first["elapsed_s"])
+    # streamed: what the generator reports it streamed during the run (all of it finished here)
+    assert first["streamed_tokens"] == stats.output_tokens > 0
+    assert first["streamed_tokens_per_s"] == pytest.approx(first["gen_tokens_per_s"])
 
 
 # ----- the hand-off without idle waits (doorbells, batch-completing flush) -----
