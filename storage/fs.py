@@ -475,6 +475,31 @@ def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
     fsync_path(str(local_path.parent))
 
 
+_LINK_REFUSED = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES})
+
+
+def link_file(root: RunRoot, relpath: str, local_path: Path) -> bool:
+    """Hard-link the object ``relpath`` of a local root to ``local_path`` (its directory
+    fsynced): no bytes copied. False (nothing created) where that cannot be done: an S3
+    root, another filesystem, or one without hard links; the caller then downloads.
+
+    Safe for objects never written again in place (published weight files: a publish or a
+    prune replaces or unlinks names, never bytes)."""
+    if not root.is_local:
+        return False
+    local_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(root.full_path(relpath), local_path)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath)) from None
+    except OSError as exc:
+        if exc.errno in _LINK_REFUSED:
+            return False
+        raise
+    fsync_path(str(local_path.parent))
+    return True
+
+
 def read_json_object(root: RunRoot, relpath: str) -> dict[str, Any] | None:
     """The JSON object stored at ``relpath``, None if absent; ``ValueError`` names the object
     if it is not JSON or not an object."""

@@ -94,18 +94,18 @@ async def measure_stalls(
     from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, server_weight_version
 
     stats = []
-    async with RolloutClient(
-        [handle], interrupt_mode=mode, initial_version=server_weight_version(handle) or 0
-    ) as client, ServerWeightLoader(store_uri, {}, cache_dir) as loader:
-        for version in versions:
-            if version <= client.current_version:
-                continue
-            generation = asyncio.gather(
-                *(client.generate_group(prompt, 1, 256, 1.0, ignore_eos=True) for _ in range(8))
-            )
-            await asyncio.sleep(1.0)  # let the generations get going
-            stats.append(await client.update_weights(version, loader.for_version(version)))
-            await generation
+    initial = server_weight_version(handle) or 0
+    with ServerWeightLoader(store_uri, {}, cache_dir) as loader:
+        async with RolloutClient([handle], interrupt_mode=mode, initial_version=initial) as client:
+            for version in versions:
+                if version <= client.current_version:
+                    continue
+                generation = asyncio.gather(
+                    *(client.generate_group(prompt, 1, 256, 1.0, ignore_eos=True) for _ in range(8))
+                )
+                await asyncio.sleep(1.0)  # let the generations get going
+                stats.append(await client.update_weights(version, loader.for_version(version)))
+                await generation
     return stall_row(mode, stats)
 
 

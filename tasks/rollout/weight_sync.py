@@ -222,74 +222,18 @@ def fetch_weight_version(
     :class:`UnknownWeightVersionError` naming it and the available ones; a corrupt
     download :class:`~asyncrl.storage.weights.WeightIntegrityError` naming the file.
 
-    A local store on the cache's filesystem is not copied: the cache directory gets hard
-    links to the store's files (published files are never written again: a publish or
-    prune replaces or unlinks names, never bytes), each checked against the manifest's size
-    and SHA-256 where it lies, then renamed into place like a download. Where linking is
-    refused (another filesystem, no hard links), the version is downloaded. Measured with
-    ``asyncrl bench weight-sync``: this drops the copy and its fsync, the slowest part of a
-    local fetch.
+    A local store on the cache's filesystem is not copied: the cache gets hard links to the
+    store's files, verified where they lie (``WeightStore.download(link=True)``). Measured
+    with ``asyncrl bench weight-sync``: this drops the copy and its fsync, the slowest part
+    of a local fetch.
     """
-    import errno
-    import tempfile
-
-    from asyncrl.storage import fs
-    from asyncrl.storage.weights import file_sha256, manifest_files
-
-    def link_local(store: WeightStore, target: Path) -> bool:
-        """Hard-link ``version`` of the local ``store`` into ``target``, verified; False
-        (nothing left behind) where the filesystem refuses links."""
-        files = manifest_files(store.manifest(version))
-        if target.exists() and (not target.is_dir() or any(target.iterdir())):
-            raise FileExistsError(f"download destination {target} exists and is not an empty directory")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        directories = {staging}
-        try:
-            for relname, expected in files.items():
-                relpath = paths.weights_file(version, relname)
-                local_path = staging / relname
-                local_path.parent.mkdir(parents=True, exist_ok=True)
-                directories.add(local_path.parent)
-                try:
-                    os.link(store.root.full_path(relpath), local_path)
-                except FileNotFoundError:
-                    raise FileNotFoundError(errno.ENOENT, "no such object", store.root.display(relpath)) from None
-                except OSError as exc:
-                    if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-                        shutil.rmtree(staging, ignore_errors=True)
-                        return False
-                    raise
-                size = local_path.stat().st_size
-                if size != expected.size:
-                    raise WeightIntegrityError(
-                        f"{store.root.display(relpath)}: downloaded {size} bytes, manifest says {expected.size}"
-                    )
-                if expected.sha256 is not None:
-                    actual = file_sha256(local_path)
-                    if actual != expected.sha256:
-                        raise WeightIntegrityError(
-                            f"{store.root.display(relpath)}: downloaded SHA-256 {actual}, manifest says {expected.sha256}"
-                        )
-            for directory in sorted(directories, reverse=True):  # the links are durable before the rename
-                fs.fsync_path(str(directory))
-            if target.exists():
-                target.rmdir()
-            os.rename(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        fs.fsync_path(str(target.parent))
-        return True
-
     target = cached_version_dir(cache_dir, root_uri, version)
     with version_lease(cache_dir, root_uri, version):
         if target.is_dir() and any(target.iterdir()):
             return target, True
         store = WeightStore(open_root(root_uri, dict(storage_options)))
         try:
-            if not (store.root.is_local and link_local(store, target)):
-                store.download(version, target)
+            store.download(version, target, link=True)
         except WeightIntegrityError:
             raise
         except (FileExistsError, OSError):

@@ -131,3 +131,16 @@ def test_bad_local_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="non-negative int"):
         store.publish(-1, no_weights)
     assert store.latest() is None
+
+
+def test_a_linked_download_shares_the_local_stores_files_and_copies_from_s3(root: RunRoot, tmp_path: Path) -> None:
+    store = WeightStore(root)
+    store.publish(1, hf_dir(tmp_path, 1))
+    store.publish(2, hf_dir(tmp_path, 2))
+    out = store.download(1, tmp_path / "cache" / "v1", link=True)
+    assert np.array_equal(load_file(str(out / "model.safetensors"))["w"], np.full((4, 3), 1.0, dtype=np.float32))
+    linked = (out / "model.safetensors").stat().st_nlink > 1
+    assert linked == root.is_local  # local: the store's own inode, no bytes copied; S3: a download
+    assert [p.name for p in out.parent.iterdir()] == ["v1"]
+    assert store.prune(keep_latest=1) == [1]  # the store drops its names; the cache's links keep the bytes
+    assert np.array_equal(load_file(str(out / "model.safetensors"))["w"], np.full((4, 3), 1.0, dtype=np.float32))
