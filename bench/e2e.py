@@ -276,7 +276,11 @@ def run_limit_s(eta: int, t_gen: float, t_train: float) -> float:
     """The shortest wall time a configuration can reach, its own limit:
 
         synchronous (eta = 0): T_gen + T_train (generation and training take turns)
-        asynchronous (eta > 0): max(T_gen, T_train) (perfect overlap)"""
+        asynchronous (eta > 0): max(T_gen(c), T_train) (perfect overlap)
+
+    with T_gen the server alone generating the workload as the configuration does: batch
+    by batch at eta = 0, with up to c = (eta + 1) * B * n samples in flight at eta > 0
+    (more in flight, more tokens/s: a limit taken at eta 0's concurrency would not be one)."""
     return t_gen + t_train if eta == 0 else max(t_gen, t_train)
 
 
@@ -284,9 +288,10 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], t_gen: float) -> dict[str, A
     """Figures across runs, against the eta = 0 run (the first without ``error``):
 
         T_train                  = training_only_s of the eta = 0 run
-        ideal_sync_s             = T_gen + T_train
+        ideal_sync_s             = T_gen + T_train (T_gen batch by batch)
         bound                    = overlap_bound(T_gen, T_train) (the most overlap can gain)
-        limit_s                  = run_limit_s(eta, T_gen, T_train)
+        limit_s                  = run_limit_s(eta, T_gen of the run, T_train), T_gen of the
+                                   run = its ``t_gen_s`` (standalone at its concurrency) if set
         efficiency               = limit_s / W (1 = the run reaches its own limit)
         speedup                  = W(eta = 0) / W (over this sweep's synchronous run)
         speedup_over_ideal_sync  = ideal_sync_s / W (over a synchronous run without idle time)
@@ -300,7 +305,7 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], t_gen: float) -> dict[str, A
     for run in runs:
         row = dict(run)
         if baseline is not None and t_train is not None and "error" not in run:
-            row["limit_s"] = run_limit_s(int(run["eta"]), t_gen, t_train)
+            row["limit_s"] = run_limit_s(int(run["eta"]), float(run.get("t_gen_s", t_gen)), t_train)
             row["efficiency"] = row["limit_s"] / run["wall_s"]
             row["speedup"] = baseline["wall_s"] / run["wall_s"]
             row["speedup_over_ideal_sync"] = (t_gen + t_train) / run["wall_s"]
@@ -402,12 +407,25 @@ def measure_standalone(workload: Workload, settings: E2EBenchSettings, work: Pat
         return asyncio.run(measure(server))
 
 
+def _standalone_row(standalone: Mapping[str, Any], concurrency: int) -> Mapping[str, Any]:
+    rows = sorted(standalone["throughput"], key=lambda r: r["concurrency"])
+    fitting = [r for r in rows if r["concurrency"] <= concurrency]
+    return fitting[-1] if fitting else rows[0]
+
+
 def standalone_tokens_per_s(standalone: Mapping[str, Any], concurrency: int) -> float:
     """The standalone tokens/s measured at the largest concurrency <= ``concurrency``
     (the smallest measured one if none is)."""
-    rows = sorted(standalone["throughput"], key=lambda r: r["concurrency"])
-    fitting = [r for r in rows if r["concurrency"] <= concurrency]
-    return float((fitting[-1] if fitting else rows[0])["tokens_per_s"])
+    return float(_standalone_row(standalone, concurrency)["tokens_per_s"])
+
+
+def standalone_gen_s(standalone: Mapping[str, Any], eta: int, concurrency: int) -> float:
+    """T_gen of a configuration (:func:`run_limit_s`): at eta = 0 the batch-by-batch time,
+    else the seconds the standalone server took for every step's samples with at most
+    ``concurrency`` in flight (same measurement as :func:`standalone_tokens_per_s`)."""
+    if eta == 0:
+        return float(standalone["t_gen_s"])
+    return float(_standalone_row(standalone, concurrency)["seconds"])
 
 
 def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path, eta: int, mode: str) -> RunConfig:
@@ -495,6 +513,7 @@ def run_e2e_bench(settings: E2EBenchSettings, progress: Callable[[str], None] | 
                 standalone_tokens_per_s(standalone, settings.concurrency(eta)),
             )  # fmt: skip
             run["train_run_wall_s"] = train.wall_s
+            run["t_gen_s"] = standalone_gen_s(standalone, eta, settings.concurrency(eta))
         except Exception as exc:  # noqa: BLE001 - recorded; the other configurations still run
             run = {"eta": eta, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:4000]}
         runs.append(run)
@@ -529,7 +548,8 @@ def format_tables(result: Mapping[str, Any]) -> str:
         f"T_gen {s['t_gen_s']:.1f} s (batch by batch), T_train {_fmt(result.get('t_train_s'), '.1f')} s "
         f"(eta=0 step times): ideal synchronous {_fmt(result.get('ideal_sync_s'), '.1f')} s, "
         f"ideal overlap bound {_fmt(result.get('overlap_bound'), '.2f')}x",
-        "limit: T_gen + T_train at eta 0, max(T_gen, T_train) at eta > 0; efficiency = limit / wall",
+        "limit: T_gen + T_train at eta 0, max(T_gen at the run's concurrency, T_train) at eta > 0; "
+        "efficiency = limit / wall",
         "",
         "| eta | mode | wall (s) | limit (s) | efficiency | speed-up vs eta 0 | speed-up vs ideal sync "
         "| trained tok/s | rollout util. | stall frac. | packing eff. | staleness max | staleness (value:samples) |",

@@ -121,7 +121,8 @@ def _check_target(out_dir: Path, overwrite: bool) -> None:
         raise FileExistsError(f"{out_dir}: directory is not empty; pass overwrite=True (--overwrite) to replace it")
 
 
-def _save_model_files(target: Path, spec: TinyModelSpec, seed: int) -> None:
+def _save_model_files(target: Path, spec: TinyModelSpec, seed: int, dtype: torch.dtype | None = None) -> None:
+    """The model (float32, or created and saved in ``dtype``), generation config and tokenizer."""
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
@@ -129,7 +130,16 @@ def _save_model_files(target: Path, spec: TinyModelSpec, seed: int) -> None:
     # A private RNG scope: the weights depend on `seed` only, and the caller's RNG is untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).float()
+        if dtype is None:
+            model = Qwen2ForCausalLM(config).float()
+        else:
+            config.dtype = str(dtype).removeprefix("torch.")
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)
+            try:
+                model = Qwen2ForCausalLM(config)
+            finally:
+                torch.set_default_dtype(previous)
     model.save_pretrained(target, safe_serialization=True)
     ids = special_token_ids()
     GenerationConfig(
@@ -213,7 +223,7 @@ def write_qwen2_model(
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         staging.chmod(0o755)
-        _save_model_files_in_dtype(staging, spec, seed, torch_dtype)
+        _save_model_files(staging, spec, seed, torch_dtype)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)
@@ -221,28 +231,3 @@ def write_qwen2_model(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
-
-
-def _save_model_files_in_dtype(target: Path, spec: TinyModelSpec, seed: int, dtype: torch.dtype) -> None:
-    """:func:`_save_model_files` with the weights created and saved in ``dtype``."""
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
-
-    config = tiny_qwen2_config(spec)
-    config.dtype = str(dtype).removeprefix("torch.")
-    previous = torch.get_default_dtype()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        torch.set_default_dtype(dtype)
-        try:
-            model = Qwen2ForCausalLM(config)
-        finally:
-            torch.set_default_dtype(previous)
-    model.save_pretrained(target, safe_serialization=True)
-    ids = special_token_ids()
-    GenerationConfig(
-        bos_token_id=ids[EOS_TOKEN],
-        eos_token_id=[ids[EOS_TOKEN], ids[IM_END_TOKEN]],
-        pad_token_id=ids[PAD_TOKEN],
-    ).save_pretrained(target)
-    build_tokenizer(spec.vocab_size, spec.max_position_embeddings).save_pretrained(target)

@@ -120,11 +120,12 @@ def run_scheduler(
     stop: threading.Event,
     initial_version: int,
     max_groups: int | None = None,
+    codec: tuple[HFCodec, tuple[int, ...]] | None = None,
 ) -> ControllerStats:
     """The rollout controller on its own event loop, scoring through the run's reward
     service, until `stop` is set (or, with `max_groups`, until that many groups are admitted
-    and produced)."""
-    codec, stop_ids = load_codec(config.model.path)
+    and produced). ``codec``: the model's (:func:`load_codec`), loaded here if not given."""
+    codec, stop_ids = codec or load_codec(config.model.path)
     weight_loader = ServerWeightLoader(
         config.storage.root, config.storage.options, cache_dir=str(paths.work_dir / "weights-cache")
     )

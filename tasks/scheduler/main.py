@@ -58,7 +58,7 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.run.context import RunPaths
 from asyncrl.tasks.run.context import run_paths as run_paths_of
 from asyncrl.tasks.scheduler.controller import load_gate_state, written_group_indices
-from asyncrl.tasks.run.components_setup import run_scheduler
+from asyncrl.tasks.run.components_setup import HFCodec, load_codec, run_scheduler
 from asyncrl.tasks.run.audit import read_lineage
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weights import WeightStore
@@ -221,6 +221,7 @@ def run_cycle(
     paths: RunPaths,
     source: ServerSource,
     prompts: list[PromptRecord],
+    codec: tuple[HFCodec, tuple[int, ...]],
     terminate: threading.Event,
     max_groups: int | None,
     poll_s: float,
@@ -239,7 +240,9 @@ def run_cycle(
                 "(generated again)%s", [h.url for h in handles], version, admitted, unwritten,
                 "" if max_groups is None else "; draining")  # fmt: skip
     try:
-        stats = run_scheduler(config, paths, handles, prompts, stop, initial_version=version, max_groups=max_groups)
+        stats = run_scheduler(
+            config, paths, handles, prompts, stop, initial_version=version, max_groups=max_groups, codec=codec
+        )
     except NoLiveServerError as exc:
         logger.warning("%s; waiting for a server to register again", exc)
         return (reasons[0] if reasons else NO_LIVE_SERVER), snapshot
@@ -307,6 +310,7 @@ def serve(
     terminate = StopSignal()
     terminate.install()
     prompts = load_prompts(config.data.train_path)
+    codec = load_codec(config.model.path)  # while the servers start: ~10 s on 2 busy CPUs, not on the first batch
     max_groups: int | None = None
     unlike: object = None
     while wait_for_servers(source, terminate.event, poll_s, unlike, retry_s):
@@ -315,7 +319,7 @@ def serve(
                 return EXIT_OK
             if max_groups is None:
                 max_groups = _admitted(paths.root)
-        outcome, snapshot = run_cycle(config, paths, source, prompts, terminate.event, max_groups, poll_s)
+        outcome, snapshot = run_cycle(config, paths, source, prompts, codec, terminate.event, max_groups, poll_s)
         if outcome in (TERMINATED, DRAINED):
             return EXIT_OK
         if outcome == FINISHED:

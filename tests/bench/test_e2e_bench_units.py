@@ -16,6 +16,7 @@ from asyncrl.bench.e2e import (
     mean_packing_efficiency,
     overlap_bound,
     run_limit_s,
+    standalone_gen_s,
     rl_wall_s,
     run_figures,
     solution_budgets,
@@ -112,6 +113,22 @@ def test_speedup_and_efficiency_against_each_runs_own_limit() -> None:
     assert [r["limit_s"] for r in rows] == pytest.approx([50.0, 30.0, 30.0])
     assert [r["efficiency"] for r in rows] == pytest.approx([50 / 60, 30 / 40, 1.0])
     assert "speedup" not in runs[1]  # the inputs are not modified
+
+
+def test_an_async_runs_limit_uses_generation_at_its_own_concurrency() -> None:
+    runs = [run_row(0, 60.0, training=20.0), run_row(2, 25.0, t_gen_s=24.0)]
+    rows = compare_runs(runs, t_gen=30.0)["runs"]
+    assert rows[0]["limit_s"] == pytest.approx(50.0)  # batch by batch: T_gen = 30
+    assert rows[1]["limit_s"] == pytest.approx(24.0) and rows[1]["efficiency"] == pytest.approx(24 / 25)
+    assert rows[1]["speedup_over_ideal_sync"] == pytest.approx(50 / 25)  # against batch-by-batch T_gen + T_train
+
+
+def test_standalone_generation_time_per_configuration() -> None:
+    standalone = {"t_gen_s": 30.0, "throughput": [{"concurrency": 16, "tokens_per_s": 500.0, "seconds": 26.0},
+                                                   {"concurrency": 48, "tokens_per_s": 800.0, "seconds": 16.0}]}
+    assert standalone_gen_s(standalone, 0, 16) == 30.0
+    assert standalone_gen_s(standalone, 2, 48) == 16.0
+    assert standalone_gen_s(standalone, 8, 144) == 16.0  # the largest measured concurrency <= c
 
 
 def test_run_limit() -> None:
