@@ -290,8 +290,10 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], t_gen: float) -> dict[str, A
         T_train                  = training_only_s of the eta = 0 run
         ideal_sync_s             = T_gen + T_train (T_gen batch by batch)
         bound                    = overlap_bound(T_gen, T_train) (the most overlap can gain)
-        limit_s                  = run_limit_s(eta, T_gen of the run, T_train), T_gen of the
-                                   run = its ``t_gen_s`` (standalone at its concurrency) if set
+        limit_s                  = run_limit_s(eta, T_gen of the run, T_train of the run):
+                                   the run's ``t_gen_s`` (standalone at its concurrency) if
+                                   set, and its own step times (an asynchronous run may train
+                                   fewer tokens: samples over the staleness bound are dropped)
         efficiency               = limit_s / W (1 = the run reaches its own limit)
         speedup                  = W(eta = 0) / W (over this sweep's synchronous run)
         speedup_over_ideal_sync  = ideal_sync_s / W (over a synchronous run without idle time)
@@ -305,7 +307,7 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], t_gen: float) -> dict[str, A
     for run in runs:
         row = dict(run)
         if baseline is not None and t_train is not None and "error" not in run:
-            row["limit_s"] = run_limit_s(int(run["eta"]), float(run.get("t_gen_s", t_gen)), t_train)
+            row["limit_s"] = run_limit_s(int(run["eta"]), float(run.get("t_gen_s", t_gen)), float(run["training_only_s"]))
             row["efficiency"] = row["limit_s"] / run["wall_s"]
             row["speedup"] = baseline["wall_s"] / run["wall_s"]
             row["speedup_over_ideal_sync"] = (t_gen + t_train) / run["wall_s"]
@@ -548,7 +550,7 @@ def format_tables(result: Mapping[str, Any]) -> str:
         f"T_gen {s['t_gen_s']:.1f} s (batch by batch), T_train {_fmt(result.get('t_train_s'), '.1f')} s "
         f"(eta=0 step times): ideal synchronous {_fmt(result.get('ideal_sync_s'), '.1f')} s, "
         f"ideal overlap bound {_fmt(result.get('overlap_bound'), '.2f')}x",
-        "limit: T_gen + T_train at eta 0, max(T_gen at the run's concurrency, T_train) at eta > 0; "
+        "limit: T_gen + T_train at eta 0, max(T_gen at the run's concurrency, the run's T_train) at eta > 0; "
         "efficiency = limit / wall",
         "",
         "| eta | mode | wall (s) | limit (s) | efficiency | speed-up vs eta 0 | speed-up vs ideal sync "

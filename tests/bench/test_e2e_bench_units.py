@@ -109,9 +109,11 @@ def test_speedup_and_efficiency_against_each_runs_own_limit() -> None:
     rows = compared["runs"]
     assert [r["speedup"] for r in rows] == pytest.approx([1.0, 1.5, 2.0])
     assert [r["speedup_over_ideal_sync"] for r in rows] == pytest.approx([50 / 60, 50 / 40, 50 / 30])
-    # sync: limit T_gen + T_train; async: max(T_gen, T_train)
+    # sync: limit T_gen + T_train; async: max(T_gen, the run's own T_train = 12)
     assert [r["limit_s"] for r in rows] == pytest.approx([50.0, 30.0, 30.0])
     assert [r["efficiency"] for r in rows] == pytest.approx([50 / 60, 30 / 40, 1.0])
+    slow_trainer = compare_runs([run_row(0, 60.0, training=20.0), run_row(2, 40.0, training=35.0)], t_gen=30.0)
+    assert slow_trainer["runs"][1]["limit_s"] == pytest.approx(35.0)  # its own training time, not eta 0's
     assert "speedup" not in runs[1]  # the inputs are not modified
 
 
