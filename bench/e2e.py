@@ -587,13 +587,15 @@ def _modes(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def cmd_bench_e2e(args: argparse.Namespace) -> int:
+def settings_from_args(args: argparse.Namespace) -> E2EBenchSettings:
+    """The settings of ``asyncrl bench e2e``: the workload's values (:data:`WORKLOADS`) under
+    explicit options; the micro-batch budget fits the longest sequence."""
     defaults = E2EBenchSettings()
     if args.workload not in WORKLOADS:
         raise ValueError(f"--workload: must be one of {list(WORKLOADS)}, got {args.workload!r}")
     preset = WORKLOADS[args.workload]
     max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", defaults.max_new_tokens)
-    settings = E2EBenchSettings(
+    return E2EBenchSettings(
         workload=args.workload,
         etas=args.etas,
         modes=args.modes,  # type: ignore[arg-type]  # checked by the settings
@@ -610,6 +612,10 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
         work_dir=Path(args.work_dir) if args.work_dir else None,
         json_path=Path(args.json) if args.json else None,
     )
+
+
+def cmd_bench_e2e(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
     result = run_e2e_bench(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_tables(result))
     print(json.dumps(result))

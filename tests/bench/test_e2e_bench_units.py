@@ -16,6 +16,7 @@ from asyncrl.bench.e2e import (
     mean_packing_efficiency,
     overlap_bound,
     run_limit_s,
+    settings_from_args,
     standalone_gen_s,
     rl_wall_s,
     run_figures,
@@ -174,6 +175,7 @@ def test_settings_sweep_and_concurrency() -> None:
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
+        ({"workload": "huge"}, "workload"),
         ({"etas": (1, 2)}, "etas"),
         ({"etas": (0, -1)}, "etas"),
         ({"etas": (0, 2, 2)}, "etas"),
@@ -215,6 +217,19 @@ def test_cli_options() -> None:
     assert (args.etas, args.modes, args.steps, args.rollout_cores, args.json) == ((0, 2), ("recompute",), 3, "none", "out.json")
     defaults = build_parser().parse_args(["bench", "e2e"])
     assert defaults.etas == (0, 1, 2, 4, 8) and defaults.modes == ("recompute", "keep")
+    assert defaults.workload == "balanced" and defaults.max_new_tokens is None
+    assert build_parser().parse_args(["bench", "e2e", "--workload", "generation-bound"]).workload == "generation-bound"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "e2e", "--workload", "huge"])
+
+
+def test_the_generation_bound_workload_has_four_times_longer_outputs() -> None:
+    parse = lambda *extra: settings_from_args(build_parser().parse_args(["bench", "e2e", "--rollout-cores", "none",  # noqa: E731
+                                                                         "--trainer-cores", "none", *extra]))
+    balanced, bound = parse(), parse("--workload", "generation-bound")
+    assert (balanced.workload, balanced.max_new_tokens, balanced.micro_batch_tokens) == ("balanced", 384, 1024)
+    assert (bound.workload, bound.max_new_tokens, bound.micro_batch_tokens) == ("generation-bound", 1536, 2048)
+    assert parse("--workload", "generation-bound", "--max-new-tokens", "2000").micro_batch_tokens == 2064  # fits
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "e2e", "--etas", "0,x"])
 
