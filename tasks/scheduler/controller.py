@@ -544,9 +544,11 @@ class RolloutController:
         as the trainer rings the weights doorbell (``weight_poll_seconds`` is the fallback)."""
         while not stop.is_set():
             latest = await asyncio.to_thread(self.weights.latest)
-            if latest is not None and latest > self.generator.current_version:
-                # Read its update count (lineage) here, off the event loop: the gate asks for it next.
+            if latest is not None:
+                # Its update count (lineage; cached per version), read off the event loop: the
+                # gate asks for it next, and the flush rule needs the trainer's steps.
                 self._trainer_steps = max(self._trainer_steps, await asyncio.to_thread(self.version_updates, latest))
+            if latest is not None and latest > self.generator.current_version:
                 stats = await self.generator.update_weights(latest, self.weight_loader(latest))
                 self._version_changed.set()
                 self.stats.updates.append(stats)
