@@ -73,6 +73,7 @@ from asyncrl.tasks.process_group import (
     read_log_tail,
 )
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
+from asyncrl.tasks.rollout.client import GENERATE_PATH
 
 WORKER_EXTENSION = "asyncrl.tasks.rollout.weight_sync.WeightSyncExtension"
 AUTH_MIDDLEWARE = "asyncrl.tasks.rollout.auth.BearerAuthMiddleware"
@@ -496,7 +497,7 @@ class RolloutServer:
         }  # fmt: skip
         try:
             httpx.post(
-                f"{self._probe_url}/inference/v1/generate", json=body, headers=self.handle.headers(), timeout=timeout_s
+                f"{self._probe_url}{GENERATE_PATH}", json=body, headers=self.handle.headers(), timeout=timeout_s
             )
         except httpx.TimeoutException:
             return False

@@ -360,9 +360,8 @@ def _post(
     """POST to the server, on ``http``'s pooled connections when given. Without it each call
     builds a client (and its TLS context): ~30 ms, the bulk of a small model's update."""
     try:
-        if http is None:
-            return httpx.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
-        return http.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
+        sender = httpx if http is None else http
+        return sender.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
     except httpx.HTTPError as exc:
         raise WeightSyncError(f"rollout server {handle.url}{path}: request failed: {exc!r}") from exc
 
