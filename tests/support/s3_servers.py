@@ -30,6 +30,9 @@ TEST_REGION = "us-east-1"
 # SeaweedFS derives some gRPC ports as HTTP port + 10000 even when told otherwise,
 # so every HTTP port is chosen with its +10000 neighbour free and passed as gRPC port.
 _GRPC_OFFSET = 10000
+# Volume size and count of the test SeaweedFS (see seaweedfs_server).
+_VOLUME_SIZE_MB = 64
+_MAX_VOLUMES = 2000
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,13 @@ def seaweedfs_server(data_dir: Path | None = None, start_timeout_s: float = 60.0
         "-admin.ui=false",
         "-master.telemetry=false",
         "-webdav=false",
+        # Every bucket is a SeaweedFS collection with volumes of its own. Left to itself,
+        # `weed mini` sizes volumes at 1 GiB and allows free-disk / 1 GiB of them, so on a
+        # machine with 40 GiB free the 41st bucket of a session fails with "No writable
+        # volumes" (an S3 InternalError). Small sparse volumes and a fixed count make the
+        # session's capacity independent of the disk it runs on.
+        f"-master.volumeSizeLimitMB={_VOLUME_SIZE_MB}",
+        f"-volume.max={_MAX_VOLUMES}",
         f"-master.port={master}",
         f"-master.port.grpc={master + _GRPC_OFFSET}",
         f"-volume.port={volume}",
