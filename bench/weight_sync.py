@@ -17,8 +17,9 @@ version has other bytes and hashes and no phase is a cache hit):
   and verification that a local ``fetch`` did before it linked: the staged path;
 * ``load``: :func:`update_server_weights` into the running server (the whole request),
   and its worker's own ``download_s`` (``worker fetch``) and ``reload_s`` (``worker reload``).
-  Each load is checked: the worker's SHA-256 of the embedding as read from the file and as
-  read back from the model must be those of the version's embedding (bf16 bytes, and cast
+  Each load is checked: the worker's fingerprint (``tensor_fingerprint``: SHA-256 of strided
+  rows) of the embedding as read from the file and as read back from the model must be those
+  of the version's embedding (bf16 bytes, and cast
   to the server's float32).
 
 Next to them, measured in the same run on the same disk (:func:`measure_links`): sequential
@@ -310,9 +311,9 @@ class VersionDigest:
     """What a correct load of a version must report for :data:`CHECKSUM_TENSOR`."""
 
     file_sha256: str
-    """SHA-256 of its bytes in the file (bfloat16)."""
+    """Fingerprint of its bytes in the file (bfloat16)."""
     model_sha256: str
-    """SHA-256 of its bytes cast to the server's dtype (what the model holds)."""
+    """Fingerprint of its bytes cast to the server's dtype (what the model holds)."""
 
 
 def write_version(base: Path, target: Path, seed: int) -> VersionDigest:
@@ -321,7 +322,7 @@ def write_version(base: Path, target: Path, seed: int) -> VersionDigest:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from asyncrl.tasks.rollout.weight_sync import tensor_sha256
+    from asyncrl.tasks.rollout.weight_sync import tensor_fingerprint
 
     shutil.copytree(base, target, ignore=shutil.ignore_patterns(f"*{WEIGHT_SUFFIX}"))
     digest: VersionDigest | None = None
@@ -332,7 +333,7 @@ def write_version(base: Path, target: Path, seed: int) -> VersionDigest:
             old = tensors[CHECKSUM_TENSOR]
             new = (0.02 * torch.randn(old.shape, generator=generator, dtype=torch.float32)).to(old.dtype)
             tensors[CHECKSUM_TENSOR] = new
-            digest = VersionDigest(tensor_sha256(new), tensor_sha256(new.to(getattr(torch, SERVER_DTYPE))))
+            digest = VersionDigest(tensor_fingerprint(new), tensor_fingerprint(new.to(getattr(torch, SERVER_DTYPE))))
         save_file(tensors, str(target / file.name), metadata={"format": "pt"})
         del tensors
     if digest is None:

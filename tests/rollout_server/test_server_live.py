@@ -29,7 +29,7 @@ from asyncrl.tasks.rollout.weight_sync import (
     WeightSyncError,
     server_weight_version,
     set_server_weight_version,
-    tensor_sha256,
+    tensor_fingerprint,
     update_server_weights,
 )
 from asyncrl.tasks.run.components import RolloutComponent
@@ -156,7 +156,7 @@ def file_tensor_sha(model_dir: Path, name: str) -> str:
     from safetensors import safe_open
 
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as handle:
-        return tensor_sha256(handle.get_tensor(name))
+        return tensor_fingerprint(handle.get_tensor(name))
 
 
 def test_registered_and_completes_token_ids(live: LiveServer, tiny_model_dir: Path) -> None:
