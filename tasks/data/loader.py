@@ -1,160 +1,111 @@
-"""Reading prompt datasets: our Parquet, GSM8K-style JSON Lines, users' Parquet.
+"""Reading prompt datasets: Parquet and JSON Lines files in several layouts, and mixtures.
 
-Layouts (found by column names unless the caller names the fields):
-- ``prompt`` + ``answer`` (+ optional ``solution``): the synthetic task's Parquet;
+Each row names the reward that scores it (its *task*) and carries that reward's data.
+Layouts, found by column names (first match wins) unless the caller names the fields:
+
+- ``prompt`` + ``answer`` (+ optional ``solution``): math (the synthetic task's Parquet);
 - ``question`` + ``answer``: GSM8K, whose answer text ends in ``#### N``; N (commas
-  between digit groups dropped) becomes the answer, the text before it the solution.
-Any layout may add ``max_new_tokens`` (int >= 1 or null): that prompt's generation
-budget per sample, capped by ``rollout.max_new_tokens``.
-Formats by extension: ``.parquet``/``.pq`` (Parquet), ``.jsonl``/``.json``
-(JSON Lines; a ``.json`` file holding one JSON array of objects is read too).
-Paths may be local or any fsspec URI (``s3://...``).
+  between digit groups dropped) becomes the answer, the text before it the solution;
+- ``problem`` + ``solution`` (MATH): math; the answer is the content of the solution's last
+  ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces kept); an ``answer`` column wins;
+- ``prompt`` + ``tests`` (+ optional ``solution``, a reference program for the SFT warm
+  start): code, asyncrl's own layout; ``tests`` is the tests-file format of ``code_reward``
+  (``{"stdio": [{"input", "output"}], "asserts": [code], "calls": [{"function",
+  "arguments": JSON text of the argument list, "expected": JSON text}], "time_limit_s"}``,
+  at least one test);
+- ``question`` + ``input_output`` (APPS/TACO): code; ``{"inputs", "outputs", "fn_name"?}``.
+  Without ``fn_name`` each input/output pair is a stdin/stdout case (a list of lines is
+  joined with newlines); with it each input is the argument list and each output the return
+  value of ``fn_name``. Optional ``solutions`` (JSON list of programs; the first is the
+  solution) and ``time_limit`` (seconds, or text like ``"2 seconds"``);
+- ``question_content`` + ``public_test_cases`` (LiveCodeBench): code; a list of ``{"input",
+  "output", "testtype": "stdin" | "functional"}``; a functional input holds one JSON value per
+  line (the arguments), its output the JSON return value, and ``metadata`` (JSON) names the
+  function as ``func_name``. ``private_test_cases`` is used only when it is plain JSON (a
+  list); any other text (the release's base64/zlib/pickle encoding) is ignored, never decoded,
+  since unpickling runs arbitrary code;
+- ``description`` + ``public_tests``/``private_tests``/``generated_tests`` (CodeContests):
+  code; each ``{"input": [...], "output": [...]}`` gives stdin/stdout cases; ``time_limit``
+  ``{"seconds", "nanos"}``; ``solutions`` ``{"language", "solution"}``: the first Python 3
+  (language 3) program is the solution.
+
+APPS/TACO and LiveCodeBench rows with a non-empty ``starter_code`` get it appended to the
+prompt (``Start from this code:`` and a Python fence): it names the function to write.
+JSON-valued columns may hold JSON text or (in Parquet) the same value as nested structs and
+lists. Any layout may add:
+
+- ``task``: the row's task, ``math``, ``code`` or a plug-in named under ``reward.plugins``
+  (``load_prompts(..., plugins=...)``); null or empty means the layout's task. A math row
+  needs an answer, a code row its layout's tests; a plug-in row gets ``answer`` if present
+  (else ``""``) and every other non-null field except the prompt, ``task``, ``solution`` and
+  ``max_new_tokens`` in ``fields``;
+- ``max_new_tokens`` (int >= 1 or null): that prompt's generation budget per sample, capped
+  by ``rollout.max_new_tokens``.
+
+Formats by extension: ``.parquet``/``.pq`` (Parquet), ``.jsonl``/``.json`` (JSON Lines; a
+``.json`` file holding one JSON array of objects is read too), ``.yaml``/``.yml`` (a
+mixture of such files, :mod:`asyncrl.tasks.data.mixture`). In JSON Lines the first object
+fixes the layout. Paths may be local or any fsspec URI (``s3://...``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+from asyncrl.tasks.data.formats import (
+    ANSWER_FIELD,
+    BUDGET_FIELD,
+    FINAL_ANSWER_MARKER,
+    PROMPT_FIELDS,
+    SOLUTION_FIELD,
+    TASK_FIELD,
+    Layout,
+    build_record,
+    detect_layout,
+    named_layout,
+    split_final_answer,
+)
+from asyncrl.tasks.data.mixture import MIXTURE_SUFFIXES, Mixture, mix, parse_mixture
+from asyncrl.tasks.data.records import (
+    BUILTIN_TASKS,
+    CODE_TASK,
+    MATH_TASK,
+    DatasetError,
+    PromptRecord,
+    check_task,
+    make_prompt_id,
+)
+
+__all__ = [
+    "ANSWER_FIELD",
+    "BUDGET_FIELD",
+    "BUILTIN_TASKS",
+    "CODE_TASK",
+    "FINAL_ANSWER_MARKER",
+    "MATH_TASK",
+    "PROMPT_FIELDS",
+    "SOLUTION_FIELD",
+    "DatasetError",
+    "PromptRecord",
+    "dataset_files",
+    "load_prompts",
+    "make_prompt_id",
+    "split_final_answer",
+    "supported_formats",
+]
+
 PARQUET_SUFFIXES: tuple[str, ...] = (".parquet", ".pq")
 JSONL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json")
-PROMPT_FIELDS: tuple[str, ...] = ("prompt", "question")
-ANSWER_FIELD = "answer"
-SOLUTION_FIELD = "solution"
-BUDGET_FIELD = "max_new_tokens"
-FINAL_ANSWER_MARKER = "####"
-_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-
-
-class DatasetError(ValueError):
-    """A prompt file that cannot be used; the message names the file, row and field."""
-
-
-@dataclass(frozen=True)
-class PromptRecord:
-    """One prompt with its reference answer.
-
-    ``prompt_id`` = ``"{row:06d}-{sha256(prompt)[:10]}"``: stable across reads of the same
-    file, distinct within it even when prompts repeat, and changed if the text changes.
-    """
-
-    prompt_id: str
-    prompt: str
-    answer: str
-    solution: str | None = None
-    max_new_tokens: int | None = None
-    """This prompt's output budget per sample (column ``max_new_tokens``); None = the run's."""
-
-
-@dataclass(frozen=True)
-class FieldNames:
-    prompt: str
-    answer: str
-    solution: str | None
 
 
 def supported_formats() -> str:
-    return f"Parquet ({', '.join(PARQUET_SUFFIXES)}) or JSON Lines ({', '.join(JSONL_SUFFIXES)})"
-
-
-def make_prompt_id(row: int, prompt: str) -> str:
-    """``"{row:06d}-{sha256(prompt)[:10]}"`` (see :class:`PromptRecord`)."""
-    return f"{row:06d}-{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:10]}"
-
-
-def split_final_answer(text: str) -> tuple[str | None, str]:
-    """GSM8K answer text -> (solution before the last ``####`` or None, final answer).
-
-    Commas between digit groups are dropped from the final answer (``1,234`` -> ``1234``).
-    Text without ``####`` is the answer itself (stripped), with no solution.
-    """
-    head, marker, tail = text.rpartition(FINAL_ANSWER_MARKER)
-    if not marker:
-        return None, text.strip()
-    solution = head.strip() or None
-    return solution, _THOUSANDS_COMMA.sub("", tail.strip())
-
-
-def resolve_fields(
-    columns: Sequence[str],
-    where: str,
-    prompt_field: str | None,
-    answer_field: str | None,
-    solution_field: str | None,
-) -> FieldNames:
-    """Pick the prompt/answer/solution columns: the caller's names, or the first of
-    ``prompt``/``question`` and ``answer``; ``solution`` only if present."""
-    available = ", ".join(columns) or "none"
-    if prompt_field is None:
-        prompt_field = next((name for name in PROMPT_FIELDS if name in columns), None)
-        if prompt_field is None:
-            raise DatasetError(
-                f"{where}: no prompt field; expected one of {', '.join(PROMPT_FIELDS)} "
-                f"(or pass prompt_field=...); columns: {available}"
-            )
-    answer_field = answer_field or ANSWER_FIELD
-    for role, name in (("prompt", prompt_field), ("answer", answer_field)):
-        if name not in columns:
-            raise DatasetError(f"{where}: {role} field {name!r} is missing; columns: {available}")
-    if solution_field is not None and solution_field not in columns:
-        raise DatasetError(f"{where}: solution field {solution_field!r} is missing; columns: {available}")
-    if solution_field is None and SOLUTION_FIELD in columns:
-        solution_field = SOLUTION_FIELD
-    return FieldNames(prompt=prompt_field, answer=answer_field, solution=solution_field)
-
-
-def _text_value(row: Mapping[str, Any], field: str, where: str) -> str:
-    """The field as non-empty text; integers (and integral floats) are accepted as answers."""
-    if field not in row:
-        raise DatasetError(f"{where}: field {field!r} is missing")
-    value = row[field]
-    if value is None:
-        raise DatasetError(f"{where}: field {field!r} is null")
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise DatasetError(f"{where}: field {field!r} must be text or a number, got {type(value).__name__} {value!r}")
-    if isinstance(value, float):
-        text = str(int(value)) if value.is_integer() else repr(value)
-    else:
-        text = str(value)
-    if not text.strip():
-        raise DatasetError(f"{where}: field {field!r} is empty")
-    return text
-
-
-def to_record(row: Mapping[str, Any], row_index: int, fields: FieldNames, where: str) -> PromptRecord:
-    """Validate one row and build its record; ``where`` names file and row in errors."""
-    prompt = _text_value(row, fields.prompt, where)
-    answer_text = _text_value(row, fields.answer, where)
-    embedded_solution, answer = split_final_answer(answer_text)
-    if not answer:
-        raise DatasetError(f"{where}: field {fields.answer!r} has nothing after {FINAL_ANSWER_MARKER!r}")
-    solution = embedded_solution
-    if fields.solution is not None and row.get(fields.solution) not in (None, ""):
-        solution = _text_value(row, fields.solution, where)
-    return PromptRecord(
-        prompt_id=make_prompt_id(row_index, prompt),
-        prompt=prompt,
-        answer=answer,
-        solution=solution,
-        max_new_tokens=_budget_value(row, where),
+    return (
+        f"Parquet ({', '.join(PARQUET_SUFFIXES)}), JSON Lines ({', '.join(JSONL_SUFFIXES)}) "
+        f"or a mixture ({', '.join(MIXTURE_SUFFIXES)})"
     )
-
-
-def _budget_value(row: Mapping[str, Any], where: str) -> int | None:
-    """The optional ``max_new_tokens`` field: an int >= 1 (an integral float is accepted), or None."""
-    value = row.get(BUDGET_FIELD)
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DatasetError(f"{where}: field {BUDGET_FIELD!r} must be an int >= 1 or null, got {value!r}")
-    return value
 
 
 def _open_binary(path: str) -> Any:
@@ -168,8 +119,14 @@ def _open_binary(path: str) -> Any:
     return fs.open(fs_path, "rb")
 
 
+def _layout(columns: list[str], where: str, names: tuple[str | None, str | None, str | None]) -> Layout:
+    if any(name is not None for name in names):
+        return named_layout(columns, where, *names)
+    return detect_layout(columns, where)
+
+
 def _read_parquet(
-    path: str, prompt_field: str | None, answer_field: str | None, solution_field: str | None
+    path: str, names: tuple[str | None, str | None, str | None], plugins: Collection[str], task: str | None
 ) -> list[PromptRecord]:
     import pyarrow.parquet as pq
 
@@ -177,15 +134,18 @@ def _read_parquet(
         try:
             parquet = pq.ParquetFile(handle)
             columns = parquet.schema_arrow.names
-            fields = resolve_fields(columns, path, prompt_field, answer_field, solution_field)
-            wanted = [name for name in (fields.prompt, fields.answer, fields.solution) if name is not None]
-            wanted += [BUDGET_FIELD] if BUDGET_FIELD in columns else []
-            table = parquet.read(columns=list(dict.fromkeys(wanted)))
+            layout = _layout(columns, path, names)
+            if TASK_FIELD in columns or task not in (None, *BUILTIN_TASKS):
+                wanted = None  # plug-in rows keep all their fields
+            else:
+                wanted = [name for name in dict.fromkeys(layout.columns) if name in columns]
+            table = parquet.read(columns=wanted)
         except DatasetError:
             raise
         except Exception as exc:  # pyarrow raises several types for a corrupt file
             raise DatasetError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
-    return [to_record(row, index, fields, f"{path}, row {index}") for index, row in enumerate(_parquet_rows(table, path))]
+    rows = _parquet_rows(table, path)
+    return [build_record(row, index, layout, f"{path}, row {index}", plugins, task) for index, row in enumerate(rows)]
 
 
 def _parquet_rows(table: Any, path: str) -> list[dict[str, Any]]:  # noqa: ANN401 - a pyarrow Table
@@ -242,7 +202,7 @@ def _json_objects(path: str, text: str) -> Iterator[tuple[int, str, dict[str, An
 
 
 def _read_json_lines(
-    path: str, prompt_field: str | None, answer_field: str | None, solution_field: str | None
+    path: str, names: tuple[str | None, str | None, str | None], plugins: Collection[str], task: str | None
 ) -> list[PromptRecord]:
     with _open_binary(path) as handle:
         raw = handle.read()
@@ -256,13 +216,23 @@ def _read_json_lines(
             "save the file as UTF-8"
         ) from None
     records: list[PromptRecord] = []
-    fields: FieldNames | None = None
+    layout: Layout | None = None
     for row, where, item in _json_objects(path, text):
-        if fields is None:
+        if layout is None:
             # The first object fixes the layout; later rows are checked against it.
-            fields = resolve_fields(list(item), where, prompt_field, answer_field, solution_field)
-        records.append(to_record(item, row, fields, where))
+            layout = _layout(list(item), where, names)
+        records.append(build_record(item, row, layout, where, plugins, task))
     return records
+
+
+def _suffix(path: str) -> str:
+    return Path(path.split("?", 1)[0]).suffix.lower()
+
+
+def _read_mixture(path: str) -> Mixture:
+    with _open_binary(path) as handle:
+        raw = handle.read()
+    return parse_mixture(raw, path)
 
 
 def load_prompts(
@@ -271,20 +241,36 @@ def load_prompts(
     prompt_field: str | None = None,
     answer_field: str | None = None,
     solution_field: str | None = None,
+    plugins: Collection[str] = (),
+    task: str | None = None,
 ) -> list[PromptRecord]:
-    """All records of a prompt file, in file order (see the module docstring for layouts).
+    """All records of a prompt file, in file order, or one epoch of a mixture file
+    (module docstring for layouts and formats; :mod:`asyncrl.tasks.data.mixture`).
+
+    ``plugins``: the plug-in rewards configured under ``reward.plugins``: the tasks a row may
+    name besides ``math`` and ``code``. ``task``: every row's task (a mixture source's
+    ``task``); a row's own ``task`` must agree. ``prompt_field``/``answer_field``/
+    ``solution_field`` name the columns of a math file (not of a mixture).
 
     Raises :class:`DatasetError` naming the path for a missing file, an unsupported
-    extension, a malformed JSON line (with its line number), a missing/null/empty field
-    (with the row and field), or a file with no records. Rows are numbered from 0 in file
-    order (blank JSON lines skipped); JSON Lines errors also give the 1-based line.
+    extension, a malformed JSON line (with its line number), a missing/null/empty/malformed
+    field or an unknown task (with the row and field), or a file with no records. Rows are
+    numbered from 0 in file order (blank JSON lines skipped); JSON Lines errors also give
+    the 1-based line.
     """
     path_text = str(path)
-    suffix = Path(path_text.split("?", 1)[0]).suffix.lower()
+    names = (prompt_field, answer_field, solution_field)
+    if task is not None:
+        check_task(task, plugins, path_text, "task")
+    suffix = _suffix(path_text)
+    if suffix in MIXTURE_SUFFIXES:
+        if any(name is not None for name in names) or task is not None:
+            raise DatasetError(f"{path_text}: a mixture takes no field names or task; set them per source")
+        return _load_mixture(path_text, plugins)
     if suffix in PARQUET_SUFFIXES:
-        records = _read_parquet(path_text, prompt_field, answer_field, solution_field)
+        records = _read_parquet(path_text, names, plugins, task)
     elif suffix in JSONL_SUFFIXES:
-        records = _read_json_lines(path_text, prompt_field, answer_field, solution_field)
+        records = _read_json_lines(path_text, names, plugins, task)
     else:
         raise DatasetError(
             f"{path_text}: unsupported file extension {suffix or '(none)'!r}; expected {supported_formats()}"
@@ -292,3 +278,24 @@ def load_prompts(
     if not records:
         raise DatasetError(f"{path_text}: contains no records")
     return records
+
+
+def _load_mixture(path: str, plugins: Collection[str]) -> list[PromptRecord]:
+    mixture = _read_mixture(path)
+    loaded = []
+    for index, source in enumerate(mixture.sources):
+        if source.task is not None:
+            check_task(source.task, plugins, f"{path}: sources[{index}]", "task")
+        if _suffix(source.path) in MIXTURE_SUFFIXES:
+            raise DatasetError(f"{path}: sources[{index}].path: {source.path!r} is a mixture; sources must be data files")
+        loaded.append(load_prompts(source.path, plugins=plugins, task=source.task))
+    return mix(mixture, loaded)
+
+
+def dataset_files(path: str | Path) -> list[str]:
+    """The files a dataset path reads: a mixture file and its sources (resolved), or just
+    the file; for content-addressed caching and lineage."""
+    path_text = str(path)
+    if _suffix(path_text) not in MIXTURE_SUFFIXES:
+        return [path_text]
+    return [path_text, *(source.path for source in _read_mixture(path_text).sources)]
