@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from asyncrl.tasks.reward.config import RewardConfig
 from asyncrl.tasks.reward.pool import PoolStats, RewardPool, RewardPoolError
-from asyncrl.tasks.reward.types import CodeTests, Reason, RewardRequest, RewardResult, StdioCase, TestOutcome
+from asyncrl.tasks.reward.types import (
+    CallCase,
+    CodeTests,
+    Reason,
+    RewardRequest,
+    RewardResult,
+    StdioCase,
+    TestOutcome,
+)
 
 __all__ = [
+    "CallCase",
     "CodeTests",
     "PoolStats",
     "Reason",

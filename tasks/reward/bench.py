@@ -2,7 +2,9 @@
 
 Each row scores a fixed batch through a started, warmed-up pool:
 verifications/s = items / wall seconds from submit to the batch's last result.
-Pool start-up (interpreters, math-verify import) is excluded.
+Pool start-up (interpreters, math-verify import) is excluded. ``--code-tests`` sets the
+stdin/stdout tests per code item and ``--sandbox-per`` compares one sandbox per program with
+one per test (``code.sandbox_per``).
 """
 
 from __future__ import annotations
@@ -54,26 +56,33 @@ def math_requests(n: int, seed: int = 0) -> list[RewardRequest]:
     return requests
 
 
-def code_requests(n: int, seed: int = 0) -> list[RewardRequest]:
-    """n code items (sum of two numbers, two stdin/stdout tests); about a third are wrong."""
+def code_requests(n: int, seed: int = 0, tests_per_item: int = 2) -> list[RewardRequest]:
+    """n code items (sum of two numbers, ``tests_per_item`` stdin/stdout tests); about a third are wrong."""
+    if tests_per_item < 1:
+        raise ValueError(f"code_requests: tests_per_item must be >= 1, got {tests_per_item}")
     rng = random.Random(seed)
     requests = []
     for _ in range(n):
-        a, b, c, d = (rng.randint(-100, 100) for _ in range(4))
-        tests = CodeTests(stdio=(StdioCase(f"{a} {b}\n", f"{a + b}\n"), StdioCase(f"{c} {d}\n", f"{c + d}\n")))
+        pairs = [(rng.randint(-100, 100), rng.randint(-100, 100)) for _ in range(tests_per_item)]
+        tests = CodeTests(stdio=tuple(StdioCase(f"{a} {b}\n", f"{a + b}\n") for a, b in pairs))
         op = "-" if rng.random() < 1 / 3 else "+"
         requests.append(RewardRequest("code", _SUM_PROGRAM.format(op=op), tests))
     return requests
 
 
 def run_reward_bench(
-    config: RewardConfig, worker_counts: Sequence[int] = (1, 2), math_items: int = 200, code_items: int = 20
+    config: RewardConfig,
+    worker_counts: Sequence[int] = (1, 2),
+    math_items: int = 200,
+    code_items: int = 20,
+    code_tests: int = 2,
 ) -> list[BenchRow]:
     """One row per (kind, worker count): verifications_per_s = items / seconds, where seconds
     runs from submitting the batch to its last result, in a started pool after a warm-up
-    batch (so interpreter start and the math-verify import are not counted)."""
+    batch (so interpreter start and the math-verify import are not counted). A code item
+    has ``code_tests`` stdin/stdout tests and counts as one verification."""
     rows: list[BenchRow] = []
-    batches = {"math": math_requests(math_items), "code": code_requests(code_items)}
+    batches = {"math": math_requests(math_items), "code": code_requests(code_items, tests_per_item=code_tests)}
     for workers in worker_counts:
         with RewardPool(config, workers=workers) as pool:
             pool.score_sync(math_requests(2 * workers, seed=1) + code_requests(workers, seed=1))  # warm-up

@@ -37,7 +37,12 @@ def add_reward_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     math.set_defaults(handler=cmd_reward_math)
 
     code = actions.add_parser("code", help="run the response's program against unit tests in the sandbox")
-    code.add_argument("--tests", required=True, help='JSON tests file: {"stdio": [{"input", "output"}], "asserts": [...]}')
+    code.add_argument(
+        "--tests",
+        required=True,
+        help='JSON tests file: {"stdio": [{"input", "output"}], "asserts": [...], '
+        '"calls": [{"function", "arguments", "expected"}], "time_limit_s": N}',
+    )
     code.add_argument("--response", required=True, help="file holding the model's response ('-' for stdin)")
     code.add_argument("--scoring", choices=("fraction", "all"), default="fraction")
     code.add_argument("--extract", choices=("last_fence", "first_fence", "whole"), default="last_fence")
@@ -60,6 +65,13 @@ def add_reward_bench(bench_commands: argparse._SubParsersAction[argparse.Argumen
     bench.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to measure")
     bench.add_argument("--math-items", type=int, default=200)
     bench.add_argument("--code-items", type=int, default=20)
+    bench.add_argument("--code-tests", type=int, default=2, help="stdin/stdout tests per code item")
+    bench.add_argument(
+        "--sandbox-per",
+        choices=("program", "test"),
+        default=CodeRewardConfig().sandbox_per,
+        help="one sandbox per program (its tests as processes inside) or a fresh sandbox per test",
+    )
     bench.add_argument("--allow-unsandboxed", action="store_true", help="measure code without bubblewrap (unsafe)")
     bench.add_argument("--json-out", help="also write the JSON result to this file")
     bench.set_defaults(handler=cmd_bench_reward)
@@ -97,8 +109,12 @@ def cmd_bench_reward(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers: every count must be >= 1, got {args.workers}")
     if args.math_items < 0 or args.code_items < 0:
         raise ValueError("--math-items / --code-items: must be >= 0")
-    config = RewardConfig.model_validate({"code": {"allow_unsandboxed": args.allow_unsandboxed}})
-    rows = run_reward_bench(config, args.workers, args.math_items, args.code_items)
+    if args.code_tests < 1:
+        raise ValueError(f"--code-tests: must be >= 1, got {args.code_tests}")
+    config = RewardConfig.model_validate(
+        {"code": {"allow_unsandboxed": args.allow_unsandboxed, "sandbox_per": args.sandbox_per}}
+    )
+    rows = run_reward_bench(config, args.workers, args.math_items, args.code_items, args.code_tests)
     print(format_bench_table(rows))
     payload = bench_json(rows)
     print(json.dumps(payload))

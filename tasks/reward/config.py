@@ -1,4 +1,4 @@
-"""Configuration of the reward service: verifiers, sandbox limits, pool, plug-in.
+"""Configuration of the reward service: verifiers, sandbox limits, pool, named plug-ins.
 
 Plain pydantic (no heavy import), so it can be embedded in the run config as a
 ``reward:`` section.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from asyncrl.configs.base import StrictModel
 
@@ -59,6 +59,10 @@ class CodeRewardConfig(StrictModel):
     scoring: Literal["fraction", "all"] = "fraction"
     """Reward = passed / total tests (fraction) or 1 if all pass else 0 (all; stops at
     the first failure)."""
+    sandbox_per: Literal["program", "test"] = "program"
+    """``program``: all the tests of one program run in one sandbox, each as its own process with
+    the per-test limits (a sandbox start per program, not per test; see sandbox_driver.py);
+    ``test``: a fresh sandbox for every test. The unsandboxed mode always runs tests one by one."""
     extract: Literal["last_fence", "first_fence", "whole"] = "last_fence"
     """Which part of the response is the program: the last or first fenced block
     (a ```python block is preferred over other languages), or the whole response."""
@@ -71,15 +75,20 @@ class PluginRewardConfig(StrictModel):
     timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
     """Hard limit of one call: past it the worker is killed and replaced."""
 
-    @model_validator(mode="after")
-    def _has_function_name(self) -> PluginRewardConfig:
-        module, sep, name = self.function.rpartition(":")
+    @field_validator("function")
+    @classmethod
+    def _has_function_name(cls, function: str) -> str:
+        """``function`` must be ``<module or file>:<identifier>``."""
+        module, sep, name = function.rpartition(":")
         if not sep or not module or not name.isidentifier():
             raise ValueError(
-                f"plugin.function: {self.function!r} must look like 'package.module:function' "
-                "or '/path/to/file.py:function'"
+                f"{function!r} must look like 'package.module:function' or '/path/to/file.py:function'"
             )
-        return self
+        return function
+
+
+RESERVED_PLUGIN_NAMES = ("math", "code")
+"""Task names scored by the built-in verifiers: no plug-in may take them."""
 
 
 class PoolConfig(StrictModel):
@@ -96,6 +105,21 @@ class PoolConfig(StrictModel):
 class RewardConfig(StrictModel):
     math: MathRewardConfig = Field(default_factory=MathRewardConfig)
     code: CodeRewardConfig = Field(default_factory=CodeRewardConfig)
-    plugin: PluginRewardConfig | None = None
-    """A user's own reward function; requests of kind 'plugin' go to it."""
+    plugins: dict[str, PluginRewardConfig] = Field(default_factory=dict)
+    """Users' own reward functions by name: a ``plugin`` request goes to
+    ``plugins[request.plugin]``; a prompt row whose task is that name is scored by it."""
     pool: PoolConfig = Field(default_factory=PoolConfig)
+
+    @field_validator("plugins")
+    @classmethod
+    def _plugin_names(cls, plugins: dict[str, PluginRewardConfig]) -> dict[str, PluginRewardConfig]:
+        """Plug-in names are Python identifiers (a task name in data rows), never ``math`` or ``code``."""
+        for name in plugins:
+            if name in RESERVED_PLUGIN_NAMES:
+                raise ValueError(
+                    f"reward.plugins.{name}: {name!r} is a built-in task ({', '.join(RESERVED_PLUGIN_NAMES)}); "
+                    "name the plug-in otherwise"
+                )
+            if not name.isidentifier():
+                raise ValueError(f"reward.plugins.{name}: plug-in name {name!r} must be an identifier (letters, digits, _)")
+        return plugins

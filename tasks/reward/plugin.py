@@ -22,22 +22,23 @@ from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult, fail
 RewardFunction = Callable[..., Any]
 
 
-def load_plugin(spec: str) -> RewardFunction:
+def load_plugin(spec: str, where: str = "plugin.function") -> RewardFunction:
     """Import ``package.module:function`` or ``/path/to/file.py:function``.
 
-    Raises ValueError naming the spec and what failed (module, attribute, callable).
+    Raises ValueError naming ``where`` (the config field, e.g. ``reward.plugins.judge.function``),
+    the spec and what failed (module, attribute, callable).
     """
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"plugin.function: {spec!r} must look like 'package.module:function' or '/path/file.py:function'")
+        raise ValueError(f"{where}: {spec!r} must look like 'package.module:function' or '/path/file.py:function'")
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)
             if not path.is_file():
-                raise ValueError(f"plugin.function: file {str(path)!r} of {spec!r} does not exist")
+                raise ValueError(f"{where}: file {str(path)!r} of {spec!r} does not exist")
             module_spec = importlib.util.spec_from_file_location(f"asyncrl_reward_plugin_{path.stem}", path)
             if module_spec is None or module_spec.loader is None:
-                raise ValueError(f"plugin.function: cannot load {str(path)!r} as a Python module")
+                raise ValueError(f"{where}: cannot load {str(path)!r} as a Python module")
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
@@ -45,12 +46,12 @@ def load_plugin(spec: str) -> RewardFunction:
     except ValueError:
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised with the spec named
-        raise ValueError(f"plugin.function: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise ValueError(f"{where}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
     function = getattr(module, attr, None)
     if function is None:
-        raise ValueError(f"plugin.function: module {module_name!r} has no attribute {attr!r}")
+        raise ValueError(f"{where}: module {module_name!r} has no attribute {attr!r}")
     if not callable(function):
-        raise ValueError(f"plugin.function: {spec!r} is a {type(function).__name__}, not a function")
+        raise ValueError(f"{where}: {spec!r} is a {type(function).__name__}, not a function")
     return function
 
 
@@ -63,7 +64,7 @@ def score_plugin(function: RewardFunction, request: RewardRequest) -> RewardResu
         where = traceback.extract_tb(exc.__traceback__)[-1]
         return failure(
             Reason.VERIFIER_ERROR,
-            f"plug-in raised {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})",
+            f"plug-in {request.plugin!r} raised {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})",
             time.monotonic() - start,
         )
     return normalise_plugin_value(value, time.monotonic() - start)

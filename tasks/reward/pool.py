@@ -60,15 +60,22 @@ def request_budget_s(request: RewardRequest, config: RewardConfig) -> float:
     """Seconds a request may run before the pool kills its worker.
 
     - math: math.timeout_s + pool.kill_grace_s (math-verify stops itself first);
-    - code: n_tests * (limits.wall_s + 1) + pool.kill_grace_s (each sandbox run stops itself first);
-    - plugin: plugin.timeout_s (a user function has no timeout of its own).
+    - code: n_tests * (wall + 1) + pool.kill_grace_s, where wall is the problem's wall limit per
+      test, min(tests.time_limit_s, limits.wall_s) (each sandbox run stops itself first);
+    - plugin: plugins[request.plugin].timeout_s (a user function has no timeout of its own);
+      pool.kill_grace_s for a name that is not configured (the worker answers bad_request at once).
     """
     grace = config.pool.kill_grace_s
     if request.kind == "math":
         return config.math.timeout_s + grace
     if request.kind == "code":
-        return request.reference.count * (config.code.limits.wall_s + 1.0) + grace
-    return config.plugin.timeout_s if config.plugin is not None else grace
+        tests = request.reference
+        wall = config.code.limits.wall_s
+        if tests.time_limit_s is not None:
+            wall = min(wall, tests.time_limit_s)
+        return tests.count * (wall + 1.0) + grace
+    plugin = config.plugins.get(request.plugin)
+    return plugin.timeout_s if plugin is not None else grace
 
 
 @dataclass

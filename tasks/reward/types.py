@@ -75,36 +75,80 @@ class StdioCase:
 
 
 @dataclass(frozen=True)
+class CallCase:
+    """One function-call test: ``function(*arguments)`` must return ``expected``.
+
+    ``arguments`` is the JSON text of the argument list and ``expected`` the JSON text of the
+    return value (APPS/TACO ``fn_name`` cases, LiveCodeBench functional cases). ``function``
+    is a top-level function of the program or, failing that, a method of its ``Solution``
+    class (LeetCode style). A returned tuple compares as a list; an ``expected`` that is a
+    one-element list also accepts its element (APPS wraps return values in a list).
+    """
+
+    function: str
+    arguments: str
+    expected: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"function": self.function, "arguments": self.arguments, "expected": self.expected}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "CallCase") -> CallCase:
+        data = _object(data, where, required=("function", "arguments", "expected"))
+        return cls(
+            function=_typed(data, "function", where, str),
+            arguments=_typed(data, "arguments", where, str),
+            expected=_typed(data, "expected", where, str),
+        )
+
+
+@dataclass(frozen=True)
 class CodeTests:
     """Unit tests of one coding problem.
 
     ``stdio`` cases feed stdin and compare stdout; each ``asserts`` entry is Python code
-    appended to the program and run as one script that must exit with status 0.
+    appended to the program and run as one script that must exit with status 0; each
+    ``calls`` case calls one of the program's functions (:class:`CallCase`).
+    ``time_limit_s``, when set, is this problem's wall-time limit per test (the row's own
+    time limit); the sandbox's configured limits still cap it.
     """
 
     stdio: tuple[StdioCase, ...] = ()
     asserts: tuple[str, ...] = ()
+    calls: tuple[CallCase, ...] = ()
+    time_limit_s: float | None = None
 
     @property
     def count(self) -> int:
-        return len(self.stdio) + len(self.asserts)
+        return len(self.stdio) + len(self.asserts) + len(self.calls)
 
     def to_json(self) -> dict[str, Any]:
-        """The tests file format of ``code_reward`` (``{"stdio": [...], "asserts": [...]}``)."""
-        return {"stdio": [case.to_json() for case in self.stdio], "asserts": list(self.asserts)}
+        """The tests file format of ``code_reward`` (``{"stdio": [...], "asserts": [...], ...}``)."""
+        data: dict[str, Any] = {"stdio": [case.to_json() for case in self.stdio], "asserts": list(self.asserts)}
+        if self.calls:
+            data["calls"] = [case.to_json() for case in self.calls]
+        if self.time_limit_s is not None:
+            data["time_limit_s"] = self.time_limit_s
+        return data
 
     @classmethod
     def from_json(cls, data: Any, where: str = "CodeTests") -> CodeTests:
         """Unlike a tests file, empty tests are accepted: the scorer answers them with bad_request."""
-        data = _object(data, where, optional=("stdio", "asserts"))
+        data = _object(data, where, optional=("stdio", "asserts", "calls", "time_limit_s"))
         stdio = _typed(data, "stdio", where, list, default=[])
         asserts = _typed(data, "asserts", where, list, default=[])
+        calls = _typed(data, "calls", where, list, default=[])
+        time_limit = _typed(data, "time_limit_s", where, (*_NUMBER, type(None)), default=None)
         for i, code in enumerate(asserts):
             if not isinstance(code, str):
                 raise ValueError(f"{where}.asserts[{i}]: expected str, got {type(code).__name__}")
+        if time_limit is not None and not (math.isfinite(time_limit) and time_limit > 0):
+            raise ValueError(f"{where}.time_limit_s: must be a positive number, got {time_limit!r}")
         return cls(
             stdio=tuple(StdioCase.from_json(case, f"{where}.stdio[{i}]") for i, case in enumerate(stdio)),
             asserts=tuple(asserts),
+            calls=tuple(CallCase.from_json(case, f"{where}.calls[{i}]") for i, case in enumerate(calls)),
+            time_limit_s=None if time_limit is None else float(time_limit),
         )
 
 
@@ -115,13 +159,16 @@ class RewardRequest:
     - math: ``reference`` is the gold answer (``42``, ``\\frac{1}{2}``, a GSM8K
       solution ending in ``#### 42``, ...).
     - code: ``reference`` is a :class:`CodeTests`.
-    - plugin: ``reference`` is passed unchanged to the configured user function.
+    - plugin: ``reference`` is passed unchanged to the user function configured under
+      ``reward.plugins[plugin]``, with ``metadata`` as keyword arguments.
     """
 
     kind: RequestKind
     response: str
     reference: Any
     metadata: dict[str, Any] = field(default_factory=dict)
+    plugin: str = ""
+    """The name of the plug-in that scores a ``plugin`` request (empty for math and code)."""
 
     def __post_init__(self) -> None:
         if self.kind not in REQUEST_KINDS:
@@ -132,15 +179,23 @@ class RewardRequest:
             raise ValueError(
                 f"RewardRequest.reference: a code request needs CodeTests, got {type(self.reference).__name__}"
             )
+        if (self.kind == "plugin") != bool(self.plugin):
+            raise ValueError(
+                f"RewardRequest.plugin: a plugin request names its plug-in and no other request does "
+                f"(kind {self.kind!r}, plugin {self.plugin!r})"
+            )
 
     def to_json(self) -> dict[str, Any]:
         """JSON form; a plug-in's reference and the metadata must be JSON-able as they are."""
         reference = self.reference.to_json() if isinstance(self.reference, CodeTests) else self.reference
-        return {"kind": self.kind, "response": self.response, "reference": reference, "metadata": dict(self.metadata)}
+        data = {"kind": self.kind, "response": self.response, "reference": reference, "metadata": dict(self.metadata)}
+        if self.plugin:
+            data["plugin"] = self.plugin
+        return data
 
     @classmethod
     def from_json(cls, data: Any, where: str = "RewardRequest") -> RewardRequest:
-        data = _object(data, where, required=("kind", "response", "reference"), optional=("metadata",))
+        data = _object(data, where, required=("kind", "response", "reference"), optional=("metadata", "plugin"))
         kind = _typed(data, "kind", where, str)
         if kind not in REQUEST_KINDS:
             raise ValueError(f"{where}.kind: {kind!r} is not one of {list(REQUEST_KINDS)}")
@@ -152,6 +207,7 @@ class RewardRequest:
             response=_typed(data, "response", where, str),
             reference=reference,
             metadata=dict(_typed(data, "metadata", where, dict, default={})),
+            plugin=_typed(data, "plugin", where, str, default=""),
         )
 
 

@@ -35,12 +35,16 @@ _PR_SET_PDEATHSIG = 1
 
 
 class Scorer:
-    """Routes a request to its verifier: math, code (sandboxed) or the user's plug-in."""
+    """Routes a request to its verifier: math, code (sandboxed) or the plug-in it names."""
 
     def __init__(self, config: RewardConfig) -> None:
         self.config = config
         self.sandbox = Sandbox(config.code)
-        self.plugin: RewardFunction | None = load_plugin(config.plugin.function) if config.plugin else None
+        # Every configured plug-in loads at start: a broken one fails the pool's start, naming it.
+        self.plugins: dict[str, RewardFunction] = {
+            name: load_plugin(plugin.function, f"reward.plugins.{name}.function")
+            for name, plugin in config.plugins.items()
+        }
         if config.pool.preload_math:
             # sympy's import and math-verify's first parse take seconds: pay them before the first item.
             score_math("\\boxed{\\frac{1}{2}}", "0.5", config.math)
@@ -55,9 +59,14 @@ class Scorer:
                 return score_math(request.response, request.reference, self.config.math)
             if request.kind == "code":
                 return score_code(request.response, request.reference, self.config.code, self.sandbox)
-            if self.plugin is None:
-                return failure(Reason.BAD_REQUEST, "a 'plugin' request but no reward.plugin is configured")
-            return score_plugin(self.plugin, request)
+            function = self.plugins.get(request.plugin)
+            if function is None:
+                known = ", ".join(sorted(self.plugins)) or "none"
+                return failure(
+                    Reason.BAD_REQUEST,
+                    f"plug-in {request.plugin!r} is not configured under reward.plugins (configured: {known})",
+                )
+            return score_plugin(function, request)
         except Exception as exc:  # noqa: BLE001 - never crash the worker; the reason says what broke
             where = traceback.extract_tb(exc.__traceback__)[-1]
             return failure(

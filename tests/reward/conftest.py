@@ -38,6 +38,11 @@ def reward(response, reference, **metadata):
     if response == "labelled":
         return 0.0, "wrong_answer"
     return 1.0 if response == reference else 0.0
+
+
+def length(response, reference, **metadata):
+    """A second plug-in: tells its requests apart from the first's by what it returns."""
+    return len(response) / 100, "ok"
 '''
 
 
@@ -154,7 +159,10 @@ def pool_config(plugin_file: Path) -> RewardConfig:
         {
             "math": {"timeout_s": 2},
             "code": {"limits": {"cpu_s": 1, "wall_s": 3.0, "memory_mb": 256}},
-            "plugin": {"function": f"{plugin_file}:reward", "timeout_s": 1.5},
+            "plugins": {
+                "judge": {"function": f"{plugin_file}:reward", "timeout_s": 1.5},
+                "length": {"function": f"{plugin_file}:length", "timeout_s": 4.0},
+            },
             "pool": {"workers": 2, "kill_grace_s": 2.0},
         }
     )

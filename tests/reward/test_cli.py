@@ -112,3 +112,35 @@ def test_reward_code_text_output_escapes_control_characters(tmp_path: Path, caps
     out = capsys.readouterr().out
     assert "\\x1b]0;owned\\x07\\x1b[2J" in out, out
     assert "\x1b" not in out and "\x07" not in out
+
+
+def test_bench_reward_code_tests_and_sandbox_per(capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    with pytest.raises(ValueError, match="--code-tests: must be >= 1, got 0"):
+        run_cli(["bench", "reward", "--workers", "1", "--math-items", "0", "--code-tests", "0"])
+    for per in ("program", "test"):
+        argv = ["bench", "reward", "--workers", "1", "--math-items", "0", "--code-items", "3", "--code-tests", "3",
+                "--sandbox-per", per]  # fmt: skip
+        assert run_cli(argv) == 0
+        (row,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+        assert (row["kind"], row["items"]) == ("code", 3)
+        assert set(row["reasons"]) <= {"ok", "wrong_answer"}, row
+
+
+def test_reward_code_runs_call_cases_with_the_problem_time_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    response = tmp_path / "response.md"
+    response.write_text("```python\nimport time\ndef add(a, b):\n    if a < 0:\n        time.sleep(5)\n    return a + b\n```")
+    tests = tmp_path / "tests.json"
+    calls = [{"function": "add", "arguments": "[1, 2]", "expected": "3"},
+             {"function": "add", "arguments": "[-1, 2]", "expected": "1"}]  # fmt: skip
+    tests.write_text(json.dumps({"calls": calls, "time_limit_s": 0.5}))
+    assert run_cli(["reward", "code", "--tests", str(tests), "--response", str(response), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert (payload["reward"], payload["reason"]) == (0.5, "timeout")
+    assert [(t["name"], t["reason"]) for t in payload["tests"]] == [("call[0]", "ok"), ("call[1]", "timeout")]
+    assert "wall time limit of 0.5 s" in payload["tests"][1]["detail"]

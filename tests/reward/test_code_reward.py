@@ -1,4 +1,5 @@
-"""Code rewards: program extraction, stdin/stdout and assert tests, scoring modes, missing sandbox."""
+"""Code rewards: program extraction, stdin/stdout, assert and call tests, time limits, scoring modes,
+missing sandbox."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from asyncrl.tasks.reward.code_reward import (
     extract_program,
     load_code_tests,
     outputs_match,
+    problem_limits,
     score_code,
 )
-from asyncrl.tasks.reward.config import CodeRewardConfig
+from asyncrl.tasks.reward.config import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.sandbox import Sandbox
-from asyncrl.tasks.reward.types import CodeTests, Reason, StdioCase
+from asyncrl.tasks.reward.types import CallCase, CodeTests, Reason, StdioCase
 
 ADD_TESTS = CodeTests(
     stdio=(StdioCase("1 2\n", "3\n"), StdioCase("-5 5\n", "0\n")),
@@ -162,3 +164,173 @@ def test_invalid_json_names_the_file(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ValueError, match="broken.json: not valid JSON"):
         load_code_tests(path)
+
+
+CALLS_PROGRAM = """Here is my solution.
+```python
+def add(a, b):
+    return a + b
+
+def divmod_pair(a, b):
+    return a // b, a % b
+
+def nested(xs):
+    return {"sum": sum(xs), "items": [tuple(xs)]}
+
+def as_set(xs):
+    return set(xs)
+
+class Solution:
+    def twoSum(self, nums: List[int], target: int) -> List[int]:
+        seen = {}
+        for i, n in enumerate(nums):
+            if target - n in seen:
+                return [seen[target - n], i]
+            seen[n] = i
+        raise ValueError("no pair sums to the target")
+
+    def add(self, a, b):
+        return -1  # a top-level function of that name comes first
+```
+"""
+
+
+def call(function: str, arguments: str, expected: str) -> CallCase:
+    return CallCase(function=function, arguments=arguments, expected=expected)
+
+
+def test_call_cases_on_the_real_sandbox(sandbox: Sandbox) -> None:
+    tests = CodeTests(
+        calls=(
+            call("add", "[1, 2]", "3"),  # top-level function (not Solution.add)
+            call("twoSum", "[[2, 7, 11, 15], 9]", "[0, 1]"),  # a method of class Solution
+            call("divmod_pair", "[7, 2]", "[3, 1]"),  # a returned tuple compares as a list
+            call("add", "[2, 2]", "[4]"),  # APPS: a one-element expected list accepts its element
+            call("nested", "[[1, 2]]", '{"items": [[1, 2]], "sum": 3}'),  # tuples inside, key order free
+            call("add", '["a\\"); import os; os._exit(0) #", "b"]', '"a\\"); import os; os._exit(0) #b"'),
+        )
+    )
+    result = score_code(CALLS_PROGRAM, tests, sandbox.config, sandbox)
+    assert (result.reward, result.reason) == (1.0, Reason.OK), result
+    assert [t.name for t in result.tests] == [f"call[{i}]" for i in range(6)]
+
+
+def test_call_case_failures_have_their_reasons(sandbox: Sandbox) -> None:
+    tests = CodeTests(
+        calls=(
+            call("add", "[1, 2]", "4"),  # wrong value
+            call("twoSum", "[[1, 2], 10]", "[0, 1]"),  # the method raises
+            call("missing", "[]", "1"),  # no such function or method
+            call("add", "[1, 2]", "[3, 3]"),  # a two-element list never accepts an element
+            call("as_set", "[[1]]", "[1]"),  # a set has no JSON form
+            call("divmod_pair", "[1, 0]", "[0, 0]"),  # ZeroDivisionError
+        )
+    )
+    result = score_code(CALLS_PROGRAM, tests, sandbox.config, sandbox)
+    assert (result.reward, result.reason) == (0.0, Reason.WRONG_ANSWER)
+    reasons = [(t.name, t.reason) for t in result.tests]
+    assert reasons == [
+        ("call[0]", Reason.WRONG_ANSWER),
+        ("call[1]", Reason.CRASH),
+        ("call[2]", Reason.CRASH),
+        ("call[3]", Reason.WRONG_ANSWER),
+        ("call[4]", Reason.WRONG_ANSWER),
+        ("call[5]", Reason.CRASH),
+    ]
+    details = [t.detail for t in result.tests]
+    assert details[0] == "expected 4, got 3"
+    assert "ValueError: no pair sums to the target" in details[1]
+    assert "'missing' not found: neither a top-level function nor a method of class Solution" in details[2]
+    assert "set is not JSON" in details[4]
+    assert "ZeroDivisionError" in details[5]
+    assert result.detail.startswith("0/6 tests passed; call[0]: expected 4, got 3")
+
+
+def test_call_program_that_exits_early_or_prints_is_judged_by_its_return_value(sandbox: Sandbox) -> None:
+    chatty = "```python\ndef f(x):\n    print('debug', x)\n    return x * 2\n```"
+    quitter = "```python\nimport sys\ndef f(x):\n    sys.exit(0)\n```"
+    tests = CodeTests(calls=(call("f", "[21]", "42"),))
+    assert score_code(chatty, tests, sandbox.config, sandbox).reason == Reason.OK
+    result = score_code(quitter, tests, sandbox.config, sandbox)
+    assert (result.reward, result.reason) == (0.0, Reason.CRASH)
+    assert "exited before the function returned" in result.detail
+
+
+def test_call_cases_mix_with_stdio_and_asserts(sandbox: Sandbox) -> None:
+    tests = CodeTests(stdio=ADD_TESTS.stdio, asserts=ADD_TESTS.asserts[:1], calls=(call("add", "[5, 6]", "11"),))
+    result = score_code(GOOD, tests, sandbox.config, sandbox)
+    assert (result.reward, result.reason) == (1.0, Reason.OK), result
+    assert [t.name for t in result.tests] == ["stdio[0]", "stdio[1]", "assert[0]", "call[0]"]
+
+
+def test_malformed_call_case_is_a_bad_request(sandbox: Sandbox) -> None:
+    for case, message in [
+        (call("add", "{not json", "3"), "calls[0].arguments: not JSON text"),
+        (call("add", '{"a": 1}', "3"), "calls[0].arguments: must be the JSON text of a list"),
+        (call("add", "[1, 2]", "three"), "calls[0].expected: not JSON text"),
+        (call("os.system", "[]", "0"), "calls[0].function: 'os.system' is not a Python identifier"),
+    ]:
+        result = score_code(GOOD, CodeTests(calls=(case,)), sandbox.config, sandbox)
+        assert (result.reward, result.reason) == (0.0, Reason.BAD_REQUEST)
+        assert message in result.detail
+
+
+def test_problem_time_limit_shorter_than_the_configured_one_times_out_there(sandbox: Sandbox) -> None:
+    assert sandbox.config.limits.wall_s == 3.0
+    slow = "```python\nimport time\ntime.sleep(1.2)\nprint(input())\n```"
+    stdio = (StdioCase("hi\n", "hi\n"),)
+    # Within the configured 3 s it passes...
+    assert score_code(slow, CodeTests(stdio=stdio), sandbox.config, sandbox).reason == Reason.OK
+    # ...the problem's own 0.4 s stops it at 0.4 s.
+    result = score_code(slow, CodeTests(stdio=stdio, time_limit_s=0.4), sandbox.config, sandbox)
+    assert (result.reward, result.reason) == (0.0, Reason.TIMEOUT)
+    assert "wall time limit of 0.4 s exceeded" in result.tests[0].detail
+    assert 0.4 <= result.tests[0].wall_s < 1.2
+    # A call case too, and a busy loop (CPU limit min(ceil(0.4), 1) = 1 s, wall 0.4 s).
+    spin = "```python\ndef f():\n    while True:\n        pass\n```"
+    result = score_code(spin, CodeTests(calls=(call("f", "[]", "0"),), time_limit_s=0.4), sandbox.config, sandbox)
+    assert result.reason == Reason.TIMEOUT and result.tests[0].wall_s < 1.0
+
+
+def test_problem_limits() -> None:
+    limits = SandboxLimits(cpu_s=5, wall_s=10.0, memory_mb=256)
+    assert problem_limits(limits, None) is limits
+    tight = problem_limits(limits, 2.5)
+    assert (tight.wall_s, tight.cpu_s, tight.memory_mb) == (2.5, 3, 256)
+    capped = problem_limits(limits, 60.0)
+    assert (capped.wall_s, capped.cpu_s) == (10.0, 5)
+    assert problem_limits(limits, 0.1).cpu_s == 1
+
+
+def test_load_code_tests_with_calls_and_time_limit(tmp_path: Path) -> None:
+    path = tmp_path / "tests.json"
+    data = {"calls": [{"function": "f", "arguments": "[1, [2]]", "expected": "[3]"}], "time_limit_s": 2}
+    path.write_text(json.dumps(data))
+    assert load_code_tests(path) == CodeTests(calls=(call("f", "[1, [2]]", "[3]"),), time_limit_s=2.0)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"calls": {}}, "'calls' must be a list, got dict"),
+        ({"calls": [{"function": "f", "arguments": "[]"}]}, "calls[0] must be an object with exactly 'function'"),
+        ({"calls": [{"function": "f", "arguments": [1], "expected": "1"}]}, "calls[0].arguments must be a string"),
+        ({"calls": [{"function": "f", "arguments": "1", "expected": "1"}]}, "calls[0].arguments: must be the JSON text of a list"),
+        ({"calls": [{"function": "f", "arguments": "[]", "expected": "nope"}]}, "calls[0].expected: not JSON text"),
+        ({"calls": [{"function": "f()", "arguments": "[]", "expected": "1"}]}, "calls[0].function: 'f()' is not a Python identifier"),
+        ({"stdio": [{"input": "", "output": ""}], "time_limit_s": 0}, "time_limit_s must be a positive number"),
+        ({"stdio": [{"input": "", "output": ""}], "time_limit_s": "2"}, "time_limit_s must be a positive number"),
+        ({"stdio": [{"input": "", "output": ""}], "time_limit_s": True}, "time_limit_s must be a positive number"),
+        ({"time_limit_s": 2}, "no tests"),
+    ],
+)  # fmt: skip
+def test_bad_calls_and_time_limits_name_the_field(data: object, message: str) -> None:
+    with pytest.raises(ValueError, match="problem.json: ") as info:
+        code_tests_from_json(data, "problem.json")
+    assert message in str(info.value)
+
+
+def test_typing_names_are_not_taken_for_the_programs_functions(sandbox: Sandbox) -> None:
+    program = "```python\nclass Solution:\n    def cast(self, x: List[int]) -> int:\n        return len(x)\n```"
+    result = score_code(program, CodeTests(calls=(call("cast", "[[1, 2, 3]]", "3"),)), sandbox.config, sandbox)
+    assert (result.reward, result.reason) == (1.0, Reason.OK), result

@@ -37,13 +37,13 @@ def test_mixed_batch_with_a_dying_plugin_completes(pool: RewardPool) -> None:
     old_pids = set(pool.worker_pids())
     batch = [
         RewardRequest("math", "\\boxed{\\frac{1}{2}}", "0.5"),
-        RewardRequest("plugin", "exit", "x"),  # os._exit(7) inside the worker
+        RewardRequest("plugin", "exit", "x", plugin="judge"),  # os._exit(7) inside the worker
         RewardRequest("math", "#### 5", "#### 6"),
         RewardRequest("code", ECHO, ECHO_TESTS),
-        RewardRequest("plugin", "same", "same"),
-        RewardRequest("plugin", "raise", "x"),
-        RewardRequest("plugin", "labelled", "x"),
-        RewardRequest("plugin", "nan", "x"),
+        RewardRequest("plugin", "same", "same", plugin="judge"),
+        RewardRequest("plugin", "raise", "x", plugin="judge"),
+        RewardRequest("plugin", "labelled", "x", plugin="judge"),
+        RewardRequest("plugin", "nan", "x", plugin="judge"),
     ]
     results = pool.score_sync(batch, timeout=120)
     summary = [(r.reward, r.reason) for r in results]
@@ -76,7 +76,8 @@ def test_hung_plugin_is_killed_at_its_timeout_and_replaced(pool: RewardPool) -> 
     before = pool.stats()
     start = time.monotonic()
     results = pool.score_sync(
-        [RewardRequest("plugin", "hang", "x"), RewardRequest("plugin", "ok", "ok")], timeout=120
+        [RewardRequest("plugin", "hang", "x", plugin="judge"), RewardRequest("plugin", "ok", "ok", plugin="judge")],
+        timeout=120,
     )
     elapsed = time.monotonic() - start
     assert (results[0].reward, results[0].reason) == (0.0, Reason.TIMEOUT)
@@ -168,23 +169,72 @@ def test_request_budgets(pool_config: RewardConfig) -> None:
     tests = CodeTests(stdio=(StdioCase("", ""),) * 3)
     assert request_budget_s(RewardRequest("math", "", "1"), pool_config) == 2 + 2.0
     assert request_budget_s(RewardRequest("code", "", tests), pool_config) == 3 * (3.0 + 1.0) + 2.0
-    assert request_budget_s(RewardRequest("plugin", "", None), pool_config) == 1.5
+    short = CodeTests(stdio=tests.stdio, time_limit_s=0.5)  # the problem's own limit, under wall_s = 3.0
+    assert request_budget_s(RewardRequest("code", "", short), pool_config) == 3 * (0.5 + 1.0) + 2.0
+    long = CodeTests(stdio=tests.stdio, time_limit_s=60.0)  # capped by wall_s
+    assert request_budget_s(RewardRequest("code", "", long), pool_config) == 3 * (3.0 + 1.0) + 2.0
+    # Each plug-in's own timeout; an unknown one gets the grace (the worker answers at once).
+    assert request_budget_s(RewardRequest("plugin", "", None, plugin="judge"), pool_config) == 1.5
+    assert request_budget_s(RewardRequest("plugin", "", None, plugin="length"), pool_config) == 4.0
+    assert request_budget_s(RewardRequest("plugin", "", None, plugin="nobody"), pool_config) == 2.0
 
 
-def test_plugin_request_without_plugin_is_a_bad_request() -> None:
+def test_named_plugins_each_score_their_own_requests(pool: RewardPool) -> None:
+    before = pool.stats()
+    batch = [
+        RewardRequest("plugin", "same", "same", plugin="judge"),
+        RewardRequest("plugin", "same", "same", plugin="length"),
+        RewardRequest("plugin", "abc", "abc", plugin="judge"),
+        RewardRequest("plugin", "abcdefghij", "other", plugin="length"),
+        RewardRequest("plugin", "labelled", "x", plugin="judge"),
+        RewardRequest("plugin", "labelled", "x", plugin="length"),
+    ]
+    results = pool.score_sync(batch, timeout=60)
+    assert [(r.reward, r.reason) for r in results] == [
+        (1.0, Reason.OK),  # judge: exact match
+        (0.04, Reason.OK),  # length: len / 100
+        (1.0, Reason.OK),
+        (0.1, Reason.OK),
+        (0.0, Reason.WRONG_ANSWER),  # judge's labelled answer
+        (0.08, Reason.OK),
+    ]
+    assert pool.stats().worker_restarts == before.worker_restarts
+
+
+def test_unknown_plugin_name_is_a_bad_request_naming_the_known_ones(pool: RewardPool) -> None:
+    before = pool.stats()
+    results = pool.score_sync(
+        [RewardRequest("plugin", "x", "x", plugin="nobody"), RewardRequest("plugin", "x", "x", plugin="judge")],
+        timeout=60,
+    )
+    assert (results[0].reward, results[0].reason) == (0.0, Reason.BAD_REQUEST)
+    assert "'nobody' is not configured" in results[0].detail
+    assert "configured: judge, length" in results[0].detail
+    assert (results[1].reward, results[1].reason) == (1.0, Reason.OK)
+    assert pool.stats().worker_restarts == before.worker_restarts  # answered, not crashed
+
+
+def test_plugin_request_without_plugins_is_a_bad_request() -> None:
     config = RewardConfig.model_validate({"pool": {"workers": 1, "preload_math": False}})
     with RewardPool(config) as pool:
-        (result,) = pool.score_sync([RewardRequest("plugin", "x", "x")], timeout=60)
-    assert result.reason == Reason.BAD_REQUEST and "no reward.plugin is configured" in result.detail
+        (result,) = pool.score_sync([RewardRequest("plugin", "x", "x", plugin="judge")], timeout=60)
+    assert result.reason == Reason.BAD_REQUEST
+    assert "'judge' is not configured under reward.plugins (configured: none)" in result.detail
     with pytest.raises(RewardPoolError, match="closed"):
         pool.submit([RewardRequest("math", "1", "1")])
 
 
-def test_unloadable_plugin_fails_start_with_its_name(tmp_path: Path) -> None:
+def test_unloadable_plugin_fails_start_with_its_name(tmp_path: Path, plugin_file: Path) -> None:
     config = RewardConfig.model_validate(
-        {"plugin": {"function": f"{tmp_path / 'missing.py'}:reward"}, "pool": {"workers": 1, "preload_math": False}}
+        {
+            "plugins": {
+                "fine": {"function": f"{plugin_file}:reward"},
+                "broken": {"function": f"{tmp_path / 'missing.py'}:reward"},
+            },
+            "pool": {"workers": 1, "preload_math": False},
+        }
     )
-    with pytest.raises(RewardPoolError, match="missing.py.*does not exist"):
+    with pytest.raises(RewardPoolError, match=r"reward\.plugins\.broken\.function: file .*missing.py.*does not exist"):
         RewardPool(config).start()
 
 

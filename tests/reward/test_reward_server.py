@@ -274,7 +274,7 @@ def test_a_bad_config_exits_2_naming_the_field(tmp_path: Path, reward: dict[str,
 
 
 def test_a_pool_that_cannot_start_exits_1_with_its_error(launch: Launcher) -> None:
-    broken = launch(reward={"plugin": {"function": "/nonexistent/user_reward.py:reward"}, "pool": {"workers": 1}})
+    broken = launch(reward={"plugins": {"judge": {"function": "/nonexistent/user_reward.py:reward"}}, "pool": {"workers": 1}})
     assert broken.process.wait(timeout=START_TIMEOUT_S) == 1
     log = read_log_tail(broken.log, 40)
     assert "reward pool failed to start" in log and "/nonexistent/user_reward.py" in log, log
