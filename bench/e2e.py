@@ -56,7 +56,6 @@ from asyncrl.tasks.rollout.samples import INTERRUPT_MODES, InterruptMode
 
 if TYPE_CHECKING:
     from asyncrl.configs.run_config import RunConfig
-    from asyncrl.tasks.run.rl import TrainResult
 
 STALENESS_COUNT_PREFIX = "staleness/count_"
 

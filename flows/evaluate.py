@@ -31,7 +31,9 @@ def evaluate_run(config: RunConfig, versions: list[int] | None = None) -> dict[s
     paths = prepare_run(config)
     chosen = resolve_versions(WeightStore(paths.root).list_versions(), versions)
     results = evaluate_versions(config, paths, chosen)
-    rows = [{"version": v, "pass_at_1": r.pass_at_1, "prompts": r.prompts} for v, r in sorted(results.items())]
+    rows = [
+        {"version": v, "pass_at_1": r.pass_at_1, "prompts": r.prompts, **r.by_task} for v, r in sorted(results.items())
+    ]
     create_table_artifact(rows, key="asyncrl-evaluation", description=f"held-out pass@1 of run {config.name}")
     get_run_logger().info("pass@1: %s", {row["version"]: round(row["pass_at_1"], 4) for row in rows})
     return {str(v): r.pass_at_1 for v, r in results.items()}

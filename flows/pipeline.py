@@ -131,6 +131,8 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> Pi
         storage_root=context.paths.root.uri,
         restarts=trained["restarts"],
         stages=how,
+        by_task_before={} if before is None else dict(before.get("by_task", {})),
+        by_task_after={} if after is None else dict(after.get("by_task", {})),
     )
 
 

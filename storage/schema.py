@@ -11,7 +11,7 @@ Row invariants checked by :func:`validate_table`:
 * token versions are non-negative and non-decreasing along the output (a weight
   update only ever moves a running sequence to a newer policy);
 * behaviour log-probabilities are finite and ``<= 0``; reward is finite;
-* ``submit_time <= finish_time``, both finite; ``finish_reason`` not empty;
+* ``submit_time <= finish_time``, both finite; ``finish_reason`` and ``task`` not empty;
 * all rows of a group are contiguous, share ``prompt_id`` and ``prompt_token_ids``,
   and number exactly ``group_size``; ``run_id`` is the run's.
 """
@@ -28,7 +28,12 @@ import pyarrow.compute as pc
 
 from asyncrl.storage.errors import ShardValidationError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 added ``task`` (the reward that scored the row: ``math``, ``code`` or a plug-in's
+name). Version-1 shards are still read: :func:`upgrade_table` gives their rows task ``math``,
+the only task version 1 could train."""
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, SCHEMA_VERSION)
+V1_TASK = "math"
 
 TRAJECTORY_FIELDS: tuple[pa.Field, ...] = (
     pa.field("run_id", pa.string(), nullable=False),
@@ -43,6 +48,7 @@ TRAJECTORY_FIELDS: tuple[pa.Field, ...] = (
     pa.field("finish_reason", pa.string(), nullable=False),
     pa.field("submit_time", pa.float64(), nullable=False),
     pa.field("finish_time", pa.float64(), nullable=False),
+    pa.field("task", pa.string(), nullable=False),
 )
 TRAJECTORY_SCHEMA = pa.schema(list(TRAJECTORY_FIELDS))
 
@@ -85,6 +91,8 @@ class Sample:
     finish_reason: str
     submit_time: float
     finish_time: float
+    task: str = V1_TASK
+    """The reward that scored this sample: ``math``, ``code`` or a plug-in's name."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +181,7 @@ def groups_to_table(run_id: str, groups: Sequence[Sequence[Sample]], source: str
         _scalar_column([s.finish_reason for s in samples], pa.string(), "finish_reason", source),
         _scalar_column([s.submit_time for s in samples], pa.float64(), "submit_time", source),
         _scalar_column([s.finish_time for s in samples], pa.float64(), "finish_time", source),
+        _scalar_column([s.task for s in samples], pa.string(), "task", source),
     ]
     return pa.Table.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
 
@@ -192,6 +201,7 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
             finish_reason=data["finish_reason"][i],
             submit_time=data["submit_time"][i],
             finish_time=data["finish_time"][i],
+            task=data["task"][i],
         )
         for i in range(table.num_rows)
     ]
@@ -206,6 +216,18 @@ def table_to_groups(table: pa.Table) -> list[list[Sample]]:
         else:
             groups.append([sample])
     return groups
+
+
+def upgrade_table(table: pa.Table) -> pa.Table:
+    """A version-1 shard table (no ``task`` column, metadata version 1) with the ``task``
+    column added as :data:`V1_TASK` and its metadata kept; any other table unchanged (the
+    validation that follows judges it)."""
+    metadata = table.schema.metadata or {}
+    if metadata.get(META_SCHEMA_VERSION) != b"1" or "task" in table.column_names:
+        return table
+    column = pa.array([V1_TASK] * table.num_rows, type=pa.string())
+    upgraded = table.append_column(pa.field("task", pa.string(), nullable=False), column)
+    return upgraded.replace_schema_metadata(metadata)
 
 
 def check_schema(schema: pa.Schema, source: str) -> None:
@@ -299,10 +321,11 @@ def _check_scalar_rows(table: pa.Table, source: str) -> None:
             source,
             _row_problem(table, int(row), f"submit_time {submit[row]} / finish_time {finish[row]} not finite and ordered"),
         )
-    empty_reason = pc.equal(pc.utf8_length(table.column("finish_reason")), 0)
-    if pc.any(empty_reason).as_py():
-        row = pc.index(empty_reason, True).as_py()
-        raise ShardValidationError(source, _row_problem(table, row, "finish_reason is empty"))
+    for name in ("finish_reason", "task"):
+        empty = pc.equal(pc.utf8_length(table.column(name)), 0)
+        if pc.any(empty).as_py():
+            row = pc.index(empty, True).as_py()
+            raise ShardValidationError(source, _row_problem(table, row, f"{name} is empty"))
 
 
 def _check_groups(table: pa.Table, source: str) -> int:
@@ -376,14 +399,16 @@ def validate_shard_metadata(
 ) -> ShardMetadata:
     """Check the schema metadata of a validated shard table against its name and content.
 
-    The metadata must name ``run_id``, :data:`SCHEMA_VERSION`, the ``seq`` and
+    The metadata must name ``run_id``, a version of :data:`READABLE_SCHEMA_VERSIONS`, the ``seq`` and
     version range of the file name; the range must be the table's actual
     ``token_version_range``; row count and ``num_groups`` (as counted by
     :func:`validate_table`) must match.
     """
     meta = ShardMetadata.from_arrow(table.schema.metadata, source)
-    if meta.schema_version != SCHEMA_VERSION:
-        raise ShardValidationError(source, f"schema version {meta.schema_version}, expected {SCHEMA_VERSION}")
+    if meta.schema_version not in READABLE_SCHEMA_VERSIONS:
+        raise ShardValidationError(
+            source, f"schema version {meta.schema_version}, expected one of {list(READABLE_SCHEMA_VERSIONS)}"
+        )
     if meta.run_id != run_id:
         raise ShardValidationError(source, f"shard belongs to run {meta.run_id!r}, not to run {run_id!r}")
     named = (seq, min_version, max_version)

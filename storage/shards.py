@@ -49,6 +49,7 @@ from asyncrl.storage.schema import (
     groups_to_table,
     table_to_groups,
     token_version_range,
+    upgrade_table,
     validate_shard_metadata,
     validate_table,
 )
@@ -388,6 +389,7 @@ class ShardReader:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise ShardValidationError(source, f"not a readable Arrow IPC file: {exc}") from None
+        table = upgrade_table(table)
         num_groups = validate_table(table, source, run_id=self._run_id)
         validate_shard_metadata(
             table, source, self._run_id, info.seq, info.min_version, info.max_version, num_groups

@@ -8,9 +8,9 @@ take the progress callback from here only when a flow calls them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -66,6 +66,25 @@ def _sampled_steps(steps: list[int], rows: int) -> list[int]:
     return sorted(picks)
 
 
+def _per_task_training_rows(
+    steps: list[int],
+    step_metrics: Mapping[int, Mapping[str, float]],
+    rollout: Mapping[str, float],
+    fmt: Callable[[Any, str], str],
+) -> list[str]:
+    """Per task: trained pass@1 of the first and last step that saw it, and the rollout's mean reward."""
+    tasks = sorted({name.split("/", 1)[1] for s in steps for name in step_metrics[s] if name.startswith("pass_at_1/")})
+    rows = []
+    for task in tasks:
+        seen = [s for s in steps if f"pass_at_1/{task}" in step_metrics[s]]
+        first, last = step_metrics[seen[0]][f"pass_at_1/{task}"], step_metrics[seen[-1]][f"pass_at_1/{task}"]
+        rows.append(
+            f"| {task}: pass@1 first -> last step; rollout mean reward | {fmt(first, '.3f')} -> {fmt(last, '.3f')}; "
+            f"{fmt(rollout.get(f'reward_mean/{task}'), '.3f')} |"
+        )
+    return rows
+
+
 def training_report_markdown(
     run_name: str,
     step_metrics: Mapping[int, Mapping[str, float]],
@@ -99,7 +118,10 @@ def training_report_markdown(
         f"| reward, first -> last step | {fmt(rewards[0] if rewards else None, '.3f')} -> "
         f"{fmt(rewards[-1] if rewards else None, '.3f')} |",
         f"| trained tokens/s (mean over steps) | {fmt(sum(finite_tp) / len(finite_tp) if finite_tp else None, '.0f')} |",
+        *_per_task_training_rows(steps, step_metrics, rollout, fmt),
         f"| generated tokens/s | {fmt(rollout.get('gen_tokens_per_s'), '.0f')} |",
+        f"| reward wait per group (s) | "
+        f"{fmt(rollout['reward_wait_s'] / rollout['groups_written'] if rollout.get('groups_written') and 'reward_wait_s' in rollout else None, '.3f')} |",
         f"| weight-sync stall fraction | {fmt(rollout.get('weight_sync_stall_fraction'), '.3f')} |",
         f"| groups written / admitted | {fmt(rollout.get('groups_written'), '.0f')} / {fmt(rollout.get('admitted'), '.0f')} |",
         "",
@@ -148,6 +170,22 @@ class PipelineSummary:
     restarts: dict[str, int]
     stages: dict[str, str]
     """Stage -> how it ended this time (run or cached)."""
+    by_task_before: dict[str, float] = field(default_factory=dict)
+    by_task_after: dict[str, float] = field(default_factory=dict)
+    """Held-out figures per task (``pass_at_1/<task>``, ``pass_at_<k>/<task>``, ``reward_mean/<task>``)
+    of the first and the last evaluated version."""
+
+
+def _task_rows(
+    before: Mapping[str, float], after: Mapping[str, float], pct: Callable[[float | None], str]
+) -> list[str]:
+    """One row per per-task pass@k figure (``pass_at_<k>/<task>``): before -> after RL."""
+    names = sorted(name for name in {*before, *after} if name.startswith("pass_at_"))
+    return [
+        f"| held-out {name.replace('pass_at_', 'pass@').replace('/', ' of ')} | "
+        f"{pct(before.get(name))} -> {pct(after.get(name))} |"
+        for name in names
+    ]
 
 
 def summary_markdown(summary: PipelineSummary) -> str:
@@ -162,6 +200,7 @@ def summary_markdown(summary: PipelineSummary) -> str:
             "| --- | --- |",
             f"| held-out pass@1 before RL | {pct(summary.pass_at_1_before)} |",
             f"| held-out pass@1 after RL | {pct(summary.pass_at_1_after)} |",
+            *_task_rows(summary.by_task_before, summary.by_task_after, pct),
             f"| steps | {summary.steps} |",
             f"| final weight version | {summary.final_version} |",
             f"| wall time | {summary.wall_s:.0f} s (RL {summary.train_wall_s:.0f} s) |",

@@ -55,7 +55,7 @@ from asyncrl.storage import fs, paths
 from asyncrl.storage.errors import ShardValidationError
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.ledger import Ledger, LedgerEntry
-from asyncrl.storage.schema import Sample, table_to_groups, validate_table
+from asyncrl.storage.schema import Sample, table_to_groups, upgrade_table, validate_table
 from asyncrl.storage.shards import ShardReader
 from asyncrl.storage.weight_lineage import lineage_updates, read_lineage  # read_lineage: also imported from here
 from asyncrl.storage.weights import WeightStore
@@ -166,7 +166,7 @@ def read_shards(root: RunRoot, run_id: str, violations: list[str]) -> dict[str, 
     for info in ShardReader(root, run_id).list_shards():
         source = root.display(info.relpath)
         try:
-            table = pa.ipc.open_file(pa.py_buffer(fs.read_bytes(root, info.relpath))).read_all()
+            table = upgrade_table(pa.ipc.open_file(pa.py_buffer(fs.read_bytes(root, info.relpath))).read_all())
             validate_table(table, source, run_id=run_id)
         except (pa.ArrowException, OSError, ShardValidationError) as exc:
             violations.append(f"(b) shard {info.name} is not a valid shard of run {run_id!r}: {exc}")

@@ -4,18 +4,21 @@
 
 with P prompts, n samples per prompt and c_p the samples of prompt p that the reward
 service scores correct (reward 1). Sampling at the rollout temperature gives the
-unbiased pass@1 estimate of the sampling policy, not of greedy decoding.
+unbiased pass@1 estimate of the sampling policy, not of greedy decoding. Each prompt is
+scored by its own task's reward (math, code or a plug-in); per task the result also holds
+the mean reward, pass@1 and unbiased pass@k (:mod:`asyncrl.tasks.reward.pass_at_k`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncrl.tasks.scheduler.controller import RewardScorer, TextCodec
 from asyncrl.tasks.data.loader import PromptRecord
-from asyncrl.tasks.reward.types import RewardRequest
+from asyncrl.tasks.reward.pass_at_k import CORRECT_REWARD, task_figures
+from asyncrl.tasks.reward.requests import reward_request
 from asyncrl.tasks.rollout.client import RolloutClient
 
 
@@ -26,12 +29,15 @@ class EvalResult:
     prompts: int
     samples_per_prompt: int
     mean_output_tokens: float
+    by_task: dict[str, float] = field(default_factory=dict)
+    """:func:`task_figures` of the held-out prompts (``pass_at_1/<task>``, ...)."""
 
     def metrics(self) -> dict[str, float]:
         return {
             "eval_pass_at_1": self.pass_at_1,
             "eval_prompts": float(self.prompts),
             "eval_mean_output_tokens": self.mean_output_tokens,
+            **{f"eval_{name}": value for name, value in self.by_task.items()},
         }
 
 
@@ -58,6 +64,7 @@ async def evaluate(
     stop_token_ids: Sequence[int],
     concurrency: int = 64,
     on_prompt_done: Callable[[], None] | None = None,
+    pass_k: Sequence[int] = (),
 ) -> EvalResult:
     """Generate `samples_per_prompt` answers per held-out prompt and score them, with at most
     `concurrency` prompt groups in flight (the server batches their samples, so more groups in
@@ -65,7 +72,7 @@ async def evaluate(
     limit = asyncio.Semaphore(concurrency)
     lengths: list[int] = []
 
-    async def one(record: PromptRecord) -> int:
+    async def one(record: PromptRecord) -> list[float]:
         async with limit:
             outputs = await client.generate_group(
                 codec.encode(render(record)), samples_per_prompt, max_new_tokens, temperature,
@@ -73,18 +80,19 @@ async def evaluate(
             )
         lengths.extend(len(o.output_token_ids) for o in outputs)
         results = await scorer.score(
-            [RewardRequest(kind="math", response=codec.decode(o.output_token_ids), reference=record.answer)
-             for o in outputs]
+            [reward_request(record, codec.decode(o.output_token_ids)) for o in outputs]
         )
         if on_prompt_done is not None:
             on_prompt_done()
-        return sum(1 for r in results if r.reward >= 1.0)
+        return [r.reward for r in results]
 
-    counts = await asyncio.gather(*(one(record) for record in prompts))
+    rewards = await asyncio.gather(*(one(record) for record in prompts))
+    counts = [sum(1 for r in prompt_rewards if r >= CORRECT_REWARD) for prompt_rewards in rewards]
     return EvalResult(
         version=version,
         pass_at_1=pass_at_1(counts, samples_per_prompt),
         prompts=len(prompts),
         samples_per_prompt=samples_per_prompt,
         mean_output_tokens=sum(lengths) / max(len(lengths), 1),
+        by_task=task_figures(zip((record.task for record in prompts), rewards, strict=True), pass_k),
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal, Protocol, cast
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.data.loader import load_prompts
+from asyncrl.tasks.data.loader import dataset_files, load_prompts
 from asyncrl.tasks.process_group import group_alive
 from asyncrl.tasks.reward.registry import TOKEN_ENV
 from asyncrl.tasks.run.components import (
@@ -186,12 +186,14 @@ def run_rl(
     steps, versions and restarts are logged to (None: no MLflow, as in chaos); ``tick`` is
     called each poll with the components' statuses (the chaos kill plan)."""
     started = time.monotonic()
-    prompts = load_prompts(config.data.train_path)  # a bad data file fails before anything starts
+    # a bad data file fails before anything starts
+    prompts = load_prompts(config.data.train_path, plugins=config.reward.plugins)
     if not prompts:
         raise ValueError(f"{config.data.train_path}: no prompts")
     recorder = None
     if context is not None:
-        context.lineage.log_dataset(file_ref(config.data.train_path, Path(config.data.train_path).name))
+        for data_file in dataset_files(config.data.train_path):  # a mixture file and each of its sources
+            context.lineage.log_dataset(file_ref(data_file, Path(data_file).name))
         recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / "trainer-metrics.jsonl")
         recorder.adopt_logged_versions()
     if final_step_published(paths.root, config.trainer.max_steps):

@@ -19,7 +19,7 @@ from asyncrl.storage.fs import open_root
 from asyncrl.storage.lineage import RunLineage
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.data.loader import load_prompts
+from asyncrl.tasks.data.loader import dataset_files, load_prompts
 from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.run.components_setup import load_codec
 from asyncrl.tasks.run.context import RunPaths
@@ -57,27 +57,43 @@ def data_present(config: RunConfig) -> bool:
 
 
 def prepare_data(config: RunConfig) -> dict[str, str]:
-    """Write the synthetic task where the config asks for it and nothing is there yet (a
-    user's own files are never touched), check the prompt files load, and return each data
-    file's content digest (what the later stages' keys are built from)."""
+    """Write the synthetic task (``pipeline.synthetic_data.task``: arithmetic or code) where
+    the config asks for it and nothing is there yet (a user's own files are never touched),
+    check the prompt files load, and return each data file's content digest (what the later
+    stages' keys are built from)."""
     synthetic = config.pipeline.synthetic_data
     if synthetic is not None and not data_present(config):
-        from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, mixed_solutions, split_train_heldout, write_problems
-
         data = config.data
-        # One draw of distinct problems, shuffled and cut: held-out, RL prompts, warm-start set
-        # (no problem in two splits, all three from the same distribution).
-        problems = make_arithmetic_dataset(
-            synthetic.n_train + synthetic.n_heldout + synthetic.n_sft, seed=config.seed, spec=synthetic.spec()
-        )
-        rest, heldout = split_train_heldout(problems, synthetic.n_heldout, seed=config.seed)
-        train, sft = rest[: synthetic.n_train], rest[synthetic.n_train :]
-        write_problems(Path(data.train_path), train)
-        if data.eval_path:
-            write_problems(Path(data.eval_path), heldout)
-        if data.sft_path and sft:
-            solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed)
-            write_problems(Path(data.sft_path), sft, solutions=solutions)
+        if synthetic.task == "code":
+            from asyncrl.tasks.data.synthetic_code import write_code_splits
+
+            # One draw of distinct problems, shuffled and cut as for arithmetic below.
+            write_code_splits(
+                train_path=Path(data.train_path),
+                heldout_path=Path(data.eval_path) if data.eval_path else None,
+                sft_path=Path(data.sft_path) if data.sft_path else None,
+                n_train=synthetic.n_train,
+                n_heldout=synthetic.n_heldout,
+                n_sft=synthetic.n_sft,
+                seed=config.seed,
+                spec=synthetic.code_spec(),
+            )
+        else:
+            from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, mixed_solutions, split_train_heldout, write_problems
+
+            # One draw of distinct problems, shuffled and cut: held-out, RL prompts, warm-start set
+            # (no problem in two splits, all three from the same distribution).
+            problems = make_arithmetic_dataset(
+                synthetic.n_train + synthetic.n_heldout + synthetic.n_sft, seed=config.seed, spec=synthetic.spec()
+            )
+            rest, heldout = split_train_heldout(problems, synthetic.n_heldout, seed=config.seed)
+            train, sft = rest[: synthetic.n_train], rest[synthetic.n_train :]
+            write_problems(Path(data.train_path), train)
+            if data.eval_path:
+                write_problems(Path(data.eval_path), heldout)
+            if data.sft_path and sft:
+                solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed)
+                write_problems(Path(data.sft_path), sft, solutions=solutions)
     progress = StageProgress(config.run_work_dir, config.name, "prepare-data", len(data_files(config)), "files")
     rows = 0
     for index, path in enumerate(data_files(config), start=1):
@@ -229,12 +245,13 @@ def evaluation_key(config: RunConfig, run_paths: RunPaths, versions: list[int]) 
         "temperature": config.rollout.temperature,
         "prompt_format": config.data.prompt_format,
         "seed": config.seed,
+        "pass_k": config.tracking.pass_k,
         "versions": {
             str(v): _lineage_digest(run_paths, v) for v in versions
         },
         "root": config.storage.root,
     }
-    return stage_key("evaluate", settings, [config.data.eval_path])
+    return stage_key("evaluate", settings, dataset_files(config.data.eval_path) if config.data.eval_path else [])
 
 
 def _lineage_digest(run_paths: RunPaths, version: int) -> str:
@@ -256,7 +273,8 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
 
     if not config.data.eval_path or not versions:
         return {}
-    prompts = load_prompts(config.data.eval_path)[: config.pipeline.eval_prompts]
+    prompts = load_prompts(config.data.eval_path, plugins=config.reward.plugins)
+    prompts = prompts[: config.pipeline.eval_prompts]
     store = WeightStore(run_paths.root)
     first = run_paths.work_dir / "eval" / f"v{versions[0]}"
     if not (first / "config.json").exists():
@@ -296,6 +314,7 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
                         temperature=config.rollout.temperature,
                         stop_token_ids=stop_ids,
                         on_prompt_done=prompt_done,
+                        pass_k=config.tracking.pass_k,
                     )
 
     with RolloutServer(server_config) as server:

@@ -38,6 +38,7 @@ from asyncrl.storage.weight_lineage import VersionUpdates
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.reward.types import RewardRequest, RewardResult
+from asyncrl.tasks.reward.requests import reward_request
 from asyncrl.tasks.rollout.samples import SampleOutput, UpdateStats
 
 LOG = logging.getLogger("asyncrl.scheduler")
@@ -293,6 +294,12 @@ class ControllerStats:
     output_tokens: int = 0
     reward_sum: float = 0.0
     reward_reasons: dict[str, int] = field(default_factory=dict)
+    """Samples per ``<task>/<reason>`` (why rewards were what they were: ok, no_answer, timeout, ...)."""
+    task_samples: dict[str, int] = field(default_factory=dict)
+    task_reward_sum: dict[str, float] = field(default_factory=dict)
+    reward_wait_s: float = 0.0
+    """Seconds the groups waited for their rewards, summed over groups (they overlap: the
+    reward service scores one group while others generate)."""
     updates: list[UpdateStats] = field(default_factory=list)
     skipped_prompts: int = 0
     streamed_tokens: int = 0
@@ -307,7 +314,9 @@ class ControllerStats:
         """Counts and rates over elapsed = finished_at (or now) - started_at:
         gen_tokens_per_s = output_tokens / elapsed (tokens of finished groups),
         streamed_tokens_per_s = streamed_tokens / elapsed (all the servers generated),
-        weight_sync_stall_fraction = stall / elapsed."""
+        weight_sync_stall_fraction = stall / elapsed; per task ``samples/<task>``,
+        ``reward_sum/<task>``, reward_mean/<task> = reward_sum/<task> / samples/<task>, and
+        ``reasons/<task>/<reason>`` sample counts."""
         end = time.monotonic() if self.finished_at is None else self.finished_at
         elapsed = max(end - self.started_at, 1e-9)
         stall = sum(u.stall_s for u in self.updates)
@@ -326,6 +335,11 @@ class ControllerStats:
             "weight_sync_stall_s": stall,
             "weight_sync_stall_fraction": stall / elapsed,
             "skipped_prompts": self.skipped_prompts,
+            "reward_wait_s": self.reward_wait_s,
+            **{f"samples/{task}": float(n) for task, n in self.task_samples.items()},
+            **{f"reward_sum/{task}": total for task, total in self.task_reward_sum.items()},
+            **{f"reward_mean/{task}": self.task_reward_sum[task] / n for task, n in self.task_samples.items() if n},
+            **{f"reasons/{reason}": float(n) for reason, n in self.reward_reasons.items()},
         }
 
 
@@ -466,9 +480,9 @@ class RolloutController:
             stop_token_ids=() if self.settings.ignore_eos else self.settings.stop_token_ids,
         )
         texts = [self.codec.decode(o.output_token_ids) for o in outputs]
-        results = await self.scorer.score(
-            [RewardRequest(kind="math", response=t, reference=record.answer) for t in texts]
-        )
+        scoring_started = time.monotonic()
+        results = await self.scorer.score([reward_request(record, t) for t in texts])
+        self.stats.reward_wait_s += time.monotonic() - scoring_started
         samples = [
             Sample(
                 prompt_id=record.prompt_id,
@@ -481,6 +495,7 @@ class RolloutController:
                 finish_reason=o.finish_reason,
                 submit_time=o.timings.submitted_at,
                 finish_time=o.timings.finished_at,
+                task=record.task,
             )
             for o, r in zip(outputs, results, strict=True)
         ]
@@ -488,7 +503,9 @@ class RolloutController:
             self.stats.samples += 1
             self.stats.output_tokens += len(output.output_token_ids)
             self.stats.reward_sum += result.reward
-            reason = str(result.reason)
+            self.stats.task_samples[record.task] = self.stats.task_samples.get(record.task, 0) + 1
+            self.stats.task_reward_sum[record.task] = self.stats.task_reward_sum.get(record.task, 0.0) + result.reward
+            reason = f"{record.task}/{result.reason}"
             self.stats.reward_reasons[reason] = self.stats.reward_reasons.get(reason, 0) + 1
         self._finished.append(samples)
         if self._oldest_finished_at is None:

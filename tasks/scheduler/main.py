@@ -70,6 +70,7 @@ from asyncrl.tasks.rollout.weight_sync import server_weight_version, update_serv
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
 CYCLE_STATS_FILE = "scheduler-stats.jsonl"
+TASK_MEAN_PREFIX = "reward_mean/"
 RATE_KEYS = frozenset({"gen_tokens_per_s", "streamed_tokens_per_s", "weight_sync_stall_fraction", "reward_mean"})
 MODULE = "asyncrl.tasks.scheduler.main"
 logger = logging.getLogger("asyncrl.scheduler")
@@ -266,13 +267,14 @@ def append_cycle_stats(path: Path, summary: dict[str, float]) -> None:
 def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
     """The figures of all cycles: counts and seconds are summed; rates are recomputed over the
     summed controller time E = sum(elapsed_s): gen_tokens_per_s = output_tokens / E,
-    streamed_tokens_per_s = streamed_tokens / E, weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples."""
+    streamed_tokens_per_s = streamed_tokens / E, weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples,
+    reward_mean/<task> = sum reward_sum/<task> / sum samples/<task>."""
     if not lines:
         return {}
     total: dict[str, float] = {}
     for line in lines:
         for key, value in line.items():
-            if key not in RATE_KEYS:
+            if key not in RATE_KEYS and not key.startswith(TASK_MEAN_PREFIX):
                 total[key] = total.get(key, 0.0) + float(value)
     elapsed = max(total.get("elapsed_s", 0.0), 1e-9)
     samples = total.get("samples", 0.0)
@@ -283,6 +285,10 @@ def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
         sum(float(line.get("reward_mean", 0.0)) * float(line.get("samples", 0.0)) for line in lines) / samples
         if samples else 0.0
     )  # fmt: skip
+    for key in [k for k in total if k.startswith("samples/")]:
+        task = key.removeprefix("samples/")
+        if total[key]:
+            total[f"{TASK_MEAN_PREFIX}{task}"] = total.get(f"reward_sum/{task}", 0.0) / total[key]
     total["cycles"] = float(len(lines))
     return total
 
@@ -309,7 +315,7 @@ def serve(
     source = ServerSource(paths.root, api_key, tuple(urls))
     terminate = StopSignal()
     terminate.install()
-    prompts = load_prompts(config.data.train_path)
+    prompts = load_prompts(config.data.train_path, plugins=config.reward.plugins)
     codec = load_codec(config.model.path)  # while the servers start: ~10 s on 2 busy CPUs, not on the first batch
     max_groups: int | None = None
     unlike: object = None

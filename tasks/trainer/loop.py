@@ -243,7 +243,7 @@ class RLTrainer:
                 prune_checkpoints(self._root, self._loop.keep_checkpoints)
             checkpoint_time = time.perf_counter() - checkpoint_started
         metrics = {
-            **result.metrics(),
+            **result.metrics(self._rl.pass_k),
             "version": float(version),
             "shards": float(len(step_input.shards)),
             "learning_rate": self._engine.learning_rate(),

@@ -122,7 +122,7 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
         root,
         config.name,
         engine,
-        RLSettings.from_config(config.trainer, config.max_staleness),
+        RLSettings.from_config(config.trainer, config.max_staleness, config.tracking.pass_k),
         loop,
         work_dir,
         FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]),
@@ -161,7 +161,8 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
     model_dir, parent = initial_model_dir(root, config.model.path, work_dir)
     engine = _engine(config, model_dir, steps, config.pipeline.sft_optimizer or config.trainer.optimizer)
     sft_path = config.data.sft_path or config.data.train_path
-    sequences = sft_sequences(load_prompts(sft_path), engine.tokenizer, config.data.prompt_format)
+    records = load_prompts(sft_path, plugins=config.reward.plugins)
+    sequences = sft_sequences(records, engine.tokenizer, config.data.prompt_format)
     settings = SFTSettings(
         steps=steps,
         batch_size=args.sft_batch_size or config.pipeline.sft_batch_size,

@@ -39,6 +39,7 @@ from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
 from asyncrl.tasks.trainer.loss import BehavCapMode, decoupled_ppo_loss
 from asyncrl.tasks.trainer.packing import get_packer, packing_efficiency
+from asyncrl.tasks.reward.pass_at_k import task_figures
 
 if TYPE_CHECKING:
     import torch
@@ -61,9 +62,11 @@ class RLSettings:
     packer: str = "ffd"
     max_staleness: int | None = None
     """Drop samples with staleness above this; None keeps all."""
+    pass_k: tuple[int, ...] = ()
+    """k values of the per-task pass@k metrics (pass@1 is always reported)."""
 
     @staticmethod
-    def from_config(trainer: TrainerConfig, max_staleness: int | None) -> RLSettings:
+    def from_config(trainer: TrainerConfig, max_staleness: int | None, pass_k: Sequence[int] = ()) -> RLSettings:
         return RLSettings(
             objective=trainer.objective,
             eps_clip=trainer.eps_clip,
@@ -75,6 +78,7 @@ class RLSettings:
             micro_batch_tokens=trainer.micro_batch_tokens,
             packer=trainer.packer,
             max_staleness=max_staleness,
+            pass_k=tuple(pass_k),
         )
 
 
@@ -102,6 +106,8 @@ class PreparedStep:
     dropped_stale: int
     num_groups: int
     clamped: int = 0
+    group_rewards: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    """(task, rewards of its samples) per group, dropped samples included: the per-task figures."""
     """Samples whose update lag was negative, counted as staleness 0 (see :func:`sample_staleness`)."""
 
 
@@ -162,9 +168,10 @@ class RLStepResult:
     proximal_time_s: float
     update_time_s: float
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, pass_k: Sequence[int] = ()) -> dict[str, float]:
         """Flat metrics of the step: loss, rewards, advantages, clipping, behaviour weights,
-        staleness distribution (``staleness/count_<s>``), throughput, packing efficiency."""
+        staleness distribution (``staleness/count_<s>``), throughput, packing efficiency, and
+        per task the mean reward, pass@1 and pass@k of the step's groups (:func:`task_figures`)."""
         prepared = self.prepared
         compute_time = self.proximal_time_s + self.update_time_s
         out = {
@@ -184,6 +191,7 @@ class RLStepResult:
             "proximal_time_s": self.proximal_time_s,
             "update_time_s": self.update_time_s,
             "tokens_per_s": self.sequence_tokens / compute_time if compute_time > 0 else 0.0,
+            **task_figures(prepared.group_rewards, pass_k),
         }
         for staleness, count in sorted(Counter(prepared.staleness).items()):
             out[f"staleness/count_{staleness}"] = float(count)
@@ -310,6 +318,7 @@ def prepare_step(
         dropped_stale=dropped,
         num_groups=len(groups),
         clamped=clamped,
+        group_rewards=tuple((group[0].task, tuple(float(s.reward) for s in group)) for group in groups if group),
     )
 
 

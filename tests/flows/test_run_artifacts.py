@@ -38,3 +38,28 @@ def test_report_lists_the_curve_and_throughput() -> None:
 def test_report_of_a_run_without_steps_says_so() -> None:
     text = training_report_markdown("empty", {}, {}, wall_s=1.0, final_version=0)
     assert "| steps | 0 |" in text and "| reward, first -> last step | n/a -> n/a |" in text
+
+
+def test_report_and_summary_show_each_task() -> None:
+    from asyncrl.tasks.run.artifacts import PipelineSummary, summary_markdown
+
+    steps = {
+        1: {"reward_mean": 0.2, "pass_at_1/math": 0.25, "pass_at_1/code": 0.125},
+        2: {"reward_mean": 0.4, "pass_at_1/math": 0.5},
+        3: {"reward_mean": 0.6, "pass_at_1/code": 0.375},
+    }
+    rollout = {"groups_written": 4, "reward_wait_s": 2.0, "reward_mean/code": 0.3, "reward_mean/math": 0.4}
+    text = training_report_markdown("mixed", steps, rollout, wall_s=10.0, final_version=3)
+    assert "| code: pass@1 first -> last step; rollout mean reward | 0.125 -> 0.375; 0.300 |" in text
+    assert "| math: pass@1 first -> last step; rollout mean reward | 0.250 -> 0.500; 0.400 |" in text
+    assert "| reward wait per group (s) | 0.500 |" in text
+    summary = PipelineSummary(
+        run="mixed", steps=3, final_version=3, pass_at_1_before=0.2, pass_at_1_after=0.4, best_version=3,
+        registered_model=None, registered_model_version=None, wall_s=1.0, train_wall_s=1.0, mlflow_uri="m",
+        mlflow_run_id="r", storage_root="s", restarts={}, stages={},
+        by_task_before={"pass_at_1/code": 0.1, "pass_at_4/code": 0.3, "reward_mean/code": 0.2},
+        by_task_after={"pass_at_1/code": 0.25, "pass_at_4/code": 0.5, "reward_mean/code": 0.4},
+    )
+    markdown = summary_markdown(summary)
+    assert "| held-out pass@1 of code | 10.0% -> 25.0% |" in markdown
+    assert "| held-out pass@4 of code | 30.0% -> 50.0% |" in markdown

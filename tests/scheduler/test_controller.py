@@ -323,6 +323,8 @@ def test_a_published_version_is_loaded_when_the_trainer_rings_and_admits_at_once
         while ctrl.stats.admitted < 4 and time.monotonic() - started < 10.0:
             await asyncio.sleep(0.01)
         waited = time.monotonic() - started
+        while ctrl.stats.groups_written < 4 and time.monotonic() - started < 10.0:
+            await asyncio.sleep(0.01)  # a stop cuts groups in flight: let the admitted ones finish
         stop.set()
         await task
         return waited
@@ -330,3 +332,43 @@ def test_a_published_version_is_loaded_when_the_trainer_rings_and_admits_at_once
     assert asyncio.run(scenario()) < 5.0
     assert generator.updates == [1]
     assert sorted(written_groups(root_dir)) == [0, 1, 2, 3]
+
+
+class RecordingScorer:
+    """Scores every request 1.0 and keeps it, to see where each row's samples were sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[RewardRequest] = []
+
+    async def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]:
+        self.requests.extend(requests)
+        return [RewardResult(1.0, Reason.OK) for _ in requests]
+
+
+def test_a_mixed_batch_goes_to_each_row_s_reward_and_the_shards_keep_the_task(tmp_path: Path) -> None:
+    from asyncrl.tasks.reward.types import CodeTests, StdioCase
+
+    tests = CodeTests(stdio=(StdioCase("1\n", "1\n"),))
+    mixed = [
+        PromptRecord(prompt_id="m", prompt="M1", answer="7"),
+        PromptRecord(prompt_id="c", prompt="C2", answer="", task="code", tests=tests),
+        PromptRecord(prompt_id="p", prompt="P3", answer="ref", task="judge", fields={"rubric": "short"}),
+    ]
+    scorer = RecordingScorer()
+    ctrl = RolloutController(
+        settings(batch_groups=3, shard_groups=3, eta=0), open_root(str(tmp_path / "run")),
+        PromptSchedule(mixed, seed=0), render=lambda r: r.prompt, codec=DigitCodec(),
+        generator=ScriptedGenerator(), scorer=scorer, weight_loader=lambda version: (lambda address: None),
+    )
+    asyncio.run(run_for(ctrl, 1.0))
+    by_prompt = {r.response[-1]: r for r in scorer.requests}  # the scripted output is the reversed prompt
+    assert (by_prompt["M"].kind, by_prompt["M"].reference) == ("math", "7")
+    assert (by_prompt["C"].kind, by_prompt["C"].reference) == ("code", tests)
+    assert (by_prompt["P"].kind, by_prompt["P"].plugin, by_prompt["P"].reference) == ("plugin", "judge", "ref")
+    assert by_prompt["P"].metadata == {"rubric": "short"}
+    reader = ShardReader(open_root(str(tmp_path / "run")), RUN_ID)
+    tasks = {s.prompt_id: s.task for shard in reader.list_shards() for g in reader.read_groups(shard) for s in g}
+    assert tasks == {"m": "math", "c": "code", "p": "judge"}
+    summary = ctrl.stats.summary()
+    assert summary["samples/code"] == 3 and summary["reward_mean/judge"] == 1.0 and summary["reward_wait_s"] >= 0.0
+    assert summary["reasons/code/ok"] == 3 and summary["reasons/math/ok"] == 3

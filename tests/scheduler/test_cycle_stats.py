@@ -36,3 +36,17 @@ def test_cycles_of_a_restarted_scheduler_add_up(tmp_path: Path) -> None:
 
 def test_no_cycle_gives_no_figures(tmp_path: Path) -> None:
     assert combine_cycle_stats(read_cycle_stats(tmp_path / "absent.jsonl")) == {}
+
+
+def test_per_task_reward_means_are_recomputed_over_all_cycles(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler-stats.jsonl"
+    first = {**cycle(10.0, 100, 8, 0.5, 0.0), "samples/math": 4, "reward_sum/math": 4.0, "reward_mean/math": 1.0,
+             "samples/code": 4, "reward_sum/code": 0.0, "reward_mean/code": 0.0, "reward_wait_s": 2.0}
+    second = {**cycle(10.0, 100, 4, 0.5, 0.0), "samples/code": 4, "reward_sum/code": 2.0, "reward_mean/code": 0.5,
+              "reward_wait_s": 1.0}
+    append_cycle_stats(path, first)
+    append_cycle_stats(path, second)
+    total = combine_cycle_stats(read_cycle_stats(path))
+    assert total["reward_mean/math"] == 1.0 and total["samples/math"] == 4
+    assert total["reward_mean/code"] == pytest.approx(2.0 / 8) and total["samples/code"] == 8
+    assert total["reward_wait_s"] == 3.0

@@ -297,3 +297,32 @@ def test_quarantine_is_one_public_move_that_a_repeat_completes(root: RunRoot, gr
     assert reader.quarantine(shard) == paths.quarantine_path(shard.name)
     assert reader.quarantine(shard) == paths.quarantine_path(shard.name)
     assert reader.list_shards() == [] and fs.list_dir(root, paths.QUARANTINE_DIR) == [shard.name]
+
+
+# --- schema versions -------------------------------------------------------------------------
+
+
+def test_a_version_1_shard_without_task_is_read_as_math(tmp_path, group_factory) -> None:
+    """Shards written before the ``task`` column (schema version 1) are still trained on."""
+    root = open_root(str(tmp_path))
+    group = group_factory("g1", size=2)
+    table = groups_to_table(RUN, [group], "test").drop_columns(["task"])
+    meta = ShardMetadata(1, RUN, 0, 0, 1, num_groups=1, num_rows=2)
+    name = paths.shard_name(0, 0, 1)
+    fs.put_if_absent(root, paths.shard_path(name), _arrow_bytes(table.replace_schema_metadata(meta.to_arrow())))
+    groups = ShardReader(root, RUN).read_groups(name)
+    assert groups == [group] and {s.task for s in groups[0]} == {"math"}
+
+
+def test_tasks_round_trip_and_an_empty_task_is_quarantined(tmp_path, group_factory) -> None:
+    root = open_root(str(tmp_path))
+    code = [dataclasses.replace(s, task="code") for s in group_factory("g1")]
+    info = ShardWriter(root, RUN).write_groups([code, group_factory("g2")])
+    assert [[s.task for s in g] for g in ShardReader(root, RUN).read_groups(info)] == [["code"] * 3, ["math"] * 3]
+    table = groups_to_table(RUN, [[dataclasses.replace(s, task="") for s in group_factory("g3")]], "test")
+    meta = ShardMetadata(SCHEMA_VERSION, RUN, 5, 0, 1, num_groups=1, num_rows=3)
+    data = _arrow_bytes(table.replace_schema_metadata(meta.to_arrow()))
+    bad_name = paths.shard_name(5, 0, 1)
+    fs.put_if_absent(root, paths.shard_path(bad_name), data)
+    with pytest.raises(ShardValidationError, match="task is empty"):
+        ShardReader(root, RUN).read(bad_name)

@@ -100,8 +100,11 @@ def test_stale_samples_are_dropped_and_counted(
     settings = RLSettings(max_staleness=3, micro_batch_tokens=256)
     with caplog.at_level(logging.WARNING):
         result = run_rl_step(engine, [fresh, mixed], settings, trainer_updates=5)
-    metrics = result.metrics()
+    metrics = result.metrics(pass_k=(2,))
     assert result.prepared.staleness == (1, 0, 5, 3)
+    # per-task figures count every sample of the step, the dropped one included
+    assert metrics["reward_mean/math"] == 0.5 and metrics["pass_at_1/math"] == 0.5
+    assert metrics["pass_at_2/math"] == 1.0 and metrics["prompts/math"] == 2
     assert metrics["dropped_stale"] == 1 and metrics["trained_samples"] == 3
     assert metrics["staleness_max"] == 5 and metrics["staleness/count_5"] == 1
     assert "dropped 1 of 4 samples staler than max_staleness=3" in caplog.text
@@ -118,3 +121,12 @@ def test_advantages_use_the_whole_group_before_drops(trajectories: Any) -> None:
     prepared = prepare_step([group], RLSettings(max_staleness=2, advantage="drgrpo"), trainer_updates=9)
     assert prepared.advantages == pytest.approx((0.75, -0.25, -0.25, -0.25))
     assert [item.advantage for item in prepared.items] == pytest.approx([-0.25, -0.25, -0.25])
+
+
+def test_per_task_figures_follow_each_group_s_task(trajectories: Any) -> None:
+    import dataclasses
+
+    math_group = trajectories.group("g0", [1.0, 0.0], versions=[0, 0])
+    code_group = [dataclasses.replace(s, task="code") for s in trajectories.group("g1", [0.5, 0.0], versions=[0, 0])]
+    prepared = prepare_step([math_group, code_group], RLSettings(), trainer_updates=0)
+    assert prepared.group_rewards == (("math", (1.0, 0.0)), ("code", (0.5, 0.0)))
