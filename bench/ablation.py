@@ -208,6 +208,9 @@ def run_ablation(base: RunConfig, settings: AblationSettings, progress: Callable
                 eta, objective, train.step_metrics, {v: r.pass_at_1 for v, r in evaluated.items()}, start
             )
             run["train_wall_s"] = train.wall_s
+            # per task (a mixed config): pass@1/pass@k of the starting and the final version
+            run["by_task_start"] = evaluated[min(evaluated)].by_task
+            run["by_task_final"] = evaluated[max(evaluated)].by_task
         except Exception as exc:  # noqa: BLE001 - recorded; the other configurations still run
             run = {"eta": eta, "objective": objective, "error": f"{type(exc).__name__}: {exc}"[:4000]}
         result["runs"].append(run)
@@ -243,7 +246,26 @@ def format_table(result: Mapping[str, Any]) -> str:
             f"{r['pass_at_1_change']:+.3f} | {r['staleness_max']} | {r['staleness_mean']:.2f} | "
             f"{format_staleness(r['staleness_counts'])} | {r['dropped_stale']} | {r['clip_fraction_mean']:.3f} |"
         )
+    lines.extend(_per_task_lines(result["runs"]))
     return "\n".join(lines)
+
+
+def _per_task_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """For a run over several tasks: each run's pass@1 per task, start -> final."""
+    tasks = sorted({name.split("/", 1)[1] for r in runs for name in r.get("by_task_final", {}) if name.startswith("pass_at_1/")})
+    if len(tasks) < 2:
+        return []
+    lines = ["", "pass@1 per task, start -> final:"]
+    for r in runs:
+        if "error" in r:
+            continue
+        start, final = r.get("by_task_start", {}), r.get("by_task_final", {})
+        parts = [
+            f"{task} {start.get(f'pass_at_1/{task}', float('nan')):.3f} -> {final.get(f'pass_at_1/{task}', float('nan')):.3f}"
+            for task in tasks
+        ]
+        lines.append(f"- eta {r['eta']} {r['objective']}: " + ", ".join(parts))
+    return lines
 
 
 def plot_curves(result: Mapping[str, Any], path: Path, smooth: int) -> Path:

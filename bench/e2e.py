@@ -70,14 +70,18 @@ def split_cores() -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
     return tuple(cpus[:half]), tuple(cpus[half:])
 
 
-WORKLOADS: dict[str, dict[str, int]] = {
+WORKLOADS: dict[str, dict[str, float]] = {
     "balanced": {},
     "generation-bound": {"max_new_tokens": 1536, "micro_batch_tokens": 2048},
+    "mixed": {"code_share": 0.5, "max_prompt_tokens": 96},
 }
 """Named workloads: settings they change from the defaults. ``balanced`` (the default):
 generation and training take about as long (T_gen ~ 1.4 T_train on 2 CPUs);
 ``generation-bound``: four times longer outputs, so generation is the bottleneck and the
-rollout server's utilisation can be judged. Explicit options override a workload's values."""
+rollout server's utilisation can be judged; ``mixed``: half the prompts are synthetic code
+problems (a weighted mixture file of the two tasks), every code answer run against its tests
+in the sandbox (``reward.code.extract: whole``), so the reward wait per step can be judged.
+Explicit options override a workload's values."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class E2EBenchSettings:
     max_prompt_tokens: int = 64
     micro_batch_tokens: int = 1024
     n_prompts: int = 256
+    code_share: float = 0.0
+    """Weight of the synthetic code task in the prompt mixture (0: arithmetic only)."""
     seed: int = 0
     rollout_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[0])
     trainer_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[1])
@@ -122,6 +128,8 @@ class E2EBenchSettings:
         for name in ("steps", "batch_groups", "n_samples", "max_new_tokens", "max_prompt_tokens", "n_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.code_share < 1.0:
+            raise ValueError(f"code_share: must be in [0, 1), got {self.code_share}")
         if self.micro_batch_tokens < self.max_prompt_tokens + self.max_new_tokens:
             raise ValueError(
                 f"micro_batch_tokens: {self.micro_batch_tokens} is below max_prompt_tokens + "
@@ -156,6 +164,8 @@ class Workload:
     train_path: Path
     prompts: tuple[tuple[int, ...], ...]
     budgets: tuple[int, ...]
+    code_groups: int = 0
+    """Groups of the run whose prompt is a code problem (the ``mixed`` workload)."""
 
     def batches(self, batch_groups: int) -> list[range]:
         """Group indices of each training step's batch, in admission order."""
@@ -240,6 +250,9 @@ def run_figures(
                                      run's concurrency: how busy the run kept the server
         weight_sync_stall_fraction = seconds generation was paused for weight updates / scheduler lifetime
         packing_efficiency         = :func:`mean_packing_efficiency`
+        reward_wait_per_step_s     = seconds groups waited for their rewards (summed over
+                                     groups, ``reward_wait_s``) / steps; they overlap with
+                                     generation, so this is the reward service's load, not a stall
         staleness_max, staleness_counts (:func:`staleness_counts`), dropped_stale = sum of ``dropped_stale``
     """
     missing = sorted({"gen_tokens_per_s", "weight_sync_stall_fraction", "weight_updates"} - set(scheduler))
@@ -268,6 +281,7 @@ def run_figures(
         "staleness_counts": counts,
         "dropped_stale": int(sum(m.get("dropped_stale", 0.0) for m in step_metrics.values())),
         "training_only_s": training_only_s(step_metrics),
+        "reward_wait_per_step_s": float(scheduler.get("reward_wait_s", 0.0)) / max(len(step_metrics), 1),
     }
 
 
@@ -322,28 +336,54 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], t_gen: float) -> dict[str, A
 # ----- the workload, the standalone measurement, the runs -----
 
 
-def prepare_workload(work: Path, settings: E2EBenchSettings) -> Workload:
-    """The tiny model, the synthetic prompts with their budgets (column ``max_new_tokens``),
-    and group k's prompt and budget exactly as the scheduler will draw them."""
+def _write_with_budgets(path: Path, solution_tokens: Sequence[int], max_new_tokens: int) -> None:
+    """Add the column ``max_new_tokens`` (:func:`solution_budgets`) to the Parquet at ``path``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from asyncrl.tasks.data.loader import BUDGET_FIELD
+
+    budgets = solution_budgets(solution_tokens, max_new_tokens)
+    table = pq.read_table(path).append_column(BUDGET_FIELD, pa.array(budgets, pa.int32()))
+    pq.write_table(table, path)
+
+
+def prepare_workload(work: Path, settings: E2EBenchSettings) -> Workload:
+    """The tiny model, the synthetic prompts with their budgets (column ``max_new_tokens``),
+    and group k's prompt and budget exactly as the scheduler will draw them. With
+    ``code_share`` > 0 the prompt file is a mixture (weights 1 - code_share and code_share)
+    of the arithmetic file and a synthetic code file; budgets follow the reference programs."""
+    import yaml
+
     from asyncrl.tasks.scheduler.controller import PromptSchedule, sample_budget
     from asyncrl.tasks.run.components_setup import load_codec
-    from asyncrl.tasks.data.loader import BUDGET_FIELD, load_prompts
+    from asyncrl.tasks.data.loader import load_prompts
     from asyncrl.tasks.data.prompting import render_prompt
     from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, write_problems
+    from asyncrl.tasks.data.synthetic_code import make_code_dataset, write_code_problems
     from asyncrl.tasks.model.tiny import write_tiny_model
 
     model_dir = work / "model"
     if not (model_dir / "config.json").is_file():
         write_tiny_model(model_dir, seed=settings.seed, overwrite=True)
     codec, _ = load_codec(str(model_dir))
-    problems = make_arithmetic_dataset(settings.n_prompts, settings.seed)
-    budgets = solution_budgets([len(codec.encode(p.solution)) for p in problems], settings.max_new_tokens)
+    n_code = round(settings.n_prompts * settings.code_share)
+    problems = make_arithmetic_dataset(settings.n_prompts - n_code, settings.seed)
     train_path = write_problems(work / "data" / "train.parquet", problems)
-    table = pq.read_table(train_path).append_column(BUDGET_FIELD, pa.array(budgets, pa.int32()))
-    pq.write_table(table, train_path)
+    _write_with_budgets(train_path, [len(codec.encode(p.solution)) for p in problems], settings.max_new_tokens)
+    if n_code:
+        programs = make_code_dataset(n_code, settings.seed)
+        code_path = write_code_problems(work / "data" / "code.parquet", programs)
+        _write_with_budgets(code_path, [len(codec.encode(p.solution)) for p in programs], settings.max_new_tokens)
+        mixture = {
+            "seed": settings.seed,
+            "sources": [
+                {"path": train_path.name, "weight": 1.0 - settings.code_share},
+                {"path": code_path.name, "weight": settings.code_share},
+            ],
+        }
+        train_path = work / "data" / "mixture.yaml"
+        train_path.write_text(yaml.safe_dump(mixture))
 
     schedule = PromptSchedule(load_prompts(train_path), seed=settings.seed)
     records = [schedule.record(k) for k in range(settings.steps * settings.batch_groups)]
@@ -356,6 +396,7 @@ def prepare_workload(work: Path, settings: E2EBenchSettings) -> Workload:
         train_path=train_path,
         prompts=prompts,
         budgets=tuple(sample_budget(r, settings.max_new_tokens) for r in records),
+        code_groups=sum(r.task == "code" for r in records),
     )
 
 
@@ -463,7 +504,8 @@ def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path,
                 "optimizer": {"lr": 1.0e-5},
                 "cpu_cores": None if cores["trainer"] is None else list(cores["trainer"]),
             },
-            "reward": {"pool": {"workers": 1}},
+            # every code answer is run as a program: the sandbox's full load on the reward service
+            "reward": {"pool": {"workers": 1}, "code": {"extract": "whole"}},
             "storage": {"root": str(work / "runs" / name / "store")},
             "tracking": {"mlflow_uri": f"sqlite:///{work / 'mlflow.db'}", "experiment": "bench-e2e"},
         },
@@ -481,6 +523,7 @@ def workload_summary(workload: Workload, settings: E2EBenchSettings) -> dict[str
         "budget_p50": budgets[len(budgets) // 2],
         "budget_p90": budgets[int(0.9 * (len(budgets) - 1))],
         "budget_max": budgets[-1],
+        "code_groups": workload.code_groups,
     }
 
 
@@ -543,7 +586,8 @@ def format_tables(result: Mapping[str, Any]) -> str:
     lines = [
         f"workload {result['settings'].get('workload', 'balanced')}: {w['groups']} groups x {result['settings']['n_samples']} samples, output budget mean "
         f"{w['budget_mean']:.0f}, p50 {w['budget_p50']}, p90 {w['budget_p90']}, max {w['budget_max']} tokens "
-        f"(long-tailed, EOS ignored); {result['settings']['steps']} steps of {result['settings']['batch_groups']} groups",
+        f"(long-tailed, EOS ignored); {result['settings']['steps']} steps of {result['settings']['batch_groups']} groups"
+        + (f"; {w['code_groups']} code groups" if w.get("code_groups") else ""),
         f"CPUs: rollout {result['settings']['rollout_cores']}, trainer {result['settings']['trainer_cores']}",
         "standalone server: " + ", ".join(f"{r['tokens_per_s']:.0f} tokens/s at c={r['concurrency']}" for r in s["throughput"]),
         f"T_gen {s['t_gen_s']:.1f} s (batch by batch), T_train {_fmt(result.get('t_train_s'), '.1f')} s "
@@ -553,19 +597,21 @@ def format_tables(result: Mapping[str, Any]) -> str:
         "efficiency = limit / wall",
         "",
         "| eta | mode | wall (s) | limit (s) | efficiency | speed-up vs eta 0 | speed-up vs ideal sync "
-        "| trained tok/s | rollout util. | stall frac. | packing eff. | staleness max | staleness (value:samples) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| trained tok/s | rollout util. | stall frac. | reward wait/step (s) | packing eff. | staleness max "
+        "| staleness (value:samples) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result.get("runs", []):
         mode = "sync" if r["eta"] == 0 else r["mode"]
         if "error" in r:
-            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 10)
+            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 11)
             continue
         lines.append(
             f"| {r['eta']} | {mode} | {r['wall_s']:.1f} | {_fmt(r.get('limit_s'), '.1f')} | "
             f"{_fmt(r.get('efficiency'), '.2f')} | {_fmt(r.get('speedup'), '.2f')} | "
             f"{_fmt(r.get('speedup_over_ideal_sync'), '.2f')} | {r['trained_tokens_per_s']:.0f} | "
-            f"{r['rollout_utilisation']:.2f} | {r['weight_sync_stall_fraction']:.3f} | {r['packing_efficiency']:.3f} | "
+            f"{r['rollout_utilisation']:.2f} | {r['weight_sync_stall_fraction']:.3f} | "
+            f"{_fmt(r.get('reward_wait_per_step_s'), '.2f')} | {r['packing_efficiency']:.3f} | "
             f"{r['staleness_max']} | {format_staleness(r['staleness_counts'])} |"
         )
     return "\n".join(lines)
@@ -593,7 +639,7 @@ def settings_from_args(args: argparse.Namespace) -> E2EBenchSettings:
     if args.workload not in WORKLOADS:
         raise ValueError(f"--workload: must be one of {list(WORKLOADS)}, got {args.workload!r}")
     preset = WORKLOADS[args.workload]
-    max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", defaults.max_new_tokens)
+    max_new_tokens = int(args.max_new_tokens or preset.get("max_new_tokens", defaults.max_new_tokens))
     return E2EBenchSettings(
         workload=args.workload,
         etas=args.etas,
@@ -602,9 +648,12 @@ def settings_from_args(args: argparse.Namespace) -> E2EBenchSettings:
         batch_groups=args.batch_groups,
         n_samples=args.n_samples,
         max_new_tokens=max_new_tokens,
-        micro_batch_tokens=max(
-            preset.get("micro_batch_tokens", defaults.micro_batch_tokens), defaults.max_prompt_tokens + max_new_tokens
-        ),
+        max_prompt_tokens=int(preset.get("max_prompt_tokens", defaults.max_prompt_tokens)),
+        micro_batch_tokens=int(max(
+            preset.get("micro_batch_tokens", defaults.micro_batch_tokens),
+            preset.get("max_prompt_tokens", defaults.max_prompt_tokens) + max_new_tokens,
+        )),
+        code_share=float(preset.get("code_share", defaults.code_share)),
         seed=args.seed,
         rollout_cores=defaults.rollout_cores if args.rollout_cores == "auto" else _cores(args.rollout_cores),
         trainer_cores=defaults.trainer_cores if args.trainer_cores == "auto" else _cores(args.trainer_cores),
@@ -633,7 +682,7 @@ def add_e2e_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help="prompt groups per step (B)")
     parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help="samples per prompt (n)")
     parser.add_argument("--workload", choices=list(WORKLOADS), default=defaults.workload,
-                        help="balanced (default) or generation-bound (4x longer outputs)")  # fmt: skip
+                        help="balanced (default), generation-bound (4x longer outputs) or mixed (half code, scored in the sandbox)")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help=f"budget of the longest reference solution (default {defaults.max_new_tokens}, or the workload's)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=defaults.seed)

@@ -91,3 +91,15 @@ def test_table_and_plot(tmp_path: Path) -> None:
     assert "| 4 | standard | failed: RuntimeError: boom |" in table
     png = plot_curves(result, tmp_path / "out" / "curves.png", smooth=2)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_a_mixed_run_lists_pass_at_1_per_task() -> None:
+    metrics = {s: step(0.1 * s, **{"staleness/count_0": 8.0}) for s in range(1, 4)}
+    run = {**run_summary(2, "decoupled", metrics, {0: 0.3, 3: 0.4}, start_version=0),
+           "by_task_start": {"pass_at_1/code": 0.1, "pass_at_1/math": 0.5},
+           "by_task_final": {"pass_at_1/code": 0.25, "pass_at_1/math": 0.55}}  # fmt: skip
+    result = {"config": "mixed", "steps": 3, "batch_groups": 2, "n_samples": 4, "eval_prompts": 10, "eval_samples": 2,
+              "runs": [run]}  # fmt: skip
+    assert "- eta 2 decoupled: code 0.100 -> 0.250, math 0.500 -> 0.550" in format_table(result)
+    single = {**result, "runs": [{**run, "by_task_final": {"pass_at_1/math": 0.5}}]}
+    assert "per task" not in format_table(single)

@@ -238,7 +238,8 @@ def test_report_has_every_run_and_the_bound() -> None:
     settings = {"n_samples": 4, "steps": 8, "batch_groups": 4, "rollout_cores": [0], "trainer_cores": [1]}
     runs = [
         run_row(0, 60.0, training=20.0, trained_tokens_per_s=100.0, rollout_utilisation=0.31,
-                weight_sync_stall_fraction=0.02, packing_efficiency=0.91, staleness_max=0, staleness_counts={0: 128}),
+                weight_sync_stall_fraction=0.02, packing_efficiency=0.91, staleness_max=0, staleness_counts={0: 128},
+                reward_wait_per_step_s=1.25),
         run_row(2, 40.0, mode="keep", trained_tokens_per_s=150.0, rollout_utilisation=0.6,
                 weight_sync_stall_fraction=0.04, packing_efficiency=0.9, staleness_max=2,
                 staleness_counts={"0": 90, "1": 30, "2": 8}),  # keys as JSON gives them back
@@ -253,8 +254,26 @@ def test_report_has_every_run_and_the_bound() -> None:
     table = format_tables(json.loads(json.dumps(result)))
     assert "ideal overlap bound 1.67x" in table and "T_gen 30.0 s" in table and "T_train 20.0 s" in table
     assert "ideal synchronous 50.0 s" in table
-    # wall, limit, efficiency, speed-up vs eta 0, vs ideal sync, tok/s, util., stall, packing, staleness
-    assert "| 0 | sync | 60.0 | 50.0 | 0.83 | 1.00 | 0.83 | 100 | 0.31 | 0.020 | 0.910 | 0 | 0:128 |" in table
-    assert "| 2 | keep | 40.0 | 30.0 | 0.75 | 1.50 | 1.25 | 150 | 0.60 | 0.040 | 0.900 | 2 | 0:90 1:30 2:8 |" in table
+    # wall, limit, efficiency, speed-up vs eta 0, vs ideal sync, tok/s, util., stall, reward wait, packing, staleness
+    assert "| 0 | sync | 60.0 | 50.0 | 0.83 | 1.00 | 0.83 | 100 | 0.31 | 0.020 | 1.25 | 0.910 | 0 | 0:128 |" in table
+    assert "| 2 | keep | 40.0 | 30.0 | 0.75 | 1.50 | 1.25 | 150 | 0.60 | 0.040 | n/a | 0.900 | 2 | 0:90 1:30 2:8 |" in table
     assert "| 4 | recompute | failed: ComponentFailed: trainer failed: boom |" in table
     assert not math.isnan(result["overlap_bound"])
+
+
+def test_the_mixed_workload_draws_code_and_math_from_one_mixture(tmp_path) -> None:
+    from asyncrl.bench.e2e import bench_run_config, prepare_workload
+    from asyncrl.tasks.data.loader import load_prompts
+
+    settings = settings_from_args(build_parser().parse_args(
+        ["bench", "e2e", "--rollout-cores", "none", "--trainer-cores", "none", "--workload", "mixed", "--steps", "8"]
+    ))  # fmt: skip
+    assert (settings.code_share, settings.max_prompt_tokens, settings.micro_batch_tokens) == (0.5, 96, 1024)
+    workload = prepare_workload(tmp_path, settings)
+    assert workload.train_path.suffix == ".yaml"
+    records = load_prompts(workload.train_path)
+    assert {r.task for r in records} == {"math", "code"} and len(records) == settings.n_prompts
+    assert 0 < workload.code_groups < len(workload.prompts) == 8 * settings.batch_groups
+    assert max(workload.budgets) <= settings.max_new_tokens and all(len(p) <= 96 for p in workload.prompts)
+    config = bench_run_config(settings, workload, tmp_path, eta=0, mode="recompute")
+    assert config.reward.code.extract == "whole" and config.data.train_path == str(workload.train_path)
