@@ -30,6 +30,7 @@ from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.reward.sandbox import RunOutcome, Sandbox, SandboxFile, escape_controls
 from asyncrl.tasks.reward.seccomp import X32_SYSCALL_BIT, native_arch
 from asyncrl.tasks.reward.types import CodeTests, Reason, RewardRequest, RewardResult, StdioCase
+from hostile_programs import SLEEPER_BOMB
 
 if TYPE_CHECKING:
     from conftest import HostGuard  # fixtures come from tests/reward/conftest.py
@@ -64,21 +65,7 @@ def test_fork_bomb_hits_the_process_limit(sandbox: Sandbox, host_guard: HostGuar
 
 def test_fork_bomb_of_sleepers_is_capped_at_nproc(sandbox: Sandbox, host_guard: HostGuard) -> None:
     # Children that survive (sleep) make the cap visible: the program reports how many forks worked.
-    source = (
-        "import os, time\n"
-        "n = 0\n"
-        "for _ in range(200):\n"
-        "    try:\n"
-        "        pid = os.fork()\n"
-        "    except OSError:\n"
-        "        break\n"
-        "    if pid == 0:\n"
-        "        time.sleep(60)\n"
-        "        os._exit(0)\n"
-        "    n += 1\n"
-        "print(n)\n"
-    )
-    outcome = sandbox.run([SandboxFile("main.py", source.encode())], "main.py")
+    outcome = sandbox.run([SandboxFile("main.py", SLEEPER_BOMB.encode())], "main.py")
     assert outcome.reason == Reason.OK, outcome
     forks = int(outcome.stdout)
     assert 0 < forks < sandbox.config.limits.nproc  # bwrap's init and the program count too

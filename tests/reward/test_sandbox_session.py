@@ -15,26 +15,13 @@ from asyncrl.tasks.reward import sandbox as sandbox_module
 from asyncrl.tasks.reward.code_reward import score_code
 from asyncrl.tasks.reward.sandbox import Sandbox, SandboxFile
 from asyncrl.tasks.reward.types import CodeTests, Reason, StdioCase
+from hostile_programs import SLEEPER_BOMB
 
 if TYPE_CHECKING:
     from conftest import HostGuard  # fixtures come from tests/reward/conftest.py
 
 ADD = b"a, b = map(int, input().split())\nprint(a + b)\n"
 LIST_PROCESSES = b"import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
-SLEEPER_BOMB = (
-    "import os, time\n"
-    "n = 0\n"
-    "for _ in range(200):\n"
-    "    try:\n"
-    "        pid = os.fork()\n"
-    "    except OSError:\n"
-    "        break\n"
-    "    if pid == 0:\n"
-    "        time.sleep(60)\n"
-    "        os._exit(0)\n"
-    "    n += 1\n"
-    "print(n)\n"
-)
 
 
 def daemon(marker: str) -> bytes:
