@@ -1,4 +1,5 @@
-# asyncrl: `make demo` runs the main job on embedded defaults, `make test` the suite.
+# asyncrl: `make demo` runs the main job on embedded defaults (`make demo-code`: the code task),
+# `make test` the suite.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -12,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # every venv at another path, and a build killed midway leaves a lock that hangs the next one.
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup system-deps test demo clean
+.PHONY: setup system-deps test demo demo-code clean
 
 # bubblewrap sandboxes model-written code in the reward service. Installed with apt-get
 # when missing and we are root; otherwise the reward service refuses to run code.
@@ -39,6 +40,11 @@ test: setup
 
 demo: setup
 	$(VENV)/bin/asyncrl run configs/demo.yaml
+
+# The code task: the tiny model learns to write short Python programs checked by stdin/stdout
+# tests in the bubblewrap sandbox (system-deps installs it).
+demo-code: setup
+	$(VENV)/bin/asyncrl run configs/demo-code.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -19,6 +19,7 @@ from asyncrl.configs.secrets import Secret, SecretUri, refuse_redacted, secret_k
 from asyncrl.storage.protocols import check_root_protocol
 from asyncrl.storage.retry import retry_policy
 from asyncrl.tasks.data.synthetic import ArithmeticSpec
+from asyncrl.tasks.data.synthetic_code import CodeSpec
 from asyncrl.tasks.process_group import check_cpu_cores
 from asyncrl.tasks.reward.config import RewardConfig
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
@@ -219,6 +220,17 @@ class TrackingConfig(StrictModel):
     stripped wherever the config is shown or passed as a flow parameter; for deployment runs
     give it through the environment (``PGPASSWORD``, ``MLFLOW_TRACKING_PASSWORD``)."""
     experiment: str = Field("asyncrl", min_length=1)
+    pass_k: list[int] = Field(default_factory=list)
+    """k values of pass@k reported per task (with pass@1, always reported) for training steps
+    (over rollout.n_samples per prompt) and evaluation (pipeline.eval_samples); each k >= 2."""
+
+    @field_validator("pass_k")
+    @classmethod
+    def _ks_above_one(cls, ks: list[int]) -> list[int]:
+        small = [k for k in ks if k < 2]
+        if small:
+            raise ValueError(f"tracking.pass_k: {small} — pass@1 is always reported; list k values >= 2")
+        return sorted(set(ks))
 
     @field_validator("mlflow_uri")
     @classmethod
@@ -228,25 +240,55 @@ class TrackingConfig(StrictModel):
 
 
 class SyntheticDataConfig(StrictModel):
-    """Size and difficulty of the synthetic arithmetic task (see ``ArithmeticSpec``)."""
+    """Size and difficulty of a synthetic task: ``task: arithmetic`` (see ``ArithmeticSpec``,
+    the default) or ``task: code`` (list-processing programs checked by stdin/stdout tests,
+    see ``CodeSpec``). Each task refuses the other task's fields when they are set to
+    anything but their defaults."""
 
+    task: Literal["arithmetic", "code"] = "arithmetic"
+    """Which synthetic task prepare-data writes: ``arithmetic`` (rows ``prompt``/``answer``/
+    ``solution``, math reward) or ``code`` (rows ``prompt``/``tests``/``solution``/``task``,
+    code reward)."""
     n_train: int = Field(4000, ge=1)
     n_heldout: int = Field(200, ge=1)
     min_steps: int = Field(ArithmeticSpec.min_steps, ge=1)
-    """Fewest operators of a problem."""
+    """Fewest steps of a problem: operators (arithmetic) or list operations (code). Default
+    2 for arithmetic, 1 for code."""
     max_steps: int = Field(ArithmeticSpec.max_steps, ge=1)
-    """Most operators; P(k operators) is proportional to k ** -step_exponent."""
+    """Most steps; P(k steps) is proportional to k ** -step_exponent. Default 16 for
+    arithmetic, 4 for code."""
     step_exponent: float = Field(ArithmeticSpec.step_exponent, ge=0.0)
     mul_prob: float = Field(ArithmeticSpec.mul_prob, ge=0.0, le=1.0)
-    """Chance of ``*`` for each operator (else ``+`` or ``-``)."""
+    """Arithmetic: chance of ``*`` for each operator (else ``+`` or ``-``)."""
     max_addend: int = Field(ArithmeticSpec.max_addend, ge=1)
+    """Arithmetic: ``+``/``-`` operands are drawn from [1, max_addend]."""
     max_factor: int = Field(ArithmeticSpec.max_factor, ge=2)
+    """Arithmetic: ``*`` operands are drawn from [2, max_factor]."""
+    n_tests: int = Field(CodeSpec.n_tests, ge=2)
+    """Code: stdin/stdout tests per problem, each on a random list of integers."""
+    min_list_len: int = Field(CodeSpec.min_list_len, ge=1)
+    """Code: shortest input list of a test."""
+    max_list_len: int = Field(CodeSpec.max_list_len, ge=1)
+    """Code: longest input list of a test (lengths uniform in [min_list_len, max_list_len])."""
+    max_value: int = Field(CodeSpec.max_value, ge=1)
+    """Code: input integers are drawn from [0, max_value]."""
+    max_constant: int = Field(CodeSpec.max_constant, ge=1, le=9)
+    """Code: constants of the steps (add k, times k, keep >k ...) are drawn from [1, max_constant]."""
     n_sft: int = Field(0, ge=0)
     """Warm-start problems written to data.sft_path: distinct from the RL prompts
     (data.train_path) and the held-out split, so RL and evaluation see unseen problems."""
     sft_answer_only_share: float = Field(0.0, ge=0.0, le=1.0)
-    """Share of the warm-start solutions that give only the final-answer line, no worked
-    steps (a mixed-quality demonstration set, like many real SFT mixtures)."""
+    """Arithmetic: share of the warm-start solutions that give only the final-answer line,
+    no worked steps (a mixed-quality demonstration set, like many real SFT mixtures)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, data: Any) -> Any:  # noqa: ANN401 - the raw section
+        """The code task's own defaults for the step fields it shares with arithmetic."""
+        if isinstance(data, dict) and data.get("task") == "code":
+            return {"min_steps": CodeSpec.min_steps, "max_steps": CodeSpec.max_steps,
+                    "step_exponent": CodeSpec.step_exponent, **data}
+        return data
 
     @model_validator(mode="after")
     def _steps_ordered(self) -> SyntheticDataConfig:
@@ -254,6 +296,19 @@ class SyntheticDataConfig(StrictModel):
             raise ValueError(
                 f"pipeline.synthetic_data.min_steps ({self.min_steps}) must be <= max_steps ({self.max_steps})"
             )
+        other = _CODE_ONLY_FIELDS if self.task == "arithmetic" else _ARITHMETIC_ONLY_FIELDS
+        for name in other:
+            if getattr(self, name) != type(self).model_fields[name].default:
+                raise ValueError(
+                    f"pipeline.synthetic_data.{name}: applies to task "
+                    f"{'code' if self.task == 'arithmetic' else 'arithmetic'} only, not to task {self.task!r}; "
+                    "remove it"
+                )
+        if self.task == "code":
+            try:
+                self.code_spec()
+            except ValueError as exc:
+                raise ValueError(str(exc).replace("CodeSpec.", "pipeline.synthetic_data.", 1)) from None
         return self
 
     def spec(self) -> ArithmeticSpec:
@@ -266,12 +321,30 @@ class SyntheticDataConfig(StrictModel):
             max_factor=self.max_factor,
         )
 
+    def code_spec(self) -> CodeSpec:
+        """The code task's generator settings (``task: code``)."""
+        return CodeSpec(
+            min_steps=self.min_steps,
+            max_steps=self.max_steps,
+            step_exponent=self.step_exponent,
+            n_tests=self.n_tests,
+            min_list_len=self.min_list_len,
+            max_list_len=self.max_list_len,
+            max_value=self.max_value,
+            max_constant=self.max_constant,
+        )
+
+
+_ARITHMETIC_ONLY_FIELDS: tuple[str, ...] = ("mul_prob", "max_addend", "max_factor", "sft_answer_only_share")
+_CODE_ONLY_FIELDS: tuple[str, ...] = ("n_tests", "min_list_len", "max_list_len", "max_value", "max_constant")
+
 
 class PipelineConfig(StrictModel):
     init_tiny_model: bool = False
     """Write the tiny Qwen2 model at model.path when nothing is there (demo, tests)."""
     synthetic_data: SyntheticDataConfig | None = None
-    """Write the synthetic arithmetic task at data.train_path / data.eval_path when absent."""
+    """Write the synthetic task (arithmetic or code, by its ``task``) at data.train_path /
+    data.eval_path (/ data.sft_path) when absent."""
     sft_steps: int = Field(0, ge=0)
     """Warm-start SFT updates on the reference solutions before RL (0 skips the stage)."""
     sft_batch_size: int = Field(16, ge=1)
@@ -320,6 +393,12 @@ class RunConfig(StrictModel):
                 f"trainer.micro_batch_tokens: {self.trainer.micro_batch_tokens} is smaller than one "
                 f"sequence's maximum, data.max_prompt_tokens + rollout.max_new_tokens = {longest_sequence}"
             )
+        for k in self.tracking.pass_k:
+            if k > self.rollout.n_samples or k > self.pipeline.eval_samples:
+                raise ValueError(
+                    f"tracking.pass_k: pass@{k} needs at least {k} samples per prompt; rollout.n_samples = "
+                    f"{self.rollout.n_samples}, pipeline.eval_samples = {self.pipeline.eval_samples}"
+                )
         if self.trainer.advantage == "rloo" and self.rollout.n_samples < 2:
             raise ValueError("trainer.advantage: 'rloo' needs rollout.n_samples >= 2 (leave-one-out baseline)")
         if self.pipeline.synthetic_data is None and self.data.eval_path is None and self.pipeline.eval_prompts:

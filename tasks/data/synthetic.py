@@ -18,7 +18,10 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Operator = Literal["+", "-", "*"]
 OPERATORS: tuple[str, ...] = get_args(Operator)
@@ -252,7 +255,6 @@ def write_problems(
     (``solutions`` if given, else each problem's reference solution) and ``num_steps``;
     atomic (temporary file, then rename)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     if solutions is None:
         solutions = [p.solution for p in problems]
@@ -267,6 +269,15 @@ def write_problems(
             "num_steps": pa.array([p.num_steps for p in problems], pa.int32()),
         }
     )
+    return write_table_atomic(path, table, metadata)
+
+
+def write_table_atomic(path: Path, table: pa.Table, metadata: dict[str, str] | None = None) -> Path:
+    """Write ``table`` (with ``metadata`` as its schema metadata, if given) as Parquet at
+    ``path``: a temporary file in the same directory, then a rename, so a reader sees the
+    old file or the whole new one; a full disk raises ``OSError(ENOSPC)`` naming ``path``."""
+    import pyarrow.parquet as pq
+
     if metadata:
         table = table.replace_schema_metadata(metadata)
     path = Path(path)

@@ -162,7 +162,7 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
     engine = _engine(config, model_dir, steps, config.pipeline.sft_optimizer or config.trainer.optimizer)
     sft_path = config.data.sft_path or config.data.train_path
     records = load_prompts(sft_path, plugins=config.reward.plugins)
-    sequences = sft_sequences(records, engine.tokenizer, config.data.prompt_format)
+    sequences = sft_sequences(records, engine.tokenizer, config.data.prompt_format, config.reward.code.extract)
     settings = SFTSettings(
         steps=steps,
         batch_size=args.sft_batch_size or config.pipeline.sft_batch_size,

@@ -1,6 +1,7 @@
 """Supervised fine-tuning (the pipeline's warm-start) on the RL trainer's engine.
 
-Each example is the rendered prompt followed by the reference answer and EOS; the loss
+Each example is the rendered prompt followed by the reference answer (a code row: its
+reference program, fenced as the code reward extracts it) and EOS; the loss
 is cross-entropy on the answer tokens only, averaged over all answer tokens of the batch:
 
     loss = -(1 / N) * sum_{answer tokens t} log pi_theta(x_t | x_<t),   N = answer tokens in the batch
@@ -17,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.tasks.data.loader import PromptRecord
+from asyncrl.tasks.data.loader import CODE_TASK, PromptRecord
 from asyncrl.tasks.data.prompting import PromptFormat, render_prompt
 from asyncrl.tasks.data.synthetic import format_final_answer
 from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches
@@ -40,9 +41,27 @@ class SFTSettings:
     seed: int = 0
 
 
-def sft_target(record: PromptRecord) -> str:
-    """The answer text trained on: the reference solution ending in ``#### <answer>``
-    (the final-answer line is appended when the solution lacks it)."""
+CODE_FENCE_LANGUAGE = "python"
+
+
+def sft_target(record: PromptRecord, code_extract: str = "last_fence") -> str:
+    """The answer text trained on.
+
+    - a ``code`` row: its reference program (``solution``) in the form the code reward
+      extracts with ``reward.code.extract`` = ``code_extract``: a ```python fenced block
+      for ``last_fence`` / ``first_fence``, the bare program for ``whole``;
+    - any other row: the reference solution ending in ``#### <answer>`` (the final-answer
+      line is appended when the solution lacks it).
+    """
+    if record.task == CODE_TASK:
+        if not record.solution or not record.solution.strip():
+            raise ValueError(f"prompt {record.prompt_id}: a code row without a reference program (solution) cannot be trained on")
+        program = record.solution.rstrip("\n")
+        if code_extract == "whole":
+            return program
+        if code_extract in ("last_fence", "first_fence"):
+            return f"```{CODE_FENCE_LANGUAGE}\n{program}\n```"
+        raise ValueError(f"reward.code.extract: unknown mode {code_extract!r}; allowed: 'last_fence', 'first_fence', 'whole'")
     final = format_final_answer(record.answer)
     if not record.solution:
         return final
@@ -52,16 +71,20 @@ def sft_target(record: PromptRecord) -> str:
 
 
 def sft_sequences(
-    records: Sequence[PromptRecord], tokenizer: Any, prompt_format: PromptFormat = "plain"
+    records: Sequence[PromptRecord],
+    tokenizer: Any,
+    prompt_format: PromptFormat = "plain",
+    code_extract: str = "last_fence",
 ) -> list[TokenSequence]:
-    """Prompt tokens (rendered as rollout renders them) and answer tokens + EOS per record."""
+    """Prompt tokens (rendered as rollout renders them) and answer tokens + EOS per record;
+    ``code_extract`` (``reward.code.extract``) shapes code rows' targets (:func:`sft_target`)."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("SFT needs a tokenizer with an EOS token")
     sequences = []
     for record in records:
         prompt = tokenizer(render_prompt(record.prompt, prompt_format, tokenizer), add_special_tokens=False)["input_ids"]
-        answer = tokenizer(sft_target(record), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(sft_target(record, code_extract), add_special_tokens=False)["input_ids"]
         sequences.append(TokenSequence(tuple(prompt), (*answer, eos)))
     return sequences
 

@@ -1,0 +1,371 @@
+"""Synthetic list-processing programs: the code demo's stand-in for a coding benchmark.
+
+A problem asks for a short Python program that reads one line of integers from stdin,
+applies a chain of list operations and prints a result, e.g.::
+
+    Read ints; keep evens, add 3, sort; print the max.
+
+whose reference program is::
+
+    a=list(map(int,input().split()))
+    a=[x for x in a if x%2==0]
+    a=[x+3 for x in a]
+    a.sort()
+    print(max(a))
+
+It is checked by ``n_tests`` stdin/stdout tests on random integer lists (the code
+reward's ``{"stdio": [{"input": ..., "output": ...}]}`` format). Each phrase of the
+statement maps to one line of the program, so the task is a translation a tiny
+byte-level model can learn; the number of steps (list operations) follows a truncated
+power law, so program lengths have a long tail like real coding answers.
+
+Lengths (bytes = tokens of the tiny byte-level tokenizer):
+
+- steps k in [min_steps, max_steps] with P(k) = k ** -step_exponent / Z,
+  Z = sum_{j=min_steps}^{max_steps} j ** -step_exponent (before distinct prompts are
+  enforced: problems repeating an earlier prompt are redrawn, which thins the short
+  end where few distinct problems exist);
+- program: READ_LINE + k step lines + one print line, k + 2 lines,
+  ``len(program) <= len(READ_LINE) + 1 + k * (LONGEST_STEP_LINE + 1) + LONGEST_PRINT_LINE``;
+- prompt: ``len(prompt) <= max_prompt_bytes(spec)`` (see that function).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+from asyncrl.tasks.data.synthetic import write_table_atomic
+from asyncrl.tasks.data.records import CODE_TASK
+from asyncrl.tasks.reward.types import CodeTests, StdioCase
+
+READ_LINE = "a=list(map(int,input().split()))"
+PROMPT_PREFIX = "Read ints; "
+
+StepName = Literal["sort", "reverse", "evens", "odds", "add", "sub", "mul", "above", "below"]
+FinalName = Literal["sum", "max", "min", "count", "list"]
+STEP_NAMES: tuple[str, ...] = get_args(StepName)
+FINAL_NAMES: tuple[str, ...] = get_args(FinalName)
+
+
+@dataclass(frozen=True)
+class _Op:
+    phrase: str
+    """The statement's words; ``{k}`` is the constant."""
+    line: str
+    """The program's line; ``{k}`` is the constant."""
+    uses_constant: bool
+    apply: Callable[[list[int], int], list[int]]
+
+
+STEPS: dict[str, _Op] = {
+    "sort": _Op("sort", "a.sort()", False, lambda a, k: sorted(a)),
+    "reverse": _Op("reverse", "a.reverse()", False, lambda a, k: a[::-1]),
+    "evens": _Op("keep evens", "a=[x for x in a if x%2==0]", False, lambda a, k: [x for x in a if x % 2 == 0]),
+    "odds": _Op("keep odds", "a=[x for x in a if x%2]", False, lambda a, k: [x for x in a if x % 2]),
+    "add": _Op("add {k}", "a=[x+{k} for x in a]", True, lambda a, k: [x + k for x in a]),
+    "sub": _Op("subtract {k}", "a=[x-{k} for x in a]", True, lambda a, k: [x - k for x in a]),
+    "mul": _Op("times {k}", "a=[x*{k} for x in a]", True, lambda a, k: [x * k for x in a]),
+    "above": _Op("keep >{k}", "a=[x for x in a if x>{k}]", True, lambda a, k: [x for x in a if x > k]),
+    "below": _Op("keep <{k}", "a=[x for x in a if x<{k}]", True, lambda a, k: [x for x in a if x < k]),
+}
+"""List -> list operations: statement phrase, program line, reference semantics."""
+
+FINALS: dict[str, tuple[str, str, Callable[[list[int]], str]]] = {
+    "sum": ("print the sum", "print(sum(a))", lambda a: str(sum(a))),
+    "max": ("print the max", "print(max(a))", lambda a: str(max(a))),
+    "min": ("print the min", "print(min(a))", lambda a: str(min(a))),
+    "count": ("print the count", "print(len(a))", lambda a: str(len(a))),
+    "list": ("print them", "print(*a)", lambda a: " ".join(map(str, a))),
+}
+"""List -> output: statement phrase, print line, expected stdout (without the newline)."""
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """How problems are drawn.
+
+    - steps: k in [min_steps, max_steps] with P(k) proportional to k ** -step_exponent
+      (the module docstring gives the lengths this implies);
+    - each step: one of STEPS uniformly; a constant, where the step takes one, uniform in
+      [1, max_constant]; the final print: one of FINALS uniformly;
+    - tests: n_tests lines of n integers, n uniform in [min_list_len, max_list_len],
+      each integer uniform in [0, max_value]. A problem is kept only when every test
+      leaves a non-empty list for the final print (so max/min are defined and printing
+      nothing never passes) and the tests do not all expect the same output (a program
+      printing a constant never passes); otherwise its steps, final and tests are redrawn
+      with the same k, so k keeps exactly the power law.
+    The defaults keep every prompt within 80 bytes (= tokens of the tiny tokenizer).
+    """
+
+    min_steps: int = 1
+    max_steps: int = 4
+    step_exponent: float = 1.5
+    n_tests: int = 4
+    min_list_len: int = 3
+    max_list_len: int = 8
+    max_value: int = 20
+    max_constant: int = 9
+
+    def __post_init__(self) -> None:
+        if self.min_steps < 1:
+            raise ValueError(f"CodeSpec.min_steps: must be >= 1, got {self.min_steps}")
+        if self.max_steps < self.min_steps:
+            raise ValueError(
+                f"CodeSpec.max_steps: must be >= min_steps ({self.min_steps}), got {self.max_steps}"
+            )
+        if not self.step_exponent >= 0:
+            raise ValueError(f"CodeSpec.step_exponent: must be >= 0, got {self.step_exponent}")
+        if self.n_tests < 2:
+            raise ValueError(f"CodeSpec.n_tests: must be >= 2 (tests must tell programs apart), got {self.n_tests}")
+        if self.min_list_len < 1:
+            raise ValueError(f"CodeSpec.min_list_len: must be >= 1, got {self.min_list_len}")
+        if self.max_list_len < self.min_list_len:
+            raise ValueError(
+                f"CodeSpec.max_list_len: must be >= min_list_len ({self.min_list_len}), got {self.max_list_len}"
+            )
+        if self.max_value < 1:
+            raise ValueError(f"CodeSpec.max_value: must be >= 1, got {self.max_value}")
+        if not 1 <= self.max_constant <= 9:
+            raise ValueError(f"CodeSpec.max_constant: must be in [1, 9] (one digit), got {self.max_constant}")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    constant: int | None = None
+
+    def __post_init__(self) -> None:
+        op = STEPS.get(self.name)
+        if op is None:
+            raise ValueError(f"Step.name: unknown step {self.name!r}; allowed: {', '.join(STEPS)}")
+        if op.uses_constant != (self.constant is not None):
+            raise ValueError(
+                f"Step.constant: step {self.name!r} {'needs' if op.uses_constant else 'takes no'} constant, "
+                f"got {self.constant!r}"
+            )
+
+    @property
+    def phrase(self) -> str:
+        return STEPS[self.name].phrase.format(k=self.constant)
+
+    @property
+    def line(self) -> str:
+        return STEPS[self.name].line.format(k=self.constant)
+
+    def apply(self, values: list[int]) -> list[int]:
+        return STEPS[self.name].apply(values, self.constant or 0)
+
+
+@dataclass(frozen=True)
+class CodeProblem:
+    """Read a line of ints, apply ``steps`` in order, print by ``final``; checked by ``tests``."""
+
+    steps: tuple[Step, ...]
+    final: str
+    tests: tuple[StdioCase, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise ValueError("CodeProblem.steps: needs at least one step")
+        if self.final not in FINALS:
+            raise ValueError(f"CodeProblem.final: unknown final {self.final!r}; allowed: {', '.join(FINALS)}")
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def prompt(self) -> str:
+        return f"{PROMPT_PREFIX}{', '.join(s.phrase for s in self.steps)}; {FINALS[self.final][0]}."
+
+    @property
+    def solution(self) -> str:
+        """The reference program: READ_LINE, one line per step, the print line (no trailing newline)."""
+        return "\n".join([READ_LINE, *(s.line for s in self.steps), FINALS[self.final][1]])
+
+    def reduced(self, values: Sequence[int]) -> list[int]:
+        """The list the final print sees for input ``values``."""
+        current = list(values)
+        for step in self.steps:
+            current = step.apply(current)
+        return current
+
+    def expected_output(self, values: Sequence[int]) -> str:
+        """Reference stdout for input ``values``, ending in a newline."""
+        return FINALS[self.final][2](self.reduced(values)) + "\n"
+
+    def code_tests(self) -> CodeTests:
+        return CodeTests(stdio=self.tests)
+
+    def tests_json(self) -> str:
+        """The tests in the code reward's format: ``{"stdio": [{"input": ..., "output": ...}], "asserts": []}``."""
+        return json.dumps(self.code_tests().to_json(), sort_keys=True)
+
+
+LONGEST_STEP_LINE = max(len(op.line.format(k=9)) for op in STEPS.values())
+LONGEST_PRINT_LINE = max(len(line) for _, line, _ in FINALS.values())
+
+
+def max_prompt_bytes(spec: CodeSpec) -> int:
+    """Upper bound of a prompt's UTF-8 length: ``len(PROMPT_PREFIX) + max_steps * longest
+    phrase + 2 * (max_steps - 1) (", ") + 2 ("; ") + longest final phrase + 1 (".")``."""
+    phrase = max(len(op.phrase.format(k=spec.max_constant)) for op in STEPS.values())
+    final = max(len(p) for p, _, _ in FINALS.values())
+    return len(PROMPT_PREFIX) + spec.max_steps * phrase + 2 * (spec.max_steps - 1) + 2 + final + 1
+
+
+def max_program_bytes(spec: CodeSpec) -> int:
+    """Upper bound of a reference program's length (the module docstring's formula)."""
+    return len(READ_LINE) + 1 + spec.max_steps * (LONGEST_STEP_LINE + 1) + LONGEST_PRINT_LINE
+
+
+def step_weights(spec: CodeSpec) -> tuple[list[int], list[float]]:
+    """Steps k = min_steps..max_steps and weights w_k = k ** -step_exponent (unnormalised)."""
+    steps = list(range(spec.min_steps, spec.max_steps + 1))
+    return steps, [k**-spec.step_exponent for k in steps]
+
+
+def _draw_test_input(rng: random.Random, spec: CodeSpec) -> list[int]:
+    return [rng.randint(0, spec.max_value) for _ in range(rng.randint(spec.min_list_len, spec.max_list_len))]
+
+
+_TEST_DRAWS = 20
+"""Tries for one test input leaving a non-empty list before the problem is redrawn."""
+
+
+def _draw_tests(rng: random.Random, spec: CodeSpec, problem: CodeProblem) -> tuple[StdioCase, ...] | None:
+    """``n_tests`` cases whose inputs all leave a non-empty list, not all with one output;
+    None when that fails (the caller redraws the problem)."""
+    cases: list[StdioCase] = []
+    for _ in range(spec.n_tests):
+        for _ in range(_TEST_DRAWS):
+            values = _draw_test_input(rng, spec)
+            if problem.reduced(values):
+                cases.append(StdioCase(" ".join(map(str, values)) + "\n", problem.expected_output(values)))
+                break
+        else:
+            return None
+    if len({case.output for case in cases}) == 1:
+        return None
+    return tuple(cases)
+
+
+def sample_problem(rng: random.Random, spec: CodeSpec, max_tries: int = 1000) -> CodeProblem:
+    """One problem with its tests drawn from ``spec`` with ``rng`` (see :class:`CodeSpec`)."""
+    ks, weights = step_weights(spec)
+    k = rng.choices(ks, weights=weights)[0]  # drawn once: redraws keep P(k) exactly the power law
+    for _ in range(max_tries):
+        steps = []
+        for _ in range(k):
+            name = rng.choice(STEP_NAMES)
+            steps.append(Step(name, rng.randint(1, spec.max_constant) if STEPS[name].uses_constant else None))
+        problem = CodeProblem(steps=tuple(steps), final=rng.choice(FINAL_NAMES))
+        tests = _draw_tests(rng, spec, problem)
+        if tests is not None:
+            return CodeProblem(steps=problem.steps, final=problem.final, tests=tests)
+    raise ValueError(
+        f"sample_problem: no {k}-step problem with usable tests in {max_tries} draws; widen the CodeSpec ({spec})"
+    )
+
+
+def make_code_dataset(n: int, seed: int, spec: CodeSpec | None = None) -> list[CodeProblem]:
+    """``n`` problems with distinct prompts, deterministic in (n, seed, spec).
+
+    Draws until n distinct prompts are collected; raises if the spec's problem space is
+    too small to hold them (more than 20 * n + 1000 draws).
+    """
+    if n < 0:
+        raise ValueError(f"make_code_dataset: n must be >= 0, got {n}")
+    spec = spec or CodeSpec()
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    problems: list[CodeProblem] = []
+    max_draws = 20 * n + 1000
+    for _ in range(max_draws):
+        if len(problems) == n:
+            break
+        problem = sample_problem(rng, spec)
+        if problem.prompt not in seen:
+            seen.add(problem.prompt)
+            problems.append(problem)
+    if len(problems) < n:
+        raise ValueError(
+            f"make_code_dataset: found only {len(problems)} distinct problems of the {n} asked in "
+            f"{max_draws} draws; widen the CodeSpec ({spec})"
+        )
+    return problems
+
+
+def split_code_problems(
+    problems: Sequence[CodeProblem], *, n_train: int, n_heldout: int, seed: int
+) -> tuple[list[CodeProblem], list[CodeProblem], list[CodeProblem]]:
+    """Shuffle with ``seed`` and cut into (train, held-out, warm-start): the first
+    ``n_heldout`` are held out, the next ``n_train`` are the RL prompts, the rest the SFT
+    set. Prompts must be distinct, so no prompt is in two splits."""
+    if n_train < 0 or n_heldout < 0 or n_train + n_heldout > len(problems):
+        raise ValueError(
+            f"split_code_problems: need 0 <= n_train, n_heldout and n_train + n_heldout <= {len(problems)}, "
+            f"got n_train={n_train}, n_heldout={n_heldout}"
+        )
+    seen: set[str] = set()
+    for index, problem in enumerate(problems):
+        if problem.prompt in seen:
+            raise ValueError(f"split_code_problems: problem {index} repeats the prompt {problem.prompt!r}")
+        seen.add(problem.prompt)
+    order = list(range(len(problems)))
+    random.Random(seed).shuffle(order)
+    shuffled = [problems[i] for i in order]
+    return shuffled[n_heldout : n_heldout + n_train], shuffled[:n_heldout], shuffled[n_heldout + n_train :]
+
+
+def write_code_problems(path: Path, problems: Sequence[CodeProblem], metadata: dict[str, str] | None = None) -> Path:
+    """Write Parquet columns ``prompt``, ``tests`` (JSON text, the code reward's format),
+    ``solution`` (the reference program), ``task`` (``"code"``) and ``num_steps``; atomic
+    (temporary file, then rename)."""
+    import pyarrow as pa
+
+    table = pa.table(
+        {
+            "prompt": pa.array([p.prompt for p in problems], pa.string()),
+            "tests": pa.array([p.tests_json() for p in problems], pa.string()),
+            "solution": pa.array([p.solution for p in problems], pa.string()),
+            "task": pa.array([CODE_TASK] * len(problems), pa.string()),
+            "num_steps": pa.array([p.num_steps for p in problems], pa.int32()),
+        }
+    )
+    return write_table_atomic(path, table, metadata)
+
+
+def generator_metadata(seed: int, spec: CodeSpec, **extra: int) -> dict[str, str]:
+    return {"asyncrl.synthetic": json.dumps({"task": CODE_TASK, "seed": seed, "spec": asdict(spec), **extra}, sort_keys=True)}
+
+
+def write_code_splits(
+    *,
+    train_path: Path,
+    heldout_path: Path | None,
+    sft_path: Path | None,
+    n_train: int,
+    n_heldout: int,
+    n_sft: int,
+    seed: int,
+    spec: CodeSpec | None = None,
+) -> dict[str, Path]:
+    """One draw of ``n_train + n_heldout + n_sft`` distinct problems, split by
+    :func:`split_code_problems` and written where a path is given (the SFT split only when
+    ``n_sft > 0``). Returns {"train"|"heldout"|"sft": path} of the files written."""
+    spec = spec or CodeSpec()
+    problems = make_code_dataset(n_train + n_heldout + n_sft, seed, spec)
+    train, heldout, sft = split_code_problems(problems, n_train=n_train, n_heldout=n_heldout, seed=seed)
+    metadata = generator_metadata(seed, spec, n_train=n_train, n_heldout=n_heldout, n_sft=n_sft)
+    written = {"train": write_code_problems(Path(train_path), train, metadata)}
+    if heldout_path is not None:
+        written["heldout"] = write_code_problems(Path(heldout_path), heldout, metadata)
+    if sft_path is not None and sft:
+        written["sft"] = write_code_problems(Path(sft_path), sft, metadata)
+    return written
