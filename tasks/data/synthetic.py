@@ -15,16 +15,17 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal, TypeVar, get_args
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 Operator = Literal["+", "-", "*"]
 OPERATORS: tuple[str, ...] = get_args(Operator)
+_Drawn = TypeVar("_Drawn")
 FINAL_ANSWER_MARKER = "####"
 PROMPT_TEMPLATE = "What is {expression}?"
 SPLIT_FILES: dict[str, str] = {"train": "train.parquet", "heldout": "heldout.parquet"}
@@ -198,32 +199,34 @@ def sample_problem(rng: random.Random, spec: ArithmeticSpec) -> Problem:
     return Problem(numbers=tuple(numbers), operators=tuple(operators))
 
 
-def make_arithmetic_dataset(n: int, seed: int, spec: ArithmeticSpec | None = None) -> list[Problem]:
-    """``n`` problems with distinct prompts, deterministic in (n, seed, spec).
+def draw_distinct(n: int, draw: Callable[[], _Drawn], prompt_of: Callable[[_Drawn], str], spec: object) -> list[_Drawn]:
+    """``n`` results of ``draw()`` with distinct prompts, in draw order: at most 20 * n + 1000
+    draws, else ``ValueError`` saying the ``spec``'s problem space is too small."""
+    seen: set[str] = set()
+    drawn: list[_Drawn] = []
+    max_draws = 20 * n + 1000
+    for _ in range(max_draws):
+        if len(drawn) == n:
+            break
+        item = draw()
+        if prompt_of(item) not in seen:
+            seen.add(prompt_of(item))
+            drawn.append(item)
+    if len(drawn) < n:
+        raise ValueError(
+            f"found only {len(drawn)} distinct problems of the {n} asked in {max_draws} draws; "
+            f"widen the {type(spec).__name__} ({spec})"
+        )
+    return drawn
 
-    Draws until n distinct prompts are collected; raises if the spec's problem space
-    is too small to hold them (more than 20 * n + 1000 draws).
-    """
+
+def make_arithmetic_dataset(n: int, seed: int, spec: ArithmeticSpec | None = None) -> list[Problem]:
+    """``n`` problems with distinct prompts, deterministic in (n, seed, spec) (:func:`draw_distinct`)."""
     if n < 0:
         raise ValueError(f"make_arithmetic_dataset: n must be >= 0, got {n}")
     spec = spec or ArithmeticSpec()
     rng = random.Random(seed)
-    seen: set[str] = set()
-    problems: list[Problem] = []
-    max_draws = 20 * n + 1000
-    for _ in range(max_draws):
-        if len(problems) == n:
-            break
-        problem = sample_problem(rng, spec)
-        if problem.prompt not in seen:
-            seen.add(problem.prompt)
-            problems.append(problem)
-    if len(problems) < n:
-        raise ValueError(
-            f"make_arithmetic_dataset: found only {len(problems)} distinct problems of the {n} asked "
-            f"in {max_draws} draws; widen the ArithmeticSpec ({spec})"
-        )
-    return problems
+    return draw_distinct(n, lambda: sample_problem(rng, spec), lambda problem: problem.prompt, spec)
 
 
 def split_train_heldout(problems: Sequence[Problem], n_heldout: int, seed: int) -> tuple[list[Problem], list[Problem]]:

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from asyncrl.tasks.data.synthetic import write_table_atomic
+from asyncrl.tasks.data.synthetic import draw_distinct, write_table_atomic
 from asyncrl.tasks.data.records import CODE_TASK
 from asyncrl.tasks.reward.types import CodeTests, StdioCase
 
@@ -274,31 +274,12 @@ def sample_problem(rng: random.Random, spec: CodeSpec, max_tries: int = 1000) ->
 
 
 def make_code_dataset(n: int, seed: int, spec: CodeSpec | None = None) -> list[CodeProblem]:
-    """``n`` problems with distinct prompts, deterministic in (n, seed, spec).
-
-    Draws until n distinct prompts are collected; raises if the spec's problem space is
-    too small to hold them (more than 20 * n + 1000 draws).
-    """
+    """``n`` problems with distinct prompts, deterministic in (n, seed, spec) (:func:`draw_distinct`)."""
     if n < 0:
         raise ValueError(f"make_code_dataset: n must be >= 0, got {n}")
     spec = spec or CodeSpec()
     rng = random.Random(seed)
-    seen: set[str] = set()
-    problems: list[CodeProblem] = []
-    max_draws = 20 * n + 1000
-    for _ in range(max_draws):
-        if len(problems) == n:
-            break
-        problem = sample_problem(rng, spec)
-        if problem.prompt not in seen:
-            seen.add(problem.prompt)
-            problems.append(problem)
-    if len(problems) < n:
-        raise ValueError(
-            f"make_code_dataset: found only {len(problems)} distinct problems of the {n} asked in "
-            f"{max_draws} draws; widen the CodeSpec ({spec})"
-        )
-    return problems
+    return draw_distinct(n, lambda: sample_problem(rng, spec), lambda problem: problem.prompt, spec)
 
 
 def split_code_problems(
