@@ -29,6 +29,7 @@ from asyncrl.bench.e2e import add_e2e_bench
 from asyncrl.bench.storage import add_storage_bench
 from asyncrl.bench.weight_sync import add_weight_sync_bench
 from asyncrl.cli.chaos import add_chaos_command
+from asyncrl.cli.lineage import add_lineage_commands
 from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
 from asyncrl.tasks.rollout.bench import add_rollout_bench
 from asyncrl.tasks.trainer.bench import add_trainer_bench
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_debug_flag(run)
 
     add_reward_commands(commands)
+    add_lineage_commands(commands, add_debug_flag)
     add_chaos_command(commands)
     bench = commands.add_parser("bench", help="benchmarks that print figures (table and JSON)")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")

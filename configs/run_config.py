@@ -19,7 +19,7 @@ from asyncrl.configs.secrets import Secret, SecretUri, refuse_redacted, secret_k
 from asyncrl.storage.protocols import check_root_protocol
 from asyncrl.storage.retry import retry_policy
 from asyncrl.tasks.data.synthetic import ArithmeticSpec
-from asyncrl.tasks.data.synthetic_code import CodeSpec
+from asyncrl.tasks.data.synthetic_code import CodeSpec, ProgramStyle
 from asyncrl.tasks.process_group import check_cpu_cores
 from asyncrl.tasks.reward.config import RewardConfig
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
@@ -153,6 +153,12 @@ class TrainerConfig(StrictModel):
     """Drop samples staler than this (default: rollout.eta)."""
     cpu_cores: tuple[int, ...] | None = None
     """CPU ids the trainer process (and its workers) is pinned to; None = no pinning."""
+    threads: int | None = Field(None, ge=1)
+    """CPU threads of each RL trainer process (``OMP_NUM_THREADS``: PyTorch's intra-op
+    threads). None: the trainer's CPUs shared out among the processes computing on them at
+    once (see ``rl_trainer_threads``); spinning OpenMP threads on CPUs that a rollout server
+    also uses slowed training steps by 10-30x on 2 CPUs. The SFT stage, alone on the machine,
+    uses every CPU."""
 
     @field_validator("cpu_cores")
     @classmethod
@@ -220,9 +226,17 @@ class TrackingConfig(StrictModel):
     stripped wherever the config is shown or passed as a flow parameter; for deployment runs
     give it through the environment (``PGPASSWORD``, ``MLFLOW_TRACKING_PASSWORD``)."""
     experiment: str = Field("asyncrl", min_length=1)
+    artifact_location: str | None = None
+    """Where a new experiment keeps its artifacts (``file://...``, ``s3://...``); None: beside a
+    SQLite store (``<its directory>/mlartifacts``), the tracking server's default otherwise."""
     pass_k: list[int] = Field(default_factory=list)
     """k values of pass@k reported per task (with pass@1, always reported) for training steps
     (over rollout.n_samples per prompt) and evaluation (pipeline.eval_samples); each k >= 2."""
+    system_metrics: bool = True
+    """Log MLflow's own system metrics (``system/cpu_utilization_percentage``, memory, disk,
+    network, GPU) of the machine the flow runs on into the run while it runs."""
+    system_metrics_interval_s: float = Field(10.0, gt=0, le=3600)
+    """Seconds between two system-metrics samples."""
 
     @field_validator("pass_k")
     @classmethod
@@ -280,6 +294,11 @@ class SyntheticDataConfig(StrictModel):
     sft_answer_only_share: float = Field(0.0, ge=0.0, le=1.0)
     """Arithmetic: share of the warm-start solutions that give only the final-answer line,
     no worked steps (a mixed-quality demonstration set, like many real SFT mixtures)."""
+    sft_styles: dict[ProgramStyle, Annotated[float, Field(ge=0.0)]] | None = None
+    """Code: the warm-start programs' styles and their weights, e.g. ``{commented: 0.5,
+    nested: 0.5}``: ``lines`` (one line per step), ``commented`` (each step's phrase as a
+    comment above its line), ``nested`` (one expression, inside out); all correct (a
+    mixed-style demonstration set). None: all ``lines``."""
 
     @model_validator(mode="before")
     @classmethod
@@ -304,6 +323,10 @@ class SyntheticDataConfig(StrictModel):
                     f"{'code' if self.task == 'arithmetic' else 'arithmetic'} only, not to task {self.task!r}; "
                     "remove it"
                 )
+        if self.sft_styles is not None and not sum(self.sft_styles.values()) > 0:
+            raise ValueError(
+                f"pipeline.synthetic_data.sft_styles: the weights must have a positive sum, got {self.sft_styles}"
+            )
         if self.task == "code":
             try:
                 self.code_spec()
@@ -336,7 +359,9 @@ class SyntheticDataConfig(StrictModel):
 
 
 _ARITHMETIC_ONLY_FIELDS: tuple[str, ...] = ("mul_prob", "max_addend", "max_factor", "sft_answer_only_share")
-_CODE_ONLY_FIELDS: tuple[str, ...] = ("n_tests", "min_list_len", "max_list_len", "max_value", "max_constant")
+_CODE_ONLY_FIELDS: tuple[str, ...] = (
+    "n_tests", "min_list_len", "max_list_len", "max_value", "max_constant", "sft_styles",
+)
 
 
 class PipelineConfig(StrictModel):
@@ -406,10 +431,11 @@ class RunConfig(StrictModel):
         synthetic = self.pipeline.synthetic_data
         if synthetic is not None and synthetic.n_sft > 0 and self.data.sft_path is None:
             raise ValueError("pipeline.synthetic_data.n_sft: set data.sft_path, where the warm-start problems go")
-        if synthetic is not None and synthetic.sft_answer_only_share > 0 and synthetic.n_sft == 0:
-            raise ValueError(
-                "pipeline.synthetic_data.sft_answer_only_share: needs n_sft > 0 (it shapes the separate warm-start set)"
-            )
+        for name in ("sft_answer_only_share", "sft_styles"):
+            if synthetic is not None and getattr(synthetic, name) and synthetic.n_sft == 0:
+                raise ValueError(
+                    f"pipeline.synthetic_data.{name}: needs n_sft > 0 (it shapes the separate warm-start set)"
+                )
         if self.trainer.mini_batches > self.trainer.batch_groups:
             raise ValueError(
                 f"trainer.mini_batches: {self.trainer.mini_batches} exceeds trainer.batch_groups "

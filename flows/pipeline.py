@@ -26,9 +26,10 @@ from asyncrl.flows.train import train
 from asyncrl.storage import fs
 from asyncrl.tasks.run import stages
 from asyncrl.tasks.run.artifacts import PipelineSummary, artifact_key, summary_markdown
-from asyncrl.tasks.run.context import RunContext, open_run_context, run_paths
+from asyncrl.tasks.run.context import RunContext, open_run_context, run_paths, system_metrics
 from asyncrl.tasks.run.lineage_recorder import file_ref
 from asyncrl.tasks.run.progress import StageProgress, clear_progress
+from asyncrl.tasks.run.run_report import log_run_report
 
 SUMMARY_FILE = "summary.json"
 RESULTS_DIR = "prefect-results"
@@ -93,8 +94,9 @@ def run_stage(stage_task: Any, config: RunConfig, refresh: bool, outputs_present
     return state.result(), how
 
 
-def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> PipelineSummary:
-    """The stages in order (see the module docstring)."""
+def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> tuple[PipelineSummary, dict[str, Any]]:
+    """The stages in order (see the module docstring); the summary and the evaluation
+    results (weight version -> result as JSON)."""
     logger = get_run_logger()
     started = time.monotonic()
     how: dict[str, str] = {}
@@ -133,7 +135,7 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> Pi
         stages=how,
         by_task_before={} if before is None else dict(before.get("by_task", {})),
         by_task_after={} if after is None else dict(after.get("by_task", {})),
-    )
+    ), results
 
 
 @flow(name="pipeline", log_prints=True)
@@ -143,7 +145,10 @@ def pipeline(config: RunConfig, refresh: bool = False) -> dict[str, Any]:
     context = open_run_context(config)
     clear_progress(context.paths.work_dir)
     try:
-        summary = pipeline_stages(config, context, refresh)
+        with system_metrics(context):
+            summary, results = pipeline_stages(config, context, refresh)
+        evaluations = {int(version): result for version, result in results.items()}
+        log_run_report(context.lineage, config.name, evaluations, asdict(summary))
     except BaseException as exc:
         context.lineage.end("FAILED" if isinstance(exc, Exception) else "KILLED")
         raise

@@ -13,6 +13,7 @@ still recorded, also when the flow process itself was SIGKILLed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -22,7 +23,7 @@ from prefect.futures import PrefectFuture, wait
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.scheduler import scheduler
 from asyncrl.tasks.run.artifacts import StepProgressArtifact, publish_training_report
-from asyncrl.tasks.run.context import RunContext, open_run_context
+from asyncrl.tasks.run.context import RunContext, open_run_context, system_metrics
 from asyncrl.tasks.run.rl import (
     ComponentKind,
     RLRunSettings,
@@ -32,6 +33,7 @@ from asyncrl.tasks.run.rl import (
     run_rl,
 )
 from asyncrl.tasks.run.progress import StageProgress
+from asyncrl.tasks.run.run_report import log_run_report
 from asyncrl.tasks.run.prefect_reporting import kill_run_processes, outcome_state, report_event
 from asyncrl.tasks.run.supervisor import ComponentOutcome
 
@@ -93,7 +95,11 @@ def train(config: RunConfig, mlflow_owned: bool = True) -> dict[str, Any]:
         stage.update(step, f"reward {reward:.3f}")
 
     try:
-        result = run_train(config, context, progress)
+        # The pipeline that runs this flow records the system metrics and the plots itself.
+        with system_metrics(context) if mlflow_owned else nullcontext():
+            result = run_train(config, context, progress)
+        if mlflow_owned:
+            log_run_report(context.lineage, config.name)
     except BaseException as exc:
         # A cancelled run (Prefect's SIGTERM -> TerminationSignal) or Ctrl-C is KILLED, not FAILED.
         context.lineage.end("FAILED" if isinstance(exc, Exception) else "KILLED")

@@ -78,7 +78,11 @@ class DevTools:
         return bool(result.get("result", {}).get("value"))
 
 
-def screenshot(url: str, out: Path, tab: str | None, width: int, height: int, wait_s: float) -> None:
+def screenshot(
+    url: str, out: Path, tab: str | None, width: int, height: int, wait_s: float, init_script: str = DISMISS_DIALOG
+) -> None:
+    """``url`` as a PNG at ``out``; ``init_script`` runs before each page's own scripts (a UI's
+    first-visit preferences in localStorage)."""
     port = free_port()
     profile = tempfile.mkdtemp(prefix="asyncrl-chromium-")
     browser = subprocess.Popen(
@@ -92,7 +96,7 @@ def screenshot(url: str, out: Path, tab: str | None, width: int, height: int, wa
             tools = DevTools(ws)
             tools.call("Page.enable")
             tools.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-            tools.call("Page.addScriptToEvaluateOnNewDocument", source=DISMISS_DIALOG)
+            tools.call("Page.addScriptToEvaluateOnNewDocument", source=init_script)
             tools.call("Page.navigate", url=url)
             time.sleep(wait_s)  # the UI renders from API calls after the load event
             if tab is not None and not tools.click_text(tab):

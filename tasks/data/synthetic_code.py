@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -43,9 +43,13 @@ from asyncrl.tasks.data.synthetic import draw_distinct, write_table_atomic
 from asyncrl.tasks.data.records import CODE_TASK
 from asyncrl.tasks.reward.types import CodeTests, StdioCase
 
-READ_LINE = "a=list(map(int,input().split()))"
+READ_EXPRESSION = "list(map(int,input().split()))"
+READ_LINE = f"a={READ_EXPRESSION}"
 PROMPT_PREFIX = "Read ints; "
 
+ProgramStyle = Literal["lines", "commented", "nested"]
+"""How a reference program is written (:meth:`CodeProblem.program`)."""
+PROGRAM_STYLES: tuple[str, ...] = get_args(ProgramStyle)
 StepName = Literal["sort", "reverse", "evens", "odds", "add", "sub", "mul", "above", "below"]
 FinalName = Literal["sum", "max", "min", "count", "list"]
 STEP_NAMES: tuple[str, ...] = get_args(StepName)
@@ -60,29 +64,42 @@ class _Op:
     """The program's line; ``{k}`` is the constant."""
     uses_constant: bool
     apply: Callable[[list[int], int], list[int]]
+    nested: str
+    """The same step as an expression around the list expression ``{e}`` (the nested style)."""
 
 
 STEPS: dict[str, _Op] = {
-    "sort": _Op("sort", "a.sort()", False, lambda a, k: sorted(a)),
-    "reverse": _Op("reverse", "a.reverse()", False, lambda a, k: a[::-1]),
-    "evens": _Op("keep evens", "a=[x for x in a if x%2==0]", False, lambda a, k: [x for x in a if x % 2 == 0]),
-    "odds": _Op("keep odds", "a=[x for x in a if x%2]", False, lambda a, k: [x for x in a if x % 2]),
-    "add": _Op("add {k}", "a=[x+{k} for x in a]", True, lambda a, k: [x + k for x in a]),
-    "sub": _Op("subtract {k}", "a=[x-{k} for x in a]", True, lambda a, k: [x - k for x in a]),
-    "mul": _Op("times {k}", "a=[x*{k} for x in a]", True, lambda a, k: [x * k for x in a]),
-    "above": _Op("keep >{k}", "a=[x for x in a if x>{k}]", True, lambda a, k: [x for x in a if x > k]),
-    "below": _Op("keep <{k}", "a=[x for x in a if x<{k}]", True, lambda a, k: [x for x in a if x < k]),
+    "sort": _Op("sort", "a.sort()", False, lambda a, k: sorted(a), "sorted({e})"),
+    "reverse": _Op("reverse", "a.reverse()", False, lambda a, k: a[::-1], "{e}[::-1]"),
+    "evens": _Op("keep evens", "a=[x for x in a if x%2==0]", False, lambda a, k: [x for x in a if x % 2 == 0],
+                 "[x for x in {e} if x%2==0]"),
+    "odds": _Op("keep odds", "a=[x for x in a if x%2]", False, lambda a, k: [x for x in a if x % 2], "[x for x in {e} if x%2]"),
+    "add": _Op("add {k}", "a=[x+{k} for x in a]", True, lambda a, k: [x + k for x in a], "[x+{k} for x in {e}]"),
+    "sub": _Op("subtract {k}", "a=[x-{k} for x in a]", True, lambda a, k: [x - k for x in a], "[x-{k} for x in {e}]"),
+    "mul": _Op("times {k}", "a=[x*{k} for x in a]", True, lambda a, k: [x * k for x in a], "[x*{k} for x in {e}]"),
+    "above": _Op("keep >{k}", "a=[x for x in a if x>{k}]", True, lambda a, k: [x for x in a if x > k], "[x for x in {e} if x>{k}]"),
+    "below": _Op("keep <{k}", "a=[x for x in a if x<{k}]", True, lambda a, k: [x for x in a if x < k], "[x for x in {e} if x<{k}]"),
 }
 """List -> list operations: statement phrase, program line, reference semantics."""
 
-FINALS: dict[str, tuple[str, str, Callable[[list[int]], str]]] = {
-    "sum": ("print the sum", "print(sum(a))", lambda a: str(sum(a))),
-    "max": ("print the max", "print(max(a))", lambda a: str(max(a))),
-    "min": ("print the min", "print(min(a))", lambda a: str(min(a))),
-    "count": ("print the count", "print(len(a))", lambda a: str(len(a))),
-    "list": ("print them", "print(*a)", lambda a: " ".join(map(str, a))),
+@dataclass(frozen=True)
+class _Final:
+    phrase: str
+    line: str
+    """The print line of the line-by-line program (reads ``a``)."""
+    nested: str
+    """The print around the list expression ``{e}`` (the nested style)."""
+    output: Callable[[list[int]], str]
+
+
+FINALS: dict[str, _Final] = {
+    "sum": _Final("print the sum", "print(sum(a))", "print(sum({e}))", lambda a: str(sum(a))),
+    "max": _Final("print the max", "print(max(a))", "print(max({e}))", lambda a: str(max(a))),
+    "min": _Final("print the min", "print(min(a))", "print(min({e}))", lambda a: str(min(a))),
+    "count": _Final("print the count", "print(len(a))", "print(len({e}))", lambda a: str(len(a))),
+    "list": _Final("print them", "print(*a)", "print(*{e})", lambda a: " ".join(map(str, a))),
 }
-"""List -> output: statement phrase, print line, expected stdout (without the newline)."""
+"""List -> output: statement phrase, print line, nested print, expected stdout (without the newline)."""
 
 
 @dataclass(frozen=True)
@@ -181,12 +198,50 @@ class CodeProblem:
 
     @property
     def prompt(self) -> str:
-        return f"{PROMPT_PREFIX}{', '.join(s.phrase for s in self.steps)}; {FINALS[self.final][0]}."
+        return f"{PROMPT_PREFIX}{', '.join(s.phrase for s in self.steps)}; {FINALS[self.final].phrase}."
 
     @property
     def solution(self) -> str:
         """The reference program: READ_LINE, one line per step, the print line (no trailing newline)."""
-        return "\n".join([READ_LINE, *(s.line for s in self.steps), FINALS[self.final][1]])
+        return "\n".join([READ_LINE, *(s.line for s in self.steps), FINALS[self.final].line])
+
+    @property
+    def commented_solution(self) -> str:
+        """The line-by-line program with each step's and the print's phrase as a comment
+        line above its code line (the statement restated as a plan), e.g.::
+
+            a=list(map(int,input().split()))
+            # add 3
+            a=[x+3 for x in a]
+            # print the max
+            print(max(a))
+        """
+        lines = [READ_LINE]
+        for step in self.steps:
+            lines += [f"# {step.phrase}", step.line]
+        return "\n".join([*lines, f"# {FINALS[self.final].phrase}", FINALS[self.final].line])
+
+    @property
+    def nested_solution(self) -> str:
+        """The same program as one nested expression: each step wraps the expression of the
+        steps before it, the print wraps the last, e.g. ``print(max(sorted([x+3 for x in
+        list(map(int,input().split()))])))`` for "add 3, sort; print the max" (written
+        inside out: the statement's last step comes first)."""
+        expression = READ_EXPRESSION
+        for step in self.steps:
+            expression = STEPS[step.name].nested.format(e=expression, k=step.constant)
+        return FINALS[self.final].nested.format(e=expression)
+
+    def program(self, style: ProgramStyle) -> str:
+        """The reference program in ``style``: ``lines`` (:attr:`solution`), ``commented``
+        (:attr:`commented_solution`) or ``nested`` (:attr:`nested_solution`)."""
+        if style == "lines":
+            return self.solution
+        if style == "commented":
+            return self.commented_solution
+        if style == "nested":
+            return self.nested_solution
+        raise ValueError(f"program style: unknown style {style!r}; allowed: {', '.join(PROGRAM_STYLES)}")
 
     def reduced(self, values: Sequence[int]) -> list[int]:
         """The list the final print sees for input ``values``."""
@@ -197,7 +252,7 @@ class CodeProblem:
 
     def expected_output(self, values: Sequence[int]) -> str:
         """Reference stdout for input ``values``, ending in a newline."""
-        return FINALS[self.final][2](self.reduced(values)) + "\n"
+        return FINALS[self.final].output(self.reduced(values)) + "\n"
 
     def code_tests(self) -> CodeTests:
         return CodeTests(stdio=self.tests)
@@ -208,20 +263,28 @@ class CodeProblem:
 
 
 LONGEST_STEP_LINE = max(len(op.line.format(k=9)) for op in STEPS.values())
-LONGEST_PRINT_LINE = max(len(line) for _, line, _ in FINALS.values())
+LONGEST_PRINT_LINE = max(len(final.line) for final in FINALS.values())
 
 
 def max_prompt_bytes(spec: CodeSpec) -> int:
     """Upper bound of a prompt's UTF-8 length: ``len(PROMPT_PREFIX) + max_steps * longest
     phrase + 2 * (max_steps - 1) (", ") + 2 ("; ") + longest final phrase + 1 (".")``."""
     phrase = max(len(op.phrase.format(k=spec.max_constant)) for op in STEPS.values())
-    final = max(len(p) for p, _, _ in FINALS.values())
+    final = max(len(f.phrase) for f in FINALS.values())
     return len(PROMPT_PREFIX) + spec.max_steps * phrase + 2 * (spec.max_steps - 1) + 2 + final + 1
 
 
-def max_program_bytes(spec: CodeSpec) -> int:
-    """Upper bound of a reference program's length (the module docstring's formula)."""
-    return len(READ_LINE) + 1 + spec.max_steps * (LONGEST_STEP_LINE + 1) + LONGEST_PRINT_LINE
+def max_program_bytes(spec: CodeSpec, style: ProgramStyle = "lines") -> int:
+    """Upper bound of a reference program's length in ``style`` (``nested`` programs are
+    shorter than ``lines``, so they share its bound): the module docstring's formula, plus
+    for ``commented`` a comment line per step and one for the print,
+    ``max_steps * (len("# ") + longest phrase + 1) + len("# ") + longest final phrase + 1``."""
+    bound = len(READ_LINE) + 1 + spec.max_steps * (LONGEST_STEP_LINE + 1) + LONGEST_PRINT_LINE
+    if style == "commented":
+        phrase = max(len(op.phrase.format(k=spec.max_constant)) for op in STEPS.values())
+        final = max(len(f.phrase) for f in FINALS.values())
+        bound += spec.max_steps * (2 + phrase + 1) + 2 + final + 1
+    return bound
 
 
 def step_weights(spec: CodeSpec) -> tuple[list[int], list[float]]:
@@ -304,17 +367,54 @@ def split_code_problems(
     return shuffled[n_heldout : n_heldout + n_train], shuffled[:n_heldout], shuffled[n_heldout + n_train :]
 
 
-def write_code_problems(path: Path, problems: Sequence[CodeProblem], metadata: dict[str, str] | None = None) -> Path:
+def mixed_code_solutions(problems: Sequence[CodeProblem], styles: Mapping[str, float], seed: int) -> list[str]:
+    """Reference programs of a warm-start set written in a mix of styles
+    (:meth:`CodeProblem.program`). Style s with weight w_s gets n_s of the n problems:
+
+        n_s = floor(n * w_s / W) (W = sum of the weights), the n - sum_s n_s left over going
+        one each to the styles with the largest remainders n * w_s / W - n_s,
+
+    the problems of each style chosen uniformly with ``seed``. Every program is correct
+    (all pass the problem's tests)."""
+    unknown = sorted(set(styles) - set(PROGRAM_STYLES))
+    if unknown:
+        raise ValueError(f"mixed_code_solutions: unknown style(s) {unknown}; allowed: {', '.join(PROGRAM_STYLES)}")
+    if any(not w >= 0 for w in styles.values()) or not sum(styles.values()) > 0:
+        raise ValueError(f"mixed_code_solutions: style weights must be >= 0 with a positive sum, got {dict(styles)}")
+    n, total = len(problems), sum(styles.values())
+    names = sorted(styles)
+    exact = {name: n * styles[name] / total for name in names}
+    counts = {name: int(exact[name]) for name in names}
+    by_remainder = sorted(names, key=lambda name: (counts[name] - exact[name], name))
+    for name in by_remainder[: n - sum(counts.values())]:
+        counts[name] += 1
+    assigned = [name for name in names for _ in range(counts[name])]
+    # A seed of its own, so the choice is independent of the SFT batch order (seeded with the
+    # run seed; see synthetic.mixed_solutions).
+    random.Random(f"styles:{seed}").shuffle(assigned)
+    return [p.program(style) for p, style in zip(problems, assigned, strict=True)]  # type: ignore[arg-type]
+
+
+def write_code_problems(
+    path: Path,
+    problems: Sequence[CodeProblem],
+    metadata: dict[str, str] | None = None,
+    solutions: Sequence[str] | None = None,
+) -> Path:
     """Write Parquet columns ``prompt``, ``tests`` (JSON text, the code reward's format),
-    ``solution`` (the reference program), ``task`` (``"code"``) and ``num_steps``; atomic
-    (temporary file, then rename)."""
+    ``solution`` (``solutions`` if given, else each problem's line-by-line reference
+    program), ``task`` (``"code"``) and ``num_steps``; atomic (temporary file, then rename)."""
     import pyarrow as pa
 
+    if solutions is None:
+        solutions = [p.solution for p in problems]
+    elif len(solutions) != len(problems):
+        raise ValueError(f"write_code_problems: {len(solutions)} solutions for {len(problems)} problems")
     table = pa.table(
         {
             "prompt": pa.array([p.prompt for p in problems], pa.string()),
             "tests": pa.array([p.tests_json() for p in problems], pa.string()),
-            "solution": pa.array([p.solution for p in problems], pa.string()),
+            "solution": pa.array(list(solutions), pa.string()),
             "task": pa.array([CODE_TASK] * len(problems), pa.string()),
             "num_steps": pa.array([p.num_steps for p in problems], pa.int32()),
         }
@@ -336,10 +436,12 @@ def write_code_splits(
     n_sft: int,
     seed: int,
     spec: CodeSpec | None = None,
+    sft_styles: Mapping[str, float] | None = None,
 ) -> dict[str, Path]:
     """One draw of ``n_train + n_heldout + n_sft`` distinct problems, split by
     :func:`split_code_problems` and written where a path is given (the SFT split only when
-    ``n_sft > 0``). Returns {"train"|"heldout"|"sft": path} of the files written."""
+    ``n_sft > 0``, its programs mixed by :func:`mixed_code_solutions` in ``sft_styles``,
+    default all ``lines``). Returns {"train"|"heldout"|"sft": path} of the files written."""
     spec = spec or CodeSpec()
     problems = make_code_dataset(n_train + n_heldout + n_sft, seed, spec)
     train, heldout, sft = split_code_problems(problems, n_train=n_train, n_heldout=n_heldout, seed=seed)
@@ -348,5 +450,6 @@ def write_code_splits(
     if heldout_path is not None:
         written["heldout"] = write_code_problems(Path(heldout_path), heldout, metadata)
     if sft_path is not None and sft:
-        written["sft"] = write_code_problems(Path(sft_path), sft, metadata)
+        solutions = mixed_code_solutions(sft, sft_styles or {"lines": 1.0}, seed)
+        written["sft"] = write_code_problems(Path(sft_path), sft, metadata, solutions)
     return written

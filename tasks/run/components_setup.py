@@ -24,6 +24,7 @@ from asyncrl.tasks.reward.remote import RemoteRewardScorer
 from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
 from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, fetch_weight_version
+from asyncrl.tasks.process_group import machine_cpus
 from asyncrl.tasks.trainer.process import TrainerLaunch
 
 
@@ -161,9 +162,26 @@ def run_scheduler(
     return asyncio.run(main())
 
 
+def rl_trainer_threads(config: RunConfig) -> int:
+    """CPU threads of the RL trainer: ``trainer.threads`` when set, else
+
+        threads = max(1, floor(C / (1 + S)))
+
+    with C the trainer's CPUs (``trainer.cpu_cores``, else every CPU of the machine) and S
+    the local rollout servers that compute on them too (all ``rollout.num_servers`` unless
+    ``rollout.cpu_cores`` keeps them off the trainer's CPUs)."""
+    if config.trainer.threads is not None:
+        return config.trainer.threads
+    trainer_cpus = set(config.trainer.cpu_cores) if config.trainer.cpu_cores is not None else set(machine_cpus())
+    rollout_cpus = set(config.rollout.cpu_cores) if config.rollout.cpu_cores is not None else set(machine_cpus())
+    sharing = config.rollout.num_servers if trainer_cpus & rollout_cpus else 0
+    return max(1, len(trainer_cpus) // (1 + sharing))
+
+
 def rl_trainer_launch(config: RunConfig, paths: RunPaths) -> TrainerLaunch:
     """The RL trainer process of the run: the private config, `logs/trainer.log`, metrics in
-    `trainer-metrics.jsonl` of the work directory, pinned to `trainer.cpu_cores`."""
+    `trainer-metrics.jsonl` of the work directory, pinned to `trainer.cpu_cores`, with
+    :func:`rl_trainer_threads` CPU threads."""
 
     return TrainerLaunch(
         config_path=paths.private_config,
@@ -172,4 +190,5 @@ def rl_trainer_launch(config: RunConfig, paths: RunPaths) -> TrainerLaunch:
         work_dir=paths.work_dir / "trainer",
         metrics_file=paths.work_dir / "trainer-metrics.jsonl",
         cpu_cores=config.trainer.cpu_cores,
+        env={"OMP_NUM_THREADS": str(rl_trainer_threads(config))},
     )

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,11 +244,16 @@ class RunContext:
     lineage: RunLineage
 
 
+CONFIG_ARTIFACT = "config.yaml"
+"""The frozen config (secrets redacted) as an artifact of the MLflow run."""
+
+
 def open_run_context(config: RunConfig) -> RunContext:
     """:func:`prepare_run`, then the run's MLflow run: the one recorded in the run root's
     ``tracking.json`` (marked running again: a re-run or retry of a run continues its
     record), else a new one, recorded there before anything is logged to it. The record
-    names the tracking URI without its password."""
+    names the tracking URI without its password. The frozen config (:func:`frozen_yaml`,
+    secrets redacted) is the run's artifact :data:`CONFIG_ARTIFACT`."""
     run_paths = prepare_run(config)
     tracking = config.tracking
     shown_uri = strip_uri_password(tracking.mlflow_uri)
@@ -255,8 +261,21 @@ def open_run_context(config: RunConfig) -> RunContext:
     if recorded is not None and recorded.get("mlflow_uri") == shown_uri:
         lineage = RunLineage.resume(tracking.mlflow_uri, str(recorded["mlflow_run_id"]))
         lineage.client.update_run(lineage.run_id, status="RUNNING")
-        return RunContext(config, run_paths, lineage)
-    lineage = RunLineage.start(tracking.mlflow_uri, tracking.experiment, config.name, public_dict(config))
-    record = {"mlflow_uri": shown_uri, "mlflow_run_id": lineage.run_id}
-    fs.put_atomic_replace(run_paths.root, TRACKING_FILE, json.dumps(record).encode())
+    else:
+        lineage = RunLineage.start(
+            tracking.mlflow_uri, tracking.experiment, config.name, public_dict(config),
+            artifact_location=tracking.artifact_location,
+        )
+        record = {"mlflow_uri": shown_uri, "mlflow_run_id": lineage.run_id}
+        fs.put_atomic_replace(run_paths.root, TRACKING_FILE, json.dumps(record).encode())
+    lineage.log_text(frozen_yaml(config), CONFIG_ARTIFACT)
     return RunContext(config, run_paths, lineage)
+
+
+def system_metrics(context: RunContext) -> AbstractContextManager[None]:
+    """MLflow's system metrics of this machine into the run while the block runs, when
+    ``tracking.system_metrics`` is on (every ``tracking.system_metrics_interval_s``)."""
+    tracking = context.config.tracking
+    if not tracking.system_metrics:
+        return nullcontext()
+    return context.lineage.system_metrics(tracking.system_metrics_interval_s)

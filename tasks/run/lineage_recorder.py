@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +70,10 @@ def shard_record(root: RunRoot, shard_name: str) -> dict[str, Any]:
     }
 
 
-def version_manifest(root: RunRoot, version: int) -> dict[str, Any]:
-    """The lineage manifest of weight ``version``: step, version, parent version, and each shard
-    it was trained on (:func:`shard_record`), from its lineage file."""
+def version_manifest(root: RunRoot, version: int, datasets: Sequence[DataRef] = ()) -> dict[str, Any]:
+    """The lineage manifest of weight ``version``: step, version, parent version, each shard
+    it was trained on (:func:`shard_record`), from its lineage file, and the prompt
+    ``datasets`` the shards' prompts came from (name, URI, digest)."""
     info = read_lineage(root, version) or {}
     step = info.get("step")
     return {
@@ -80,6 +81,7 @@ def version_manifest(root: RunRoot, version: int) -> dict[str, Any]:
         "step": step if isinstance(step, int) else None,
         "parent_version": info.get("parent_version"),
         "shards": [shard_record(root, name) for name in info.get("shards", [])],
+        "datasets": [asdict(ref) for ref in datasets],
     }
 
 
@@ -132,6 +134,8 @@ class LineageRecorder:
     lineage: RunLineage
     root: RunRoot
     metrics_file: Path
+    datasets: Sequence[DataRef] = ()
+    """The prompt datasets of the run (each version's manifest names them)."""
     logged_versions: dict[int, str] = field(default_factory=dict)
     """Weight version -> LoggedModel id."""
     metrics_by_step: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -184,10 +188,12 @@ class LineageRecorder:
         self._metrics_offset += end + 1
 
     def _log_version(self, version: int) -> None:
-        manifest = version_manifest(self.root, version)
+        manifest = version_manifest(self.root, version, self.datasets)
         step = manifest["step"]
         metrics = self.metrics_by_step.get(step, {}) if isinstance(step, int) else {}
         weights_uri = self.root.display(paths.weights_version_dir(version))
-        model_id = self.lineage.log_version(version, weights_uri, manifest, metrics)
+        parent = manifest["parent_version"]
+        parent_model_id = self.logged_versions.get(parent) if isinstance(parent, int) else None
+        model_id = self.lineage.log_version(version, weights_uri, manifest, metrics, parent_model_id=parent_model_id)
         self.logged_versions[version] = model_id
         LOG.info("MLflow: weight version %d -> LoggedModel %s (%d shards)", version, model_id, len(manifest["shards"]))

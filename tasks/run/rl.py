@@ -192,9 +192,10 @@ def run_rl(
         raise ValueError(f"{config.data.train_path}: no prompts")
     recorder = None
     if context is not None:
-        for data_file in dataset_files(config.data.train_path):  # a mixture file and each of its sources
-            context.lineage.log_dataset(file_ref(data_file, Path(data_file).name))
-        recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / "trainer-metrics.jsonl")
+        datasets = [file_ref(f, Path(f).name) for f in dataset_files(config.data.train_path)]  # a mixture and its sources
+        for ref in datasets:
+            context.lineage.log_dataset(ref)
+        recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / "trainer-metrics.jsonl", datasets)
         recorder.adopt_logged_versions()
     if final_step_published(paths.root, config.trainer.max_steps):
         # A re-run of a finished run: nothing to train, no component to start.

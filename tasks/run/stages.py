@@ -77,6 +77,7 @@ def prepare_data(config: RunConfig) -> dict[str, str]:
                 n_sft=synthetic.n_sft,
                 seed=config.seed,
                 spec=synthetic.code_spec(),
+                sft_styles=synthetic.sft_styles,
             )
         else:
             from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, mixed_solutions, split_train_heldout, write_problems
@@ -336,12 +337,16 @@ def eval_results_from_json(raw: dict[str, dict[str, Any]]) -> dict[int, EvalResu
 def register_best(
     config: RunConfig, lineage: RunLineage, logged_models: dict[int, str], results: dict[int, EvalResult]
 ) -> tuple[int | None, str | None]:
-    """Link evaluation metrics to each LoggedModel; register the best version with the
-    aliases `best` and `current` (MLflow reserves `latest`; `models:/<name>/latest` already
-    names the newest registered version). A model already registered under the name (a
-    re-run) keeps its registered version. The best version is pinned in the run root
-    first (:meth:`WeightStore.pin`): weight retention never deletes a registered model's
-    weights; :class:`UnknownWeightVersionError` if they are gone already."""
+    """Link evaluation metrics to each LoggedModel (against the held-out dataset, so the UI's
+    model list ranks versions by them); register the best version with the aliases `best`
+    and `current` (MLflow reserves `latest`; `models:/<name>/latest` already names the newest
+    registered version) through :func:`register_version`: its weights pinned in the run root
+    (retention never deletes a registered model's weights; :class:`UnknownWeightVersionError`
+    if they are gone already) and logged once into its LoggedModel in the transformers
+    flavor, so ``mlflow.transformers.load_model("models:/<name>@best")`` loads it. A model
+    already registered under the name (a re-run) keeps its registered version."""
+    from asyncrl.tasks.run.registry import register_version
+
     eval_ref = file_ref(config.data.eval_path, Path(config.data.eval_path).name) if config.data.eval_path else None
     for version, result in results.items():
         model_id = logged_models.get(version)
@@ -353,5 +358,6 @@ def register_best(
     model_id = logged_models.get(best.version)
     if model_id is None:
         return best.version, None
-    WeightStore(open_root(config.storage.root, config.storage.options)).pin(best.version)
-    return best.version, lineage.register(model_id, config.pipeline.registered_model, ["best", "current"])
+    root = open_root(config.storage.root, config.storage.options)
+    registered = register_version(root, lineage, best.version, model_id, config.pipeline.registered_model, ["best", "current"])
+    return best.version, registered

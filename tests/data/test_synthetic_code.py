@@ -28,6 +28,7 @@ from asyncrl.tasks.data.synthetic_code import (
     Step,
     make_code_dataset,
     max_program_bytes,
+    mixed_code_solutions,
     max_prompt_bytes,
     sample_problem,
     split_code_problems,
@@ -83,11 +84,13 @@ def test_written_splits_are_deterministic(tmp_path: Path) -> None:
     assert write(tmp_path / "a") == write(tmp_path / "b")
 
 
-def test_every_reference_program_passes_its_own_tests(problems: list[CodeProblem]) -> None:
+def test_every_reference_program_passes_its_own_tests_in_both_styles(problems: list[CodeProblem]) -> None:
     for problem in problems:
         assert len(problem.tests) == CodeSpec().n_tests
         for case in problem.tests:
             assert run_in_process(problem.solution, case.input) == case.output, (problem.prompt, case)
+            for program in (problem.commented_solution, problem.nested_solution):
+                assert run_in_process(program, case.input) == case.output, (program, case)
 
 
 def test_reference_programs_pass_as_real_processes(problems: list[CodeProblem]) -> None:
@@ -98,12 +101,13 @@ def test_reference_programs_pass_as_real_processes(problems: list[CodeProblem]) 
             chosen.setdefault(key, problem)
     assert len(chosen) == len(FINALS) + len(STEPS)
     for problem in {p.prompt: p for p in chosen.values()}.values():
-        for case in problem.tests:
-            run = subprocess.run(
-                [sys.executable, "-I", "-c", problem.solution], input=case.input, capture_output=True, text=True, timeout=30
-            )
-            assert run.returncode == 0, run.stderr
-            assert run.stdout == case.output, (problem.prompt, case)
+        for program in (problem.solution, problem.commented_solution, problem.nested_solution):
+            for case in problem.tests:
+                run = subprocess.run(
+                    [sys.executable, "-I", "-c", program], input=case.input, capture_output=True, text=True, timeout=30
+                )
+                assert run.returncode == 0, run.stderr
+                assert run.stdout == case.output, (program, case)
 
 
 def test_tests_tell_programs_apart(problems: list[CodeProblem]) -> None:
@@ -119,10 +123,50 @@ def test_the_prompt_states_each_step_and_the_program_has_one_line_per_step(probl
         lines = problem.solution.split("\n")
         assert lines[0] == READ_LINE
         assert len(lines) == problem.num_steps + 2
-        assert lines[-1] == FINALS[problem.final][1]
+        assert lines[-1] == FINALS[problem.final].line
         for step, line in zip(problem.steps, lines[1:-1], strict=True):
             assert step.phrase in problem.prompt
             assert line == step.line
+
+
+def test_the_nested_program_is_one_expression_written_inside_out() -> None:
+    problem = CodeProblem(steps=(Step("evens"), Step("add", 3), Step("sort")), final="max")
+    assert problem.nested_solution == "print(max(sorted([x+3 for x in [x for x in list(map(int,input().split())) if x%2==0]])))"
+    assert problem.solution == "\n".join(
+        [READ_LINE, "a=[x for x in a if x%2==0]", "a=[x+3 for x in a]", "a.sort()", "print(max(a))"]
+    )
+    reverse = CodeProblem(steps=(Step("reverse"),), final="list")
+    assert reverse.nested_solution == "print(*list(map(int,input().split()))[::-1])"
+
+
+def test_the_commented_program_states_each_step_above_its_line() -> None:
+    problem = CodeProblem(steps=(Step("evens"), Step("add", 3)), final="max")
+    assert problem.commented_solution == "\n".join(
+        [READ_LINE, "# keep evens", "a=[x for x in a if x%2==0]", "# add 3", "a=[x+3 for x in a]", "# print the max", "print(max(a))"]
+    )
+    assert [problem.program(style) for style in ("lines", "commented", "nested")] == [
+        problem.solution, problem.commented_solution, problem.nested_solution,
+    ]
+    with pytest.raises(ValueError, match="unknown style 'golfed'"):
+        problem.program("golfed")  # type: ignore[arg-type]
+
+
+def test_a_mixed_warm_start_takes_each_style_by_its_weight(problems: list[CodeProblem]) -> None:
+    sample = problems[:401]
+    mixed = mixed_code_solutions(sample, {"commented": 1.0, "nested": 1.0, "lines": 2.0}, seed=3)
+    styles = Counter(
+        next(style for style in ("lines", "commented", "nested") if program == p.program(style))  # type: ignore[arg-type]
+        for p, program in zip(sample, mixed, strict=True)
+    )
+    # 401 x (1/4, 1/4, 1/2) = 100.25, 100.25, 200.5: the one left over goes to the largest remainder.
+    assert styles == {"lines": 201, "commented": 100, "nested": 100}
+    assert mixed == mixed_code_solutions(sample, {"commented": 1.0, "nested": 1.0, "lines": 2.0}, seed=3)
+    assert mixed != mixed_code_solutions(sample, {"commented": 1.0, "nested": 1.0, "lines": 2.0}, seed=4)
+    assert mixed_code_solutions(sample, {"lines": 1.0}, seed=3) == [p.solution for p in sample]
+    with pytest.raises(ValueError, match="unknown style"):
+        mixed_code_solutions(sample, {"golfed": 1.0}, seed=3)
+    with pytest.raises(ValueError, match="positive sum"):
+        mixed_code_solutions(sample, {"nested": 0.0}, seed=3)
 
 
 def test_step_counts_follow_the_power_law_with_its_tail() -> None:
@@ -154,6 +198,14 @@ def test_the_bounds_hold_for_every_constant_and_step() -> None:
     worst = CodeProblem(steps=(Step("sub", 9),) * 3, final="count")
     assert len(worst.prompt) == max_prompt_bytes(spec)
     assert len(CodeProblem(steps=(Step("evens"),) * 3, final="count").solution) == max_program_bytes(spec)
+    # The nested style is shorter than line by line (no `a=` per step); the commented one is
+    # longer by a comment line per step and one for the print.
+    longest_phrases = CodeProblem(steps=(Step("sub", 9),) * 3, final="count")
+    comments = len(longest_phrases.commented_solution) - len(longest_phrases.solution)
+    assert max_program_bytes(spec, "commented") == max_program_bytes(spec) + comments
+    for problem in make_code_dataset(300, seed=2, spec=spec):
+        assert len(problem.nested_solution) < len(problem.solution) <= max_program_bytes(spec)
+        assert len(problem.commented_solution) <= max_program_bytes(spec, "commented")
 
 
 def test_splits_are_distinct_and_sized() -> None:
@@ -200,6 +252,24 @@ def test_prepare_data_writes_disjoint_code_splits_in_the_code_row_layout(tmp_pat
             assert run_in_process(row["solution"], case.input) == case.output
 
 
+def test_prepare_data_writes_a_mixed_style_warm_start_and_leaves_the_other_splits_line_by_line(tmp_path: Path) -> None:
+    prepare_inputs(pipeline_config(tmp_path, sft_styles={"nested": 1.0, "commented": 1.0}))
+    solutions = {name: [row["solution"] for row in pq.read_table(tmp_path / f"{name}.parquet").to_pylist()]
+                 for name in ("train", "heldout", "sft")}
+    one_line = {name: sum("\n" not in s for s in programs) for name, programs in solutions.items()}
+    commented = {name: sum("\n# " in s for s in programs) for name, programs in solutions.items()}
+    assert one_line == {"train": 0, "heldout": 0, "sft": 30}
+    assert commented == {"train": 0, "heldout": 0, "sft": 30}
+    for row in pq.read_table(tmp_path / "sft.parquet").to_pylist():
+        case = code_tests_from_json(json.loads(row["tests"]), row["prompt"]).stdio[0]
+        assert run_in_process(row["solution"], case.input) == case.output
+
+
+def test_warm_start_styles_without_a_warm_start_set_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="pipeline.synthetic_data.sft_styles: needs n_sft > 0"):
+        pipeline_config(tmp_path, n_sft=0, sft_styles={"nested": 0.5})
+
+
 def test_prepared_code_rows_load_as_code_records(tmp_path: Path) -> None:
     from asyncrl.tasks.data.loader import load_prompts
 
@@ -218,6 +288,10 @@ def test_prepared_code_rows_load_as_code_records(tmp_path: Path) -> None:
     [
         ({"task": "code", "mul_prob": 0.5}, "pipeline.synthetic_data.mul_prob: applies to task arithmetic only"),
         ({"task": "code", "sft_answer_only_share": 0.5}, "pipeline.synthetic_data.sft_answer_only_share: applies to task arithmetic only"),
+        ({"sft_styles": {"nested": 1.0}}, "pipeline.synthetic_data.sft_styles: applies to task code only"),
+        ({"task": "code", "sft_styles": {"nested": -1.0}}, "sft_styles.nested"),
+        ({"task": "code", "sft_styles": {"golfed": 1.0}}, "sft_styles.golfed"),
+        ({"task": "code", "sft_styles": {"nested": 0.0}}, "sft_styles: the weights must have a positive sum"),
         ({"n_tests": 3}, "pipeline.synthetic_data.n_tests: applies to task code only"),
         ({"task": "code", "min_list_len": 6, "max_list_len": 4}, "pipeline.synthetic_data.max_list_len: must be >= min_list_len"),
         ({"task": "code", "min_steps": 5}, r"pipeline.synthetic_data.min_steps \(5\) must be <= max_steps \(4\)"),
@@ -282,7 +356,7 @@ def test_the_sft_target_of_a_code_row_scores_full_marks_in_the_sandbox(problems:
         whole = sft_target(record, code_extract="whole")
         assert whole == problem.solution
         assert score_code(whole, problem.code_tests(), CodeRewardConfig(extract="whole")).reward == 1.0
-    wrong = problems[0].solution.replace(FINALS[problems[0].final][1], "print(0)")
+    wrong = problems[0].solution.replace(FINALS[problems[0].final].line, "print(0)")
     assert score_code(wrong, problems[0].code_tests(), CodeRewardConfig(extract="whole")).reward < 1.0
 
 
@@ -296,7 +370,8 @@ def test_the_demo_config_fits_its_prompts_and_programs_in_its_budgets() -> None:
     # Byte-level tokenizer: one token per byte; the plain prompt format adds a newline.
     assert max_prompt_bytes(spec) + 1 <= config.data.max_prompt_tokens
     fence = len("```python\n") + len("\n```")
-    assert max_program_bytes(spec) + fence + 1 <= config.rollout.max_new_tokens  # + EOS
+    for style in synthetic.sft_styles or {"lines": 1.0}:
+        assert max_program_bytes(spec, style) + fence + 1 <= config.rollout.max_new_tokens  # + EOS
     assert config.tracking.experiment != "asyncrl-demo"
     assert config.pipeline.registered_model != "asyncrl-demo-policy"
     assert all(str(path).startswith("runs/demo-code/") for path in (config.model.path, config.data.train_path, config.storage.root))

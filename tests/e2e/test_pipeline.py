@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import s3_servers
 from prefect_runs import run_records_text, run_tree
+import mlflow
 import yaml
 from mlflow import MlflowClient
 
@@ -71,7 +72,10 @@ def latest_artifacts(keys: list[str]) -> dict[str, Any]:
     return {a.key: a for a in found}
 
 
-def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tmp_path: Path) -> None:
+def test_pipeline_on_seaweedfs(
+    prefect_server: None, seaweedfs_endpoint: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns: not the checkout's
     bucket = s3_servers.create_bucket(seaweedfs_endpoint)
     options = {"endpoint_url": seaweedfs_endpoint.url}  # credentials: the environment's
     config = config_from_dict(e2e_config(tmp_path, f"s3://{bucket}/{RUN}", options))
@@ -113,12 +117,26 @@ def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tm
     # the prompt dataset is the run's input; each version's shards are one manifest artifact
     inputs = {d.dataset.name for d in run.inputs.dataset_inputs}
     assert "train.parquet" in inputs and not set(recorded) & inputs
-    final = client.download_artifacts(run.info.run_id, by_version[STEPS].tags["asyncrl.lineage_artifact"], str(tmp_path))
-    manifest = json.loads(Path(final).read_text())
-    assert [shard["name"] for shard in manifest["shards"]] == list(entries[-1].shards) and manifest["step"] == STEPS
+    final = mlflow.artifacts.load_dict(f"{by_version[STEPS].artifact_location}/{by_version[STEPS].tags['asyncrl.lineage_artifact']}")
+    assert [shard["name"] for shard in final["shards"]] == list(entries[-1].shards) and final["step"] == STEPS
+    assert [d["name"] for d in final["datasets"]] == ["train.parquet"]
     assert "trainer.batch_groups" in run.data.params
     registered = client.get_model_version_by_alias("e2e-policy", "best")
     assert int(registered.tags["asyncrl.version"]) == summary["best_version"]
+    # The run a person reads: frozen config, plots, summary, system metrics; eval on the models.
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
+        a.path for a in client.list_artifacts(run.info.run_id, "plots")}  # fmt: skip
+    assert {"config.yaml", "summary.json", "plots/reward.png", "plots/pass_at_1.png", "plots/staleness.png"} <= artifacts
+    assert "system/cpu_utilization_percentage" in client.get_run(run.info.run_id).data.metrics
+    # (the SQL registry keeps no model id on a version: the version's tag names its LoggedModel)
+    assert "eval_pass_at_1" in {m.key for m in client.get_logged_model(registered.tags["asyncrl.model_id"]).metrics}
+    # The registered version loads through MLflow and generates.
+    mlflow.set_tracking_uri(config.tracking.mlflow_uri)
+    try:
+        generator = mlflow.transformers.load_model("models:/e2e-policy@best")
+        assert generator("1+2=", max_new_tokens=4, do_sample=False)[0]["generated_text"].startswith("1+2=")
+    finally:
+        mlflow.set_tracking_uri(None)
 
     # the Prefect UI's artifacts: RL progress at 100 %, the reward-curve report, the summary
     artifacts = latest_artifacts([f"{RUN}-rl-progress", f"{RUN}-rl-report", f"{RUN}-summary"])
@@ -134,7 +152,9 @@ def test_pipeline_on_seaweedfs(prefect_server: None, seaweedfs_endpoint: Any, tm
     assert frozen["storage"]["options"]["endpoint_url"] == options["endpoint_url"]
     places = {
         "prefect": run_records_text(state.state_details.flow_run_id),
-        "mlflow": json.dumps([run.data.params, run.data.tags, [m.tags for m in models]]),
+        "mlflow": json.dumps([run.data.params, run.data.tags, [m.tags for m in models]])
+        + "".join(Path(client.download_artifacts(run.info.run_id, name, str(tmp_path / "mlflow-artifacts"))).read_text()
+                  for name in ("config.yaml", "summary.json")),
         "run root": stored_text(root),
         "local logs": "\n".join(p.read_text(errors="replace") for p in (tmp_path / "work").rglob("*.log")),
     }

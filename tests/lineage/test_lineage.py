@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import mlflow
@@ -11,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from asyncrl.configs.loading import config_from_dict, public_dict
-from asyncrl.storage.lineage import DataRef, RunLineage, flatten_params, manifest_artifact_path
+from asyncrl.storage.lineage import MANIFEST_ARTIFACT, DataRef, RunLineage, default_artifact_location, flatten_params
 
 
 @pytest.fixture
@@ -67,13 +66,15 @@ def test_version_lineage_links_model_to_its_shards(tmp_path: Path, tracking_uri:
     model = client.get_logged_model(model_v1)
     assert model.tags["asyncrl.trained_on"] == "shard-00000001.arrow,shard-00000002.arrow"
     assert str(model.status) in ("READY", "LoggedModelStatus.READY")
-    assert model.tags["asyncrl.lineage_artifact"] == manifest_artifact_path(1) == "lineage/v000001.json"
-    assert {a.path for a in client.list_logged_model_artifacts(model_v1)} == {"config.json"}
+    assert model.tags["asyncrl.lineage_artifact"] == MANIFEST_ARTIFACT == "lineage/manifest.json"
+    assert (model.tags["asyncrl.step"], model.tags["asyncrl.parent_version"]) == ("1", "0")
+    assert model.tags["asyncrl.weights_uri"] == "s3://b/run/weights/v000001"
+    assert {a.path for a in client.list_logged_model_artifacts(model_v1)} == {"config.json", "lineage"}
 
-    # One manifest artifact per version, from the model back to its shards' names, digests, rows, groups.
-    assert {a.path for a in client.list_artifacts(lineage.run_id, "lineage")} == {"lineage/v000001.json", "lineage/v000002.json"}
-    stored = json.loads(Path(client.download_artifacts(lineage.run_id, manifest_artifact_path(2), str(tmp_path / "dl"))).read_text())
-    assert stored == {**manifest_v2, "model_id": model_v2}
+    # One manifest artifact per version, on its LoggedModel: from the model back to its shards'
+    # names, digests, rows, groups; the run itself gets no artifact per step.
+    assert lineage.read_manifest(model_v2) == {**manifest_v2, "model_id": model_v2}
+    assert client.list_artifacts(lineage.run_id, "lineage") == []
     mlflow.set_tracking_uri(tracking_uri)
     found = mlflow.search_logged_models(
         experiment_ids=[lineage.experiment_id], filter_string="tags.`asyncrl.version` = '2'", output_format="list"
@@ -84,3 +85,25 @@ def test_version_lineage_links_model_to_its_shards(tmp_path: Path, tracking_uri:
     assert registered.tags["asyncrl.model_id"] == model_v2
     assert registered.source == client.get_logged_model(model_v2).artifact_location
 
+
+
+def test_a_sqlite_store_keeps_its_artifacts_beside_it_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    store = tmp_path / "run" / "mlflow.db"
+    store.parent.mkdir()
+    lineage = RunLineage.start(f"sqlite:///{store}", "exp", "run-1", {"name": "run-1"})
+    lineage.log_text("name: run-1\n", "config.yaml")
+    lineage.end()
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    assert client.get_experiment(lineage.experiment_id).artifact_location == (store.parent / "mlartifacts").as_uri()
+    assert list((store.parent / "mlartifacts").rglob("config.yaml"))
+    assert not (elsewhere / "mlruns").exists()
+    chosen = RunLineage.start(f"sqlite:///{store}", "exp-2", "run-2", {}, artifact_location=(tmp_path / "art").as_uri())
+    assert client.get_experiment(chosen.experiment_id).artifact_location == (tmp_path / "art").as_uri()
+    chosen.end()
+    assert default_artifact_location("http://mlflow:5000") is None
+    assert default_artifact_location("sqlite:///runs/demo/mlflow.db") == (Path.cwd() / "runs" / "demo" / "mlartifacts").as_uri()

@@ -14,6 +14,7 @@ import pytest
 
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot, open_root
+from asyncrl.storage.lineage import DataRef
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardReader, ShardWriter
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
@@ -30,6 +31,7 @@ class FakeLineage:
         self.logged = dict(logged or {})
         self.versions: list[tuple[int, str, dict[str, Any], dict[str, float]]] = []
         self.metrics: list[tuple[int, dict[str, float]]] = []
+        self.parents: dict[int, str | None] = {}
 
     def logged_versions(self) -> dict[int, str]:
         return dict(self.logged)
@@ -37,8 +39,10 @@ class FakeLineage:
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self.metrics.append((step, dict(metrics)))
 
-    def log_version(self, version: int, weights_uri: str, manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
+    def log_version(self, version: int, weights_uri: str, manifest: Mapping[str, Any], metrics: Mapping[str, float],
+                    parent_model_id: str | None = None) -> str:
         self.versions.append((version, weights_uri, dict(manifest), dict(metrics)))
+        self.parents[version] = parent_model_id
         return f"m-{version}"
 
 
@@ -69,7 +73,8 @@ def test_each_version_once_with_one_manifest_and_a_constant_poll(
     root = open_root(str(tmp_path / "run"))
     metrics = tmp_path / "metrics.jsonl"
     lineage = FakeLineage()
-    recorder = LineageRecorder(lineage, root, metrics)  # type: ignore[arg-type]
+    dataset = DataRef("train.parquet", "/data/train.parquet", "0123abcd")
+    recorder = LineageRecorder(lineage, root, metrics, [dataset])  # type: ignore[arg-type]
     recorder.poll()
     assert lineage.versions == []
 
@@ -84,7 +89,9 @@ def test_each_version_once_with_one_manifest_and_a_constant_poll(
     assert uri == root.display("weights/v000001") and step_metrics["loss"] == 0.5
     assert manifest == {"version": 1, "step": 1, "parent_version": 0, "shards": [
         {"name": first, "uri": root.display(paths.consumed_shard_path(first)),
-         "digest": hashlib.sha256(data).hexdigest()[:16], "rows": 4, "groups": 2}]}  # fmt: skip
+         "digest": hashlib.sha256(data).hexdigest()[:16], "rows": 4, "groups": 2}],
+        "datasets": [{"name": "train.parquet", "uri": "/data/train.parquet", "digest": "0123abcd"}]}  # fmt: skip
+    assert lineage.parents == {0: None, 1: "m-0"}
     assert [s for s, _ in lineage.metrics] == [1]
 
     # Nothing new: one read of LATEST (and the metrics file, local), no listing, no HEAD.
