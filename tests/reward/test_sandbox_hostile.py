@@ -30,7 +30,7 @@ from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.reward.sandbox import RunOutcome, Sandbox, SandboxFile, escape_controls
 from asyncrl.tasks.reward.seccomp import X32_SYSCALL_BIT, native_arch
 from asyncrl.tasks.reward.types import CodeTests, Reason, RewardRequest, RewardResult, StdioCase
-from hostile_programs import SLEEPER_BOMB
+from hostile_programs import SLEEPER_BOMB, sleeper_bomb
 
 if TYPE_CHECKING:
     from conftest import HostGuard  # fixtures come from tests/reward/conftest.py
@@ -245,21 +245,7 @@ def test_sandbox_runs_as_an_unprivileged_user_without_capabilities(sandbox: Sand
 def test_process_limit_is_per_sandbox_not_shared(sandbox: Sandbox, host_guard: HostGuard) -> None:
     # RLIMIT_NPROC is set inside each sandbox's user namespace: two sandboxes of the same
     # host uid running at once each get the full limit (set outside, they would share it).
-    source = (
-        "import os, time\n"
-        "n = 0\n"
-        "for _ in range(200):\n"
-        "    try:\n"
-        "        pid = os.fork()\n"
-        "    except OSError:\n"
-        "        break\n"
-        "    if pid == 0:\n"
-        "        time.sleep(60)\n"
-        "        os._exit(0)\n"
-        "    n += 1\n"
-        "time.sleep(1.0)\n"
-        "print(n)\n"
-    )
+    source = sleeper_bomb(linger_s=1.0)
     outcomes: list[RunOutcome] = []
     threads = [
         threading.Thread(target=lambda: outcomes.append(sandbox.run([SandboxFile("main.py", source.encode())], "main.py")))
