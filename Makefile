@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # every venv at another path, and a build killed midway leaves a lock that hangs the next one.
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup system-deps test demo demo-code clean
+.PHONY: setup system-deps test-deps test demo demo-code clean
 
 # bubblewrap sandboxes model-written code in the reward service. Installed with apt-get
 # when missing and we are root; otherwise the reward service refuses to run code.
@@ -22,6 +22,14 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
 	  else echo "warning: bubblewrap (bwrap) is missing: install it to score code rewards"; fi; }
+
+# Debian's Chromium lets the UI screenshot tests (tests/infra) run; without it they skip.
+test-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	      || echo "warning: chromium did not install: the UI screenshot tests will skip"; \
+	  else echo "warning: chromium is missing: the UI screenshot tests will skip"; fi; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +43,7 @@ $(VENV)/.installed: pyproject.toml
 
 setup: system-deps $(VENV)/.installed
 
-test: setup
+test: setup test-deps
 	$(VPY) -m pytest
 
 demo: setup
