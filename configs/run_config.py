@@ -81,11 +81,35 @@ class RolloutConfig(StrictModel):
     output lengths set by the budgets alone, identical in every run)."""
     cpu_cores: tuple[int, ...] | None = None
     """CPU ids the rollout servers (and their engine processes) are pinned to; None = no pinning."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Devices each server shards its model over (vLLM's ``--tensor-parallel-size``)."""
+    devices: list[tuple[int, ...]] | None = None
+    """One device set per server (``num_servers`` sets of ``tensor_parallel_size`` ids each):
+    GPU ids (``CUDA_VISIBLE_DEVICES``) on a GPU machine, CPU ids (pinning) on a machine
+    without GPUs. Sets of components on the same placement must not overlap unless
+    ``placement.share_devices``. None: no device placement."""
 
     @field_validator("cpu_cores")
     @classmethod
     def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
         return check_cpu_cores(cores, "rollout.cpu_cores")
+
+    @model_validator(mode="after")
+    def _device_sets(self) -> RolloutConfig:
+        if self.devices is None:
+            return self
+        if len(self.devices) != self.num_servers:
+            raise ValueError(
+                f"rollout.devices: {len(self.devices)} device sets for rollout.num_servers={self.num_servers}; "
+                "give one set per server"
+            )
+        for k, ids in enumerate(self.devices):
+            if len(ids) != self.tensor_parallel_size or len(set(ids)) != len(ids) or min(ids, default=0) < 0:
+                raise ValueError(
+                    f"rollout.devices[{k}]: {list(ids)} must be {self.tensor_parallel_size} distinct device ids >= 0 "
+                    f"(rollout.tensor_parallel_size={self.tensor_parallel_size})"
+                )
+        return self
 
     @field_validator("api_key")
     @classmethod
@@ -160,10 +184,40 @@ class TrainerConfig(StrictModel):
     also uses slowed training steps by 10-30x on 2 CPUs. The SFT stage, alone on the machine,
     uses every CPU."""
 
+    processes: int = Field(1, ge=1)
+    """Data-parallel trainer processes per node, one per device: above 1 the trainer runs
+    under ``torchrun`` with DeepSpeed ZeRO (``zero_stage``) across them, gloo on CPU and
+    NCCL on GPUs."""
+    nodes: int = Field(1, ge=1)
+    """Trainer nodes, ``processes`` each; above 1 every node is one flow run of
+    ``placement.trainer``'s deployment and they meet at ``rendezvous``."""
+    rendezvous: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:\[\]-]+:[0-9]{1,5}$")
+    """``host:port`` of torchrun's c10d rendezvous (``trainer.nodes`` > 1)."""
+    devices: tuple[int, ...] | None = None
+    """Device ids of the trainer on its node, one per process (``processes`` of them): GPU
+    ids (``CUDA_VISIBLE_DEVICES``) on a GPU machine, CPU ids (pinning) on a machine without
+    GPUs. None: no device placement."""
+
     @field_validator("cpu_cores")
     @classmethod
     def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
         return check_cpu_cores(cores, "trainer.cpu_cores")
+
+    @model_validator(mode="after")
+    def _processes_and_devices(self) -> TrainerConfig:
+        if self.devices is not None:
+            if len(self.devices) != self.processes or len(set(self.devices)) != len(self.devices):
+                raise ValueError(
+                    f"trainer.devices: {list(self.devices)} must be {self.processes} distinct device ids, "
+                    f"one per process (trainer.processes={self.processes})"
+                )
+            if min(self.devices) < 0:
+                raise ValueError(f"trainer.devices: {list(self.devices)} holds a negative id")
+        if self.nodes > 1 and self.rendezvous is None:
+            raise ValueError(
+                f"trainer.rendezvous: trainer.nodes={self.nodes} needs the host:port the nodes meet at"
+            )
+        return self
 
 
 class StorageConfig(StrictModel):
@@ -383,6 +437,60 @@ class PipelineConfig(StrictModel):
     """MLflow Model Registry name the best version is registered under."""
 
 
+class RemotePlacement(StrictModel):
+    """A component run as its own flow run of a Prefect deployment (on that deployment's work pool)."""
+
+    deployment: str = Field(pattern=r"^[^/]+/[^/]+$")
+    """``flow-name/deployment-name``, e.g. ``component/rollout-server`` (``prefect.yaml``)."""
+    job_variables: dict[str, Any] = Field(default_factory=dict)
+    """Work-pool job variables of this component's flow runs (image, gpus, memory, env ...);
+    no credentials: they are shown in the Prefect UI."""
+
+    @field_validator("job_variables")
+    @classmethod
+    def _no_credentials(cls, variables: dict[str, Any]) -> dict[str, Any]:
+        found = secret_keys_in(variables)
+        if found:
+            raise ValueError(
+                f"job_variables: {', '.join(found)} look like credentials; job variables are shown in the Prefect "
+                "UI: give them to the work pool (its base job template or a Secret block), not the run config"
+            )
+        return variables
+
+
+Placement = Annotated[Literal["local"] | RemotePlacement, Field(union_mode="left_to_right")]
+
+
+class PlacementConfig(StrictModel):
+    """Where each long-lived component runs: ``local`` (a process group of the `train` flow
+    run's machine) or as flow runs of a deployment (:class:`RemotePlacement`). Components meet
+    only through the run root and its registry, wherever they run."""
+
+    rollout_server: Placement = "local"
+    """Each of the ``rollout.num_servers`` servers is one flow run when remote."""
+    trainer: Placement = "local"
+    """One flow run per trainer node (``trainer.nodes``) when remote."""
+    scheduler: Placement = "local"
+    """The scheduler together with the reward service it scores through (one flow run)."""
+    heartbeat_s: float = Field(5.0, gt=0.0)
+    """A remote component's flow run writes a heartbeat into the run root this often."""
+    heartbeat_timeout_s: float = Field(60.0, gt=0.0)
+    """A remote component whose heartbeat is older than this counts as crashed (its machine
+    may be gone without a final state): it is cancelled and restarted."""
+    share_devices: bool = False
+    """Allow components on the same placement to share device ids (``rollout.devices``,
+    ``trainer.devices``), e.g. a small model's server and trainer on one GPU."""
+
+    @model_validator(mode="after")
+    def _heartbeat_window(self) -> PlacementConfig:
+        if self.heartbeat_timeout_s < 3 * self.heartbeat_s:
+            raise ValueError(
+                f"placement.heartbeat_timeout_s: {self.heartbeat_timeout_s} must be at least 3 x "
+                f"placement.heartbeat_s ({self.heartbeat_s}), so that one late heartbeat is not a crash"
+            )
+        return self
+
+
 class RunSettings(StrictModel):
     """How the run's components are supervised."""
 
@@ -409,6 +517,29 @@ class RunConfig(StrictModel):
     storage: StorageConfig
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run: RunSettings = Field(default_factory=RunSettings)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+
+    @model_validator(mode="after")
+    def _placement_rules(self) -> RunConfig:
+        if self.trainer.nodes > 1 and self.placement.trainer == "local":
+            raise ValueError(
+                f"trainer.nodes: {self.trainer.nodes} nodes need placement.trainer to name a deployment "
+                "(one flow run per node); a local trainer runs on this machine only"
+            )
+        if self.placement.share_devices:
+            return self
+        sets = [(f"rollout.devices[{k}]", self.placement.rollout_server, ids) for k, ids in enumerate(self.rollout.devices or [])]
+        if self.trainer.devices is not None:
+            sets.append(("trainer.devices", self.placement.trainer, self.trainer.devices))
+        for i, (name_a, place_a, ids_a) in enumerate(sets):
+            for name_b, place_b, ids_b in sets[i + 1 :]:
+                shared = sorted(set(ids_a) & set(ids_b))
+                if shared and place_a == place_b:
+                    raise ValueError(
+                        f"{name_b}: devices {shared} are also in {name_a} on the same placement; give each "
+                        "component its own devices, or set placement.share_devices: true to share them"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunConfig:

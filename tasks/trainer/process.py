@@ -52,7 +52,11 @@ class TrainerLaunch:
     metrics_file: Path | None = None
     wait_timeout_s: float | None = None
     nproc: int = 1
-    """Processes (devices); above 1 the trainer starts under ``torchrun``."""
+    """Processes (devices) on this node; above 1 (or with ``nnodes`` > 1) the trainer starts under ``torchrun``."""
+    nnodes: int = 1
+    """Nodes of the trainer; above 1 every node runs this launch and they meet at ``rendezvous``."""
+    rendezvous: str | None = None
+    """``host:port`` of torchrun's c10d rendezvous (``nnodes`` > 1)."""
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     stop_grace_s: float = 10.0
@@ -68,10 +72,19 @@ def trainer_command(launch: TrainerLaunch) -> list[str]:
     """The command line of the trainer process group."""
     if launch.nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {launch.nproc}")
-    if launch.nproc == 1:
+    if launch.nnodes < 1:
+        raise ValueError(f"nnodes must be >= 1, got {launch.nnodes}")
+    if launch.nnodes > 1 and not launch.rendezvous:
+        raise ValueError(f"nnodes={launch.nnodes} needs a rendezvous host:port")
+    if launch.nproc == 1 and launch.nnodes == 1:
         command = [launch.python, "-m", MODULE]
-    else:
+    elif launch.nnodes == 1:
         command = [launch.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch.nproc}", "-m", MODULE]
+    else:
+        command = [
+            launch.python, "-m", "torch.distributed.run", f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rendezvous}", "-m", MODULE,
+        ]  # fmt: skip
     command += ["--config", str(launch.config_path), "--mode", launch.mode]
     if launch.work_dir is not None:
         command += ["--work-dir", str(launch.work_dir)]
