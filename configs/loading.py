@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.configs.secrets import REDACTED, is_secret_key, redact, reveal_context
+from asyncrl.configs.secrets import REDACTED, drop_uri_password, is_secret_key, redact, reveal_context
 
 
 class ConfigError(ValueError):
@@ -112,6 +112,17 @@ def public_dict(config: RunConfig) -> dict[str, Any]:
     over the JSON dump, which already hides secret fields): safe for config.yaml, MLflow,
     Prefect artifacts, summaries and logs."""
     return redact(config.model_dump(mode="json"))
+
+
+def parameter_dict(config: RunConfig) -> dict[str, Any]:
+    """The config as a parameter of a flow run that the run starts (a remote component):
+    public, with its secret fields left out rather than redacted (a redacted value is refused
+    where it arrives): ``rollout.api_key`` None, ``tracking.mlflow_uri`` without its password.
+    The receiving flow run takes them from its own environment, like any deployment run."""
+    data = config.model_dump(mode="json")
+    data["rollout"]["api_key"] = None
+    data["tracking"]["mlflow_uri"] = drop_uri_password(config.tracking.mlflow_uri)
+    return data
 
 
 def private_dict(config: RunConfig) -> dict[str, Any]:

@@ -68,6 +68,12 @@ def strip_uri_password(text: str) -> str:
     return _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)
 
 
+def drop_uri_password(text: str) -> str:
+    """``scheme://user:password@host/...`` -> ``scheme://user@host/...``: the password left
+    out, not masked (for a value that must still validate where it is received)."""
+    return _URI_PASSWORD.sub(lambda m: f"{m.group('head')}@", text)
+
+
 def redact(value: Any, key: str = "") -> Any:  # noqa: ANN401
     """The redaction rule: a value under a secret key (see :func:`is_secret_key`) becomes
     ``***`` (``None`` stays ``None``); every string loses URI passwords; mappings and lists

@@ -17,6 +17,7 @@ Layout (relative to the run root)::
     scheduler/state.json                          scheduler counters for resume
     scheduler/written.json                        index of the group indices written in shards
     doorbells/{topic}/{listener}.json             where a waiting component listens for rings
+    components/{component}/{replica}.json         heartbeat of a component run as a remote flow run
 
 Paths are POSIX-style, relative, without ``..``; :func:`join` checks that.
 Other modules never format these names by hand.
@@ -42,6 +43,7 @@ SCHEDULER_STATE = f"{SCHEDULER_DIR}/state.json"
 SCHEDULER_WRITTEN = f"{SCHEDULER_DIR}/written.json"
 ROLLOUT_SERVERS_DIR = "rollout/servers"
 REWARD_SERVICE = "rewards/service.json"
+COMPONENTS_DIR = "components"
 
 _SHARD_RE = re.compile(r"^shard-(\d{8,})-v(\d{6,})-v(\d{6,})\.arrow$")
 _SEQ_CLAIM_RE = re.compile(r"^(\d{8,})$")
@@ -132,6 +134,12 @@ def parse_shard_seq_claim(name: str) -> int | None:
 def quarantine_path(name: str) -> str:
     """Relative path where a rejected file called ``name`` is kept."""
     return join(QUARANTINE_DIR, name)
+
+
+def component_heartbeat(component: str, replica: int) -> str:
+    """Relative path of the heartbeat of replica ``replica`` of a remote ``component``."""
+    _check_non_negative("component replica", replica)
+    return join(COMPONENTS_DIR, component, f"{replica}.json")
 
 
 def weights_version_dirname(version: int) -> str:

@@ -145,6 +145,15 @@ class RolloutServerConfig:
     cpu_cores: tuple[int, ...] | None = None
     """Linux: CPU ids the server and every process it spawns (vLLM's engine core) are pinned
     to (``sched_setaffinity`` before ``exec``); None = no pinning."""
+    tensor_parallel_size: int = 1
+    """GPUs (or CPU ranks) the model is sharded over (vLLM's ``--tensor-parallel-size``, given
+    when above 1)."""
+    cuda_visible_devices: str | None = None
+    """``CUDA_VISIBLE_DEVICES`` of the server (comma-separated GPU indices or UUIDs, at least
+    ``tensor_parallel_size`` of them); None = inherited from this process."""
+    gpu_memory_utilization: float | None = None
+    """Share of each GPU's memory vLLM may take (``--gpu-memory-utilization``), lowered when
+    other components share the GPU; None = vLLM's default."""
     session_nice: int | None = None
     """Lower CPU priority (nice 0..19) of the server's whole session, so that on a machine
     with few cores the processes beside it (driver, trainer) are not starved by vLLM's
@@ -154,6 +163,24 @@ class RolloutServerConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
         check_session_nice(self.session_nice, "RolloutServerConfig.session_nice")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"RolloutServerConfig.tensor_parallel_size must be an int >= 1, got {tp!r}")
+        if self.cuda_visible_devices is not None:
+            entries = self.cuda_visible_devices.split(",")
+            if any(not entry or entry != entry.strip() for entry in entries):
+                raise ValueError(
+                    "RolloutServerConfig.cuda_visible_devices must be comma-separated GPU indices or UUIDs "
+                    f"without spaces, got {self.cuda_visible_devices!r}"
+                )
+            if len(entries) < tp:
+                raise ValueError(
+                    f"RolloutServerConfig: tensor_parallel_size {tp} needs {tp} GPUs, cuda_visible_devices "
+                    f"{self.cuda_visible_devices!r} names {len(entries)}"
+                )
+        utilization = self.gpu_memory_utilization
+        if utilization is not None and not 0 < utilization <= 1:
+            raise ValueError(f"RolloutServerConfig.gpu_memory_utilization must be in (0, 1], got {utilization}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"RolloutServerConfig.port must be in [0, 65535], got {self.port}")
         if self.kv_cache_gib <= 0:
@@ -317,11 +344,16 @@ def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> l
         command += ["--enable-scale-out"]
     if config.api_key is not None:
         command += ["--middleware", AUTH_MIDDLEWARE]
+    if config.tensor_parallel_size > 1:
+        command += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    if config.gpu_memory_utilization is not None:
+        command += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     return command + list(config.extra_args)
 
 
 def server_env(config: RolloutServerConfig) -> dict[str, str]:
-    """The server's environment: ours plus dev mode, KV cache size and (if set) the key.
+    """The server's environment: ours plus dev mode, KV cache size, (if set) the key and
+    (if set) ``CUDA_VISIBLE_DEVICES``.
 
     ``VLLM_CPU_KVCACHE_SPACE`` = ceil(kv_cache_gib): the CPU backend reads an integer.
     Inherited key variables are removed so that a server without a key has none.
@@ -335,6 +367,8 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
     if config.api_key is not None:
         env[API_KEY_ENV] = config.api_key
         env["VLLM_API_KEY"] = config.api_key
+    if config.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices
     return env
 
 

@@ -24,7 +24,13 @@ from asyncrl.tasks.reward.remote import RemoteRewardScorer
 from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
 from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, fetch_weight_version
-from asyncrl.tasks.process_group import machine_cpus
+from asyncrl.tasks.run.devices import (
+    Machine,
+    detect_machine,
+    rollout_placement,
+    shared_gpu_memory_fraction,
+    trainer_placement,
+)
 from asyncrl.tasks.trainer.process import TrainerLaunch
 
 
@@ -74,22 +80,41 @@ def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int]:
     return model_dir, latest
 
 
-def server_configs(config: RunConfig, paths: RunPaths, model_dir: Path) -> list[RolloutServerConfig]:
+def server_config(
+    config: RunConfig, paths: RunPaths, model_dir: Path, index: int, machine: Machine | None = None
+) -> RolloutServerConfig:
+    """Rollout server ``index``'s launch on ``machine`` (default: this one, detected now): its
+    port, seed and log, ``rollout.tensor_parallel_size``, and its device set mapped by
+    :func:`~asyncrl.tasks.run.devices.place` (``CUDA_VISIBLE_DEVICES`` on a GPU machine, CPU
+    pinning on one without; a device the machine lacks raises naming ``rollout.devices[index]``).
+    On a GPU machine a server whose GPUs other components share gets a share of their memory
+    (:func:`~asyncrl.tasks.run.devices.shared_gpu_memory_fraction`). Call it where the server
+    starts: device ids mean that machine's devices."""
     rollout = config.rollout
-    return [
-        RolloutServerConfig(
-            model_dir=model_dir,
-            host=rollout.host,
-            port=0 if rollout.base_port == 0 else rollout.base_port + index,
-            api_key=rollout.api_key_value(),
-            kv_cache_gib=rollout.kv_cache_gib,
-            max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
-            seed=config.seed + index,
-            log_path=paths.log(f"rollout-{index}.log"),
-            cpu_cores=rollout.cpu_cores,
-        )
-        for index in range(rollout.num_servers)
-    ]
+    machine = machine or detect_machine()
+    placement = rollout_placement(config, index, machine)
+    return RolloutServerConfig(
+        model_dir=model_dir,
+        host=rollout.host,
+        port=0 if rollout.base_port == 0 else rollout.base_port + index,
+        api_key=rollout.api_key_value(),
+        kv_cache_gib=rollout.kv_cache_gib,
+        max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
+        seed=config.seed + index,
+        log_path=paths.log(f"rollout-{index}.log"),
+        cpu_cores=placement.cpu_cores,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        cuda_visible_devices=placement.cuda_visible_devices,
+        gpu_memory_utilization=shared_gpu_memory_fraction(config, index) if machine.has_gpus else None,
+    )
+
+
+def server_configs(
+    config: RunConfig, paths: RunPaths, model_dir: Path, machine: Machine | None = None
+) -> list[RolloutServerConfig]:
+    """Every server's :func:`server_config` on one machine (every server local to it)."""
+    machine = machine or detect_machine()
+    return [server_config(config, paths, model_dir, index, machine) for index in range(config.rollout.num_servers)]
 
 
 def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_groups: int | None) -> ControllerSettings:
@@ -162,33 +187,60 @@ def run_scheduler(
     return asyncio.run(main())
 
 
-def rl_trainer_threads(config: RunConfig) -> int:
-    """CPU threads of the RL trainer: ``trainer.threads`` when set, else
+def rl_trainer_threads(config: RunConfig, machine: Machine | None = None) -> int:
+    """CPU threads of each RL trainer process: ``trainer.threads`` when set, else
 
-        threads = max(1, floor(C / (1 + S)))
+        threads = max(1, floor(C / (P + S)))
 
-    with C the trainer's CPUs (``trainer.cpu_cores``, else every CPU of the machine) and S
-    the local rollout servers that compute on them too (all ``rollout.num_servers`` unless
-    ``rollout.cpu_cores`` keeps them off the trainer's CPUs)."""
+    with C the trainer's CPUs, P = ``trainer.processes`` (its processes compute on them at
+    once) and S the rollout servers on the trainer's placement whose CPUs meet the trainer's.
+    A component's CPUs: its ``cpu_cores``, else (on a machine without GPUs) its device set,
+    else every CPU of the machine. On a GPU machine the formula is the same: the processes
+    still share the CPUs for data handling, and a vLLM server keeps CPUs busy beside its GPU.
+    ``machine``: the trainer's (default: this one, detected now)."""
     if config.trainer.threads is not None:
         return config.trainer.threads
-    trainer_cpus = set(config.trainer.cpu_cores) if config.trainer.cpu_cores is not None else set(machine_cpus())
-    rollout_cpus = set(config.rollout.cpu_cores) if config.rollout.cpu_cores is not None else set(machine_cpus())
-    sharing = config.rollout.num_servers if trainer_cpus & rollout_cpus else 0
-    return max(1, len(trainer_cpus) // (1 + sharing))
+    machine = machine or detect_machine()
+    every = set(machine.cpus)
+
+    def cpus_of(cores: tuple[int, ...] | None, devices: tuple[int, ...] | None) -> set[int]:
+        if cores is not None:
+            return set(cores)
+        if devices is not None and not machine.has_gpus:
+            return set(devices)
+        return every
+
+    trainer = config.trainer
+    rollout = config.rollout
+    trainer_cpus = cpus_of(trainer.cpu_cores, trainer.devices)
+    sharing = 0
+    if config.placement.rollout_server == config.placement.trainer:
+        for index in range(rollout.num_servers):
+            devices = rollout.devices[index] if rollout.devices is not None else None
+            sharing += bool(cpus_of(rollout.cpu_cores, devices) & trainer_cpus)
+    return max(1, len(trainer_cpus) // (trainer.processes + sharing))
 
 
-def rl_trainer_launch(config: RunConfig, paths: RunPaths) -> TrainerLaunch:
-    """The RL trainer process of the run: the private config, `logs/trainer.log`, metrics in
-    `trainer-metrics.jsonl` of the work directory, pinned to `trainer.cpu_cores`, with
-    :func:`rl_trainer_threads` CPU threads."""
-
+def rl_trainer_launch(config: RunConfig, paths: RunPaths, machine: Machine | None = None) -> TrainerLaunch:
+    """The RL trainer of the run on ``machine`` (default: this one, detected now): the private
+    config, `logs/trainer.log`, metrics in `trainer-metrics.jsonl` of the work directory,
+    ``trainer.processes`` processes per node on ``trainer.nodes`` nodes meeting at
+    ``trainer.rendezvous``, its device set mapped by :func:`~asyncrl.tasks.run.devices.place`
+    (``CUDA_VISIBLE_DEVICES`` on a GPU machine, CPU pinning on one without; else pinned to
+    ``trainer.cpu_cores``), with :func:`rl_trainer_threads` CPU threads per process. Call it
+    where the trainer starts: device ids mean that machine's devices."""
+    machine = machine or detect_machine()
+    trainer = config.trainer
+    placement = trainer_placement(config, machine)
     return TrainerLaunch(
         config_path=paths.private_config,
         log_path=paths.log("trainer.log"),
         mode="rl",
         work_dir=paths.work_dir / "trainer",
         metrics_file=paths.work_dir / "trainer-metrics.jsonl",
-        cpu_cores=config.trainer.cpu_cores,
-        env={"OMP_NUM_THREADS": str(rl_trainer_threads(config))},
+        nproc=trainer.processes,
+        nnodes=trainer.nodes,
+        rendezvous=trainer.rendezvous,
+        cpu_cores=placement.cpu_cores,
+        env={"OMP_NUM_THREADS": str(rl_trainer_threads(config, machine)), **placement.env},
     )

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, cast
+from typing import Protocol, cast
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.data.loader import dataset_files, load_prompts
@@ -39,6 +39,8 @@ from asyncrl.tasks.run.components import (
 )
 from asyncrl.tasks.run.components_setup import rl_trainer_launch
 from asyncrl.tasks.run.context import RunContext, RunPaths, open_run_context
+from asyncrl.tasks.run.kinds import ComponentKind, component_name
+from asyncrl.tasks.run.remote_component import RemoteComponent
 from asyncrl.tasks.run.lineage_recorder import LineageRecorder, file_ref
 from asyncrl.tasks.run.supervisor import (
     ComponentEvent,
@@ -51,7 +53,6 @@ from asyncrl.tasks.run.supervisor import (
 from asyncrl.tasks.scheduler.main import CYCLE_STATS_FILE, combine_cycle_stats, final_step_published, read_cycle_stats
 
 LOG = logging.getLogger("asyncrl.run")
-ComponentKind = Literal["rollout-server", "reward-service", "trainer", "scheduler"]
 PROCESS_GROUPS_FILE = "process-groups.json"
 
 
@@ -105,10 +106,10 @@ class ProcessGroupFile:
             tmp.replace(self.path)
 
 
-def kill_recorded_groups(work_dir: Path) -> list[int]:
-    """SIGKILL every process group recorded in ``work_dir``'s ``process-groups.json`` that
-    still exists; return those killed."""
-    path = work_dir / PROCESS_GROUPS_FILE
+def kill_recorded_groups(work_dir: Path, file_name: str = PROCESS_GROUPS_FILE) -> list[int]:
+    """SIGKILL every process group recorded in ``work_dir``'s ``file_name`` (a
+    :class:`ProcessGroupFile`) that still exists; return those killed."""
+    path = work_dir / file_name
     try:
         groups = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -157,19 +158,39 @@ def restart_policy(config: RunConfig) -> RestartPolicy:
 
 
 def run_components(config: RunConfig, paths: RunPaths, drain: bool) -> list[tuple[ComponentKind, Component]]:
-    """The run's components in start order: servers, reward service, trainer, scheduler. The
-    reward service and the scheduler share a token (``ASYNCRL_REWARD_TOKEN`` if set, else a
-    fresh one per run)."""
+    """The run's components in start order: servers, reward service, trainer, scheduler, each
+    local or remote as ``config.placement`` says (:func:`remote_component`). The local reward
+    service and scheduler share a token (``ASYNCRL_REWARD_TOKEN`` if set, else a fresh one
+    per run); a remote scheduler runs with its own reward service, so there is none here."""
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
-    servers: list[tuple[ComponentKind, Component]] = [
-        ("rollout-server", run_rollout_component(i, config, paths)) for i in range(config.rollout.num_servers)
-    ]
-    return [
-        *servers,
-        ("reward-service", reward_component(paths, token)),
-        ("trainer", trainer_component(rl_trainer_launch(config, paths))),
-        ("scheduler", scheduler_component(config, paths, drain=drain, reward_token=token)),
-    ]
+    placement = config.placement
+    remote_scheduler = placement.scheduler != "local"
+    components: list[tuple[ComponentKind, Component]] = [
+        ("rollout-server", remote_component(config, paths, "rollout-server", i, drain)
+         if placement.rollout_server != "local" else run_rollout_component(i, config, paths))
+        for i in range(config.rollout.num_servers)
+    ]  # fmt: skip
+    if not remote_scheduler:
+        components.append(("reward-service", reward_component(paths, token)))
+    components.append(
+        ("trainer", remote_component(config, paths, "trainer", 0, drain) if placement.trainer != "local"
+         else trainer_component(rl_trainer_launch(config, paths)))
+    )  # fmt: skip
+    components.append(
+        ("scheduler", remote_component(config, paths, "scheduler", 0, drain) if remote_scheduler
+         else scheduler_component(config, paths, drain=drain, reward_token=token))
+    )  # fmt: skip
+    return components
+
+
+def remote_component(config: RunConfig, paths: RunPaths, kind: ComponentKind, index: int, drain: bool) -> RemoteComponent:
+    """Component ``kind`` (rollout server ``index``) as flow runs of its placement's
+    deployment: one per trainer node for the trainer, one otherwise."""
+    placement = getattr(config.placement, kind.replace("-", "_"))
+    replicas = config.trainer.nodes if kind == "trainer" else 1
+    name = component_name(kind, index)
+    return RemoteComponent(kind, index, replicas, placement, config, paths.root, paths.work_dir,
+                           paths.log(f"{name}.remote.log"), drain=drain)  # fmt: skip
 
 
 def run_rl(

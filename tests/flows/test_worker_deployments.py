@@ -1,6 +1,6 @@
 """The deployments of prefect.yaml through a real Prefect server and process worker, the
 way users run them: `prefect work-pool create`, `prefect deploy --all` from the repository
-root, `prefect worker start`. One server and one worker serve the module.
+root, `prefect worker start`. The session's stack (tests/flows/conftest.py) serves them.
 
 - a `train` run (tiny model, synthetic task, 2 steps) completes and publishes its weights;
 - a `train` run cancelled through the API (as the UI does) ends CANCELLED and leaves no
@@ -10,19 +10,14 @@ root, `prefect worker start`. One server and one worker serve the module.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
-import prefect_stack
 import process_scan
 import pytest
-import yaml
+from prefect_runs import read_state, start_train_run, wait_final_state, wait_until
+from prefect_stack import WorkerStack
 
-from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.stages import prepare_inputs
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
@@ -32,45 +27,11 @@ from asyncrl.tasks.rollout.server import free_port
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-PREFECT_YAML = yaml.safe_load((REPO / "prefect.yaml").read_text())
-POOL = PREFECT_YAML["definitions"]["work_pools"]["process"]["name"]
 STEPS = 2
 RUN_TIMEOUT_S = 600.0
 """A whole 2-step run: flow start, vLLM start (30-250 s here), DeepSpeed's first op build (~70 s)."""
 CANCEL_TIMEOUT_S = 90.0
 """Cancelling -> Cancelled: the worker's 30 s SIGTERM grace, the SIGKILL, the state change."""
-LOG_LINES = 40
-
-
-@dataclass(frozen=True)
-class Stack:
-    """The module's Prefect server and worker."""
-
-    server: prefect_stack.PrefectServer
-    worker_log: Path
-
-    def diagnostics(self, run_dir: Path | None = None) -> str:
-        """Log tails for an assertion message: the worker's and the run's components'."""
-        logs = [self.worker_log] + (sorted((run_dir / "logs").glob("*.log")) if run_dir is not None else [])
-        return "\n".join(f"--- {path.name} ---\n{read_log_tail(path, LOG_LINES)}" for path in logs)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Server, `process` work pool, `prefect deploy --all`, worker; the test process's
-    Prefect client points at the server for the module."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    work_dir = tmp_path_factory.mktemp("prefect-stack")
-    with prefect_stack.prefect_server(work_dir) as server:
-        prefect_stack.run_prefect(server, ["work-pool", "create", POOL, "--type", "process"], cwd=work_dir)
-        prefect_stack.run_prefect(server, ["deploy", "--all"], cwd=REPO, env={"ASYNCRL_HOME": str(REPO)})
-        worker_log = work_dir / "worker.log"
-        worker_env = {"PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
-        with prefect_stack.prefect_worker(server, POOL, worker_log, cwd=work_dir, env=worker_env):
-            with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-                yield Stack(server=server, worker_log=worker_log)
 
 
 def train_config(tmp_path: Path, model_dir: Path, name: str, max_steps: int) -> dict[str, Any]:
@@ -91,45 +52,6 @@ def train_config(tmp_path: Path, model_dir: Path, name: str, max_steps: int) -> 
     }  # fmt: skip
 
 
-def start_train_run(config: dict[str, Any]) -> UUID:
-    """Validate `config`, write its synthetic data, and start a run of the `train` deployment."""
-    from prefect.deployments import run_deployment
-
-    prepare_inputs(RunConfig.model_validate(config))
-    flow_run = run_deployment("train/train", parameters={"config": config}, timeout=0)
-    return flow_run.id
-
-
-def read_state(flow_run_id: UUID) -> Any:  # noqa: ANN401 - a prefect State
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(flow_run_id).state
-
-
-def wait_until(
-    condition: Callable[[], bool], timeout_s: float, describe: Callable[[], str], poll_s: float = 2.0
-) -> None:
-    """Poll `condition` until true; raise TimeoutError with `describe()` when time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout_s:.0f} s: {describe()}")
-        time.sleep(poll_s)
-
-
-def wait_final_state(flow_run_id: UUID, timeout_s: float, diagnostics: Callable[[], str]) -> Any:  # noqa: ANN401
-    """The flow run's state (a prefect State) once final: completed, failed, crashed, cancelled."""
-    states: list[Any] = []
-
-    def final() -> bool:
-        states.append(read_state(flow_run_id))
-        return states[-1] is not None and states[-1].is_final()
-
-    wait_until(final, timeout_s, lambda: f"flow run {flow_run_id} final, last state {states[-1]}\n{diagnostics()}")
-    return states[-1]
-
-
 def mlflow_run_statuses(config: dict[str, Any]) -> list[str]:
     """The status of each MLflow run of the run config's experiment."""
     from mlflow import MlflowClient
@@ -145,14 +67,14 @@ def components_up(root_uri: str, run_dir: Path) -> bool:
     return bool(list_servers(open_root(root_uri))) and '"event": "start"' in trainer_log
 
 
-def test_train_deployment_runs_to_completion(stack: Stack, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_train_deployment_runs_to_completion(worker_stack: WorkerStack, tiny_model_dir: Path, tmp_path: Path) -> None:
     config = train_config(tmp_path, tiny_model_dir, "deployed", STEPS)
     run_dir = Path(config["work_dir"]) / config["name"]
 
     flow_run_id = start_train_run(config)
-    state = wait_final_state(flow_run_id, RUN_TIMEOUT_S, lambda: stack.diagnostics(run_dir))
+    state = wait_final_state(flow_run_id, RUN_TIMEOUT_S, lambda: worker_stack.diagnostics(run_dir))
 
-    assert state.is_completed(), f"{state.type}: {state.message}\n{stack.diagnostics(run_dir)}"
+    assert state.is_completed(), f"{state.type}: {state.message}\n{worker_stack.diagnostics(run_dir)}"
     root = open_root(config["storage"]["root"])
     assert WeightStore(root).latest() == STEPS
     assert [entry.step for entry in Ledger(root).entries()] == list(range(1, STEPS + 1))
@@ -161,7 +83,7 @@ def test_train_deployment_runs_to_completion(stack: Stack, tiny_model_dir: Path,
     assert not left, f"processes of the completed run still running: {left}"
 
 
-def test_cancelled_train_run_leaves_no_process(stack: Stack, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_cancelled_train_run_leaves_no_process(worker_stack: WorkerStack, tiny_model_dir: Path, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
@@ -171,10 +93,10 @@ def test_cancelled_train_run_leaves_no_process(stack: Stack, tiny_model_dir: Pat
 
     def up() -> bool:
         state = read_state(flow_run_id)
-        assert state is None or not state.is_final(), f"{state.type}: {state.message}\n{stack.diagnostics(run_dir)}"
+        assert state is None or not state.is_final(), f"{state.type}: {state.message}\n{worker_stack.diagnostics(run_dir)}"
         return components_up(config["storage"]["root"], run_dir)
 
-    wait_until(up, RUN_TIMEOUT_S, lambda: f"rollout server healthy and trainer started\n{stack.diagnostics(run_dir)}")
+    wait_until(up, RUN_TIMEOUT_S, lambda: f"rollout server healthy and trainer started\n{worker_stack.diagnostics(run_dir)}")
     running = process_scan.processes_with_env("PREFECT__FLOW_RUN_ID", str(flow_run_id))
     commands = " | ".join(p.cmdline for p in running)
     for component in ("prefect.engine", "vllm.entrypoints.openai.api_server", "VLLM::EngineCore",
@@ -185,13 +107,13 @@ def test_cancelled_train_run_leaves_no_process(stack: Stack, tiny_model_dir: Pat
     cancelled_at = time.monotonic()
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(flow_run_id, Cancelling())
-    state = wait_final_state(flow_run_id, CANCEL_TIMEOUT_S, lambda: stack.diagnostics(run_dir))
+    state = wait_final_state(flow_run_id, CANCEL_TIMEOUT_S, lambda: worker_stack.diagnostics(run_dir))
     took_s = time.monotonic() - cancelled_at
 
-    assert state.is_cancelled(), f"{state.type}: {state.message}\n{stack.diagnostics(run_dir)}"
+    assert state.is_cancelled(), f"{state.type}: {state.message}\n{worker_stack.diagnostics(run_dir)}"
     left = process_scan.wait_gone(running, timeout_s=10.0)
     late = process_scan.processes_with_env("PREFECT__FLOW_RUN_ID", str(flow_run_id))
-    assert not left and not late, f"left after cancel ({took_s:.0f} s): {left + late}\n{stack.diagnostics(run_dir)}"
+    assert not left and not late, f"left after cancel ({took_s:.0f} s): {left + late}\n{worker_stack.diagnostics(run_dir)}"
     # The flow shut down by itself within the worker's grace period (a SIGKILLed flow
     # process ends nothing): its server left the registry, its MLflow run is KILLED.
     assert list_servers(open_root(config["storage"]["root"])) == []

@@ -1,5 +1,6 @@
 """The RL trainer's CPU threads: the trainer's CPUs shared out among the processes that
-compute on them at once, unless trainer.threads says otherwise."""
+compute on them at once (its own trainer.processes and the rollout servers on them),
+threads = max(1, floor(C / (P + S))), unless trainer.threads says otherwise."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ import pytest
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.run.components_setup import rl_trainer_launch, rl_trainer_threads
 from asyncrl.tasks.run.context import run_paths
+from asyncrl.tasks.run.devices import Machine
 from asyncrl.tasks.trainer.process import trainer_env
 
 CPUS = os.cpu_count() or 1
 
 
-def config(tmp_path: Path, trainer: dict[str, Any] | None = None, rollout: dict[str, Any] | None = None) -> RunConfig:
+def config(
+    tmp_path: Path,
+    trainer: dict[str, Any] | None = None,
+    rollout: dict[str, Any] | None = None,
+    placement: dict[str, Any] | None = None,
+) -> RunConfig:
     return RunConfig.model_validate(
         {
             "work_dir": str(tmp_path / "work"),
@@ -26,6 +33,7 @@ def config(tmp_path: Path, trainer: dict[str, Any] | None = None, rollout: dict[
             "rollout": rollout or {},
             "trainer": trainer or {},
             "storage": {"root": str(tmp_path / "store")},
+            "placement": placement or {},
         }
     )
 
@@ -53,3 +61,27 @@ def test_an_explicit_setting_wins_and_reaches_the_trainer_process(tmp_path: Path
     assert trainer_env(launch)["OMP_NUM_THREADS"] == "3"
     with pytest.raises(ValueError, match="trainer.threads"):
         config(tmp_path, trainer={"threads": 0})
+
+
+def test_trainer_processes_share_its_cpus() -> None:
+    eight = Machine(gpus=(), cpus=frozenset(range(8)))
+    eight_gpu = Machine(gpus=("0", "1"), cpus=frozenset(range(8)))
+    base = Path("/tmp/asyncrl-threads")  # nothing is written
+    assert rl_trainer_threads(config(base, trainer={"processes": 2}), eight) == 8 // (2 + 1)
+    assert rl_trainer_threads(config(base, trainer={"processes": 3}, rollout={"num_servers": 3}), eight) == 8 // (3 + 3)
+    # CPU machine: device sets are CPU sets; one CPU per trainer process means one thread each
+    per_cpu = config(base, trainer={"processes": 4, "devices": [0, 1, 2, 3]}, rollout={"devices": [[6]]})
+    assert rl_trainer_threads(per_cpu, eight) == 1
+    # an unpinned trainer meets every server, whatever CPUs their device sets name
+    assert rl_trainer_threads(config(base, rollout={"num_servers": 2, "devices": [[1], [5]]}), eight) == 8 // (1 + 2)
+    # GPU machine: device ids are GPUs, so every CPU is the trainer's and the servers'
+    gpus = config(base, trainer={"processes": 2, "devices": [0, 1]}, rollout={"devices": [[0]]},
+                  placement={"share_devices": True})
+    assert rl_trainer_threads(gpus, eight_gpu) == 8 // (2 + 1)
+
+
+def test_servers_on_another_placement_do_not_count() -> None:
+    eight = Machine(gpus=(), cpus=frozenset(range(8)))
+    remote = config(Path("/tmp/asyncrl-threads"), rollout={"num_servers": 3},
+                    placement={"rollout_server": {"deployment": "component/rollout-server"}})
+    assert rl_trainer_threads(remote, eight) == 8

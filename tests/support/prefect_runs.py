@@ -1,8 +1,14 @@
-"""Reading a flow run's tree back from the Prefect server (the test session's)."""
+"""Starting deployment runs and reading flow runs back from the Prefect server (the test session's)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
+from uuid import UUID
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.tasks.run.stages import prepare_inputs
 
 
 def run_tree(flow_run_id: Any) -> dict[str, str]:  # noqa: ANN401 - a UUID
@@ -64,3 +70,42 @@ def run_records_text(flow_run_id: Any) -> str:  # noqa: ANN401 - a UUID
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=seen)))
         parts.extend(json.dumps(artifact.data, default=str) for artifact in artifacts)
     return "\n".join(parts)
+
+
+def start_train_run(config: dict[str, Any]) -> UUID:
+    """Validate `config`, write its synthetic data, and start a run of the `train` deployment."""
+    from prefect.deployments import run_deployment
+
+    prepare_inputs(RunConfig.model_validate(config))
+    flow_run = run_deployment("train/train", parameters={"config": config}, timeout=0)
+    return flow_run.id
+
+
+def read_state(flow_run_id: UUID) -> Any:  # noqa: ANN401 - a prefect State
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout_s: float, describe: Callable[[], str], poll_s: float = 2.0
+) -> None:
+    """Poll `condition` until true; raise TimeoutError with `describe()` when time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout_s:.0f} s: {describe()}")
+        time.sleep(poll_s)
+
+
+def wait_final_state(flow_run_id: UUID, timeout_s: float, diagnostics: Callable[[], str]) -> Any:  # noqa: ANN401
+    """The flow run's state (a prefect State) once final: completed, failed, crashed, cancelled."""
+    states: list[Any] = []
+
+    def final() -> bool:
+        states.append(read_state(flow_run_id))
+        return states[-1] is not None and states[-1].is_final()
+
+    wait_until(final, timeout_s, lambda: f"flow run {flow_run_id} final, last state {states[-1]}\n{diagnostics()}")
+    return states[-1]

@@ -116,12 +116,30 @@ def prefect_server(work_dir: Path, start_timeout_s: float = 180.0) -> Iterator[P
 
 @contextmanager
 def prefect_worker(server: PrefectServer, pool: str, log_path: Path, cwd: Path,
-                   env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """``prefect worker start --pool pool`` against ``server``. On exit its process group
-    (the flow runs it started included) is killed: it does not stop on SIGTERM while it has runs."""
-    command = prefect_command("worker", "start", "--pool", pool, "--name", f"test-{os.getpid()}")
+                   env: Mapping[str, str] | None = None, name: str | None = None,
+                   queues: tuple[str, ...] = ()) -> Iterator[subprocess.Popen[bytes]]:
+    """``prefect worker start --pool pool [--work-queue q ...]`` against ``server`` (every
+    queue of the pool when ``queues`` is empty). On exit its process group (the flow runs it
+    started included) is killed: it does not stop on SIGTERM while it has runs."""
+    command = prefect_command("worker", "start", "--pool", pool, "--name", name or f"test-{os.getpid()}")
+    for queue in queues:
+        command += ["--work-queue", queue]
     process = start_logged(command, log_path, server.env(env), cwd)
     try:
         yield process
     finally:
         kill_group(process, grace_s=0.0)
+
+
+@dataclass(frozen=True)
+class WorkerStack:
+    """A Prefect server with its process workers (by name) and their logs."""
+
+    server: PrefectServer
+    worker_logs: dict[str, Path]
+    worker_pids: dict[str, int]
+
+    def diagnostics(self, run_dir: Path | None = None) -> str:
+        """Log tails for an assertion message: the workers' and the run's components' (``run_dir/logs``)."""
+        logs = list(self.worker_logs.values()) + (sorted((run_dir / "logs").glob("*.log")) if run_dir is not None else [])
+        return "\n".join(f"--- {path.name} ---\n{read_log_tail(path, LOG_TAIL_LINES)}" for path in logs)

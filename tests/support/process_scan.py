@@ -100,3 +100,13 @@ def kill_processes(records: list[ProcessRecord]) -> None:
         except ProcessLookupError:
             pass
     wait_gone(records, timeout_s=10.0)
+
+
+def ancestors(pid: int) -> list[int]:
+    """The parent, grandparent, ... of live process ``pid`` up to pid 1 (empty if it is gone)."""
+    chain: list[int] = []
+    stat = _read_stat(pid)
+    while stat is not None and stat[1] > 1 and stat[1] not in chain:
+        chain.append(stat[1])
+        stat = _read_stat(stat[1])
+    return chain

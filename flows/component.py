@@ -1,0 +1,55 @@
+"""The `component` flow: one long-lived component of a run on whatever machine the work pool
+of its deployment gives it — a rollout server, the trainer (one node of it), or the
+scheduler with its reward service. The `train` flow starts it with ``run_deployment`` when
+the run's ``placement`` names a deployment for that component, and supervises it through
+this flow run's state and its heartbeat in the run root
+(:mod:`asyncrl.tasks.run.remote_component`).
+
+The flow run is Running while its component runs, Completed when the component ended
+normally (the trainer's or scheduler's last step), Failed with the component's exit status
+and log tail when it exited otherwise (the `train` flow then restarts it as a new flow run),
+Cancelled when the run stopped it. Its cancel and crash hooks kill the process groups it
+recorded, so nothing outlives it on its machine.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prefect import flow, get_run_logger, runtime
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.storage.heartbeats import delete_heartbeat
+from asyncrl.tasks.run.component_host import heartbeat_writer, hosted_components, hosted_groups_file, run_hosted
+from asyncrl.tasks.run.context import prepare_run
+from asyncrl.tasks.run.kinds import ComponentKind, component_name
+from asyncrl.tasks.run.prefect_reporting import kill_hosted_processes
+from asyncrl.tasks.run.rl import ProcessGroupFile
+
+
+@flow(name="component", log_prints=True, on_cancellation=[kill_hosted_processes], on_crashed=[kill_hosted_processes])
+def component(
+    config: RunConfig, kind: ComponentKind, index: int = 0, replica: int = 0, start_id: str = "", drain: bool = False
+) -> dict[str, Any]:
+    """Run one component of ``config``'s run here until it ends or this flow run is cancelled
+    (see the module docstring). ``start_id`` ties the heartbeat to the start that launched
+    this flow run; ``replica`` is the trainer node (0 for the others)."""
+    logger = get_run_logger()
+    paths = prepare_run(config)
+    name = component_name(kind, index)
+    groups = ProcessGroupFile(paths.work_dir / hosted_groups_file(kind, index, replica))
+    beat = heartbeat_writer(paths, kind, index, replica, start_id, str(runtime.flow_run.id))
+    stop = threading.Event()
+    components = hosted_components(config, paths, kind, index, drain)
+    logger.info("%s (replica %d, start %s): starting %s", name, replica, start_id, [c.name for c in components])
+    try:
+        code = run_hosted(components, stop, beat, config.placement.heartbeat_s,
+                          on_started=lambda c: groups.update(c.name, c.pgid()))  # fmt: skip
+    finally:
+        stop.set()
+        for hosted in components:
+            groups.update(hosted.name, None)
+        delete_heartbeat(paths.root, name, replica)
+    logger.info("%s (replica %d) finished with exit status %s", name, replica, code)
+    return {"component": name, "replica": replica, "exit_code": code}
