@@ -12,7 +12,7 @@ from pathlib import Path
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from asyncrl.configs.base import StrictModel
 from asyncrl.configs.secrets import Secret, SecretUri, refuse_redacted, secret_keys_in
@@ -440,6 +440,9 @@ class PipelineConfig(StrictModel):
 class RemotePlacement(StrictModel):
     """A component run as its own flow run of a Prefect deployment (on that deployment's work pool)."""
 
+    # A validation error must not echo what was given (a credential put there by mistake).
+    model_config = ConfigDict(**StrictModel.model_config, hide_input_in_errors=True)
+
     deployment: str = Field(pattern=r"^[^/]+/[^/]+$")
     """``flow-name/deployment-name``, e.g. ``component/rollout-server`` (``prefect.yaml``)."""
     job_variables: dict[str, Any] = Field(default_factory=dict)
@@ -452,13 +455,20 @@ class RemotePlacement(StrictModel):
         found = secret_keys_in(variables)
         if found:
             raise ValueError(
-                f"job_variables: {', '.join(found)} look like credentials; job variables are shown in the Prefect "
-                "UI: give them to the work pool (its base job template or a Secret block), not the run config"
+                f"{', '.join(found)}: credentials do not belong in job variables, which the Prefect UI shows; give "
+                "them to the work pool (its base job template, or a Secret block its workers read)"
             )
         return variables
 
 
-Placement = Annotated[Literal["local"] | RemotePlacement, Field(union_mode="left_to_right")]
+def _placement_tag(value: Any) -> str:  # noqa: ANN401 - the raw value
+    return "local" if isinstance(value, str) else "deployment"
+
+
+Placement = Annotated[
+    Annotated[Literal["local"], Tag("local")] | Annotated[RemotePlacement, Tag("deployment")],
+    Discriminator(_placement_tag),
+]
 
 
 class PlacementConfig(StrictModel):

@@ -154,6 +154,11 @@ class RolloutServerConfig:
     gpu_memory_utilization: float | None = None
     """Share of each GPU's memory vLLM may take (``--gpu-memory-utilization``), lowered when
     other components share the GPU; None = vLLM's default."""
+    dtype: str = "float32"
+    """Parameter dtype (``--dtype``): the run's ``model.dtype``, the trainer's."""
+    enforce_eager: bool = True
+    """``--enforce-eager``: no CUDA graphs (on CPU they do not exist; on GPUs graphs are
+    captured once per start, faster generation for a slower start)."""
     session_nice: int | None = None
     """Lower CPU priority (nice 0..19) of the server's whole session, so that on a machine
     with few cores the processes beside it (driver, trainer) are not starved by vLLM's
@@ -331,8 +336,8 @@ def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> l
         "--port",
         str(port),
         "--dtype",
-        "float32",
-        "--enforce-eager",
+        config.dtype,
+        *(["--enforce-eager"] if config.enforce_eager else []),
         "--seed",
         str(config.seed),
         "--worker-extension-cls",

@@ -41,7 +41,7 @@ from asyncrl.tasks.reward.server import MODULE as REWARD_MODULE
 from asyncrl.tasks.rollout.registry import register_server, unregister_server
 from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, RolloutServerHandle
 from asyncrl.tasks.rollout.weight_sync import set_server_weight_version
-from asyncrl.tasks.run.components_setup import server_configs, serving_weights
+from asyncrl.tasks.run.components_setup import server_config, serving_weights
 from asyncrl.tasks.run.context import RunPaths
 from asyncrl.tasks.scheduler.main import MODULE as SCHEDULER_MODULE
 from asyncrl.tasks.scheduler.main import final_step_published
@@ -260,7 +260,7 @@ def run_rollout_component(index: int, config: RunConfig, paths: RunPaths) -> Rol
 
     def launch() -> tuple[RolloutServerConfig, int | None]:
         model_dir, version = serving_weights(config, paths)
-        return server_configs(config, paths, model_dir)[index], version
+        return server_config(config, paths, model_dir, index), version
 
     return RolloutComponent(
         f"rollout-server-{index}", f"server-{index}", paths.root, launch, paths.log(f"rollout-{index}.log")

@@ -106,15 +106,9 @@ def server_config(
         tensor_parallel_size=rollout.tensor_parallel_size,
         cuda_visible_devices=placement.cuda_visible_devices,
         gpu_memory_utilization=shared_gpu_memory_fraction(config, index) if machine.has_gpus else None,
+        dtype=config.model.dtype,
+        enforce_eager=not machine.has_gpus,
     )
-
-
-def server_configs(
-    config: RunConfig, paths: RunPaths, model_dir: Path, machine: Machine | None = None
-) -> list[RolloutServerConfig]:
-    """Every server's :func:`server_config` on one machine (every server local to it)."""
-    machine = machine or detect_machine()
-    return [server_config(config, paths, model_dir, index, machine) for index in range(config.rollout.num_servers)]
 
 
 def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_groups: int | None) -> ControllerSettings:

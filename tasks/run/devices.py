@@ -47,7 +47,8 @@ from asyncrl.tasks.process_group import machine_cpus
 
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
 GPU_MEMORY_BUDGET = 0.9
-"""Share of a GPU's memory handed out among the servers on it (vLLM's default is 0.92)."""
+"""Share of a shared GPU's memory its n holders divide: each vLLM server on it takes
+GPU_MEMORY_BUDGET / n, leaving the rest to the others (vLLM alone takes 0.92 by default)."""
 _NVIDIA_SMI_TIMEOUT_S = 15.0
 _GPU_LINE = re.compile(r"^GPU \d+:")
 _DEVICE_FILE = re.compile(r"^nvidia\d+$")

@@ -181,7 +181,7 @@ class RemoteComponent:
         if failed:
             replica, code = failed[0]
             state = states[replica]
-            self._log(f"flow run {self.flow_run_ids[replica]} (replica {replica}) ended {state.type.value}: {state.message}")
+            self._log(f"flow run {self.flow_run_ids[replica]} (replica {replica}) ended {state.name}: {state.message}")
             self._code = code
         elif all(c == EXIT_COMPLETED for c in codes):
             self._code = EXIT_COMPLETED

@@ -95,8 +95,7 @@ def test_job_variables_with_credentials_are_refused() -> None:
         config(placement={"rollout_server": {"deployment": "component/rollout-server",
                                              "job_variables": {"env": {"AWS_SECRET_ACCESS_KEY": "leaked-value"}}}})
     message = str(caught.value)
-    assert "placement.rollout_server.RemotePlacement.job_variables" in message
-    assert "env.AWS_SECRET_ACCESS_KEY look like credentials" in message
+    assert "placement.rollout_server.deployment.job_variables: env.AWS_SECRET_ACCESS_KEY: credentials" in message
     assert "leaked-value" not in message  # never echoed
     fine = config(placement={"rollout_server": {"deployment": "component/rollout-server",
                                                 "job_variables": {"image": "asyncrl:gpu", "env": {"HF_HOME": "/cache"}}}})
@@ -104,7 +103,7 @@ def test_job_variables_with_credentials_are_refused() -> None:
 
 
 def test_deployment_names_flow_and_deployment() -> None:
-    refused(r"placement\.trainer\.RemotePlacement\.deployment: String should match pattern",
+    refused(r"placement\.trainer\.deployment\.deployment: String should match pattern",
             placement={"trainer": {"deployment": "no-slash"}})
 
 

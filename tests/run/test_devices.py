@@ -22,7 +22,7 @@ import asyncrl.tasks.trainer.process as trainer_module
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.process_group import kill_group, machine_cpus, usable_cpus
 from asyncrl.tasks.rollout.server import RolloutServer, server_command, server_env
-from asyncrl.tasks.run.components_setup import rl_trainer_launch, server_config, server_configs
+from asyncrl.tasks.run.components_setup import rl_trainer_launch, server_config
 from asyncrl.tasks.run.context import run_paths
 from asyncrl.tasks.run.devices import (
     CUDA_ENV,
@@ -52,6 +52,11 @@ REPORTER = (
     " 'omp': os.environ.get('OMP_NUM_THREADS')}), flush=True)\n"
     "time.sleep(120)\n"
 )
+
+
+def every_server_config(config, paths, model, machine=None):  # noqa: ANN001, ANN201
+    """Every server's launch on one machine."""
+    return [server_config(config, paths, model, index, machine) for index in range(config.rollout.num_servers)]
 
 
 def run_config(tmp_path: Path, **sections: dict[str, Any]) -> RunConfig:
@@ -169,7 +174,7 @@ def test_cpu_machine_refuses_devices_and_cpu_cores_together(tmp_path: Path) -> N
 
 def test_server_configs_on_a_gpu_machine(tmp_path: Path) -> None:
     config = run_config(tmp_path, rollout={"num_servers": 2, "tensor_parallel_size": 2, "devices": [[0, 1], [3, 2]]})
-    first, second = server_configs(config, run_paths(config), model_dir(tmp_path), GPUS_4)
+    first, second = every_server_config(config, run_paths(config), model_dir(tmp_path), GPUS_4)
     assert (first.cuda_visible_devices, second.cuda_visible_devices) == ("0,1", "3,2")
     assert first.tensor_parallel_size == 2 and first.cpu_cores is None and first.gpu_memory_utilization is None
     command = server_command(second, tmp_path, 8000)
@@ -183,7 +188,7 @@ def test_server_configs_on_a_gpu_machine(tmp_path: Path) -> None:
 def test_servers_without_devices_keep_their_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CUDA_ENV, "7")  # inherited as it is
     config = run_config(tmp_path)
-    (placed,) = server_configs(config, run_paths(config), model_dir(tmp_path), GPUS_4)
+    (placed,) = every_server_config(config, run_paths(config), model_dir(tmp_path), GPUS_4)
     assert placed.cuda_visible_devices is None and placed.tensor_parallel_size == 1
     command = server_command(placed, tmp_path, 8000)
     assert "--tensor-parallel-size" not in command and "--gpu-memory-utilization" not in command
@@ -195,10 +200,10 @@ def test_shared_gpus_split_the_memory(tmp_path: Path) -> None:
     assert shared_gpu_memory_fraction(alone, 0) is None
     shared = run_config(tmp_path, rollout={"devices": [[0]]}, trainer={"devices": [0]}, placement={"share_devices": True})
     assert shared_gpu_memory_fraction(shared, 0) == 0.45
-    (on_gpu,) = server_configs(shared, run_paths(shared), model_dir(tmp_path), GPUS_4)
+    (on_gpu,) = every_server_config(shared, run_paths(shared), model_dir(tmp_path), GPUS_4)
     command = server_command(on_gpu, tmp_path, 8000)
     assert command[command.index("--gpu-memory-utilization") + 1] == "0.45"
-    (on_cpu,) = server_configs(shared, run_paths(shared), model_dir(tmp_path), Machine(gpus=(), cpus=frozenset({0})))
+    (on_cpu,) = every_server_config(shared, run_paths(shared), model_dir(tmp_path), Machine(gpus=(), cpus=frozenset({0})))
     assert on_cpu.gpu_memory_utilization is None and on_cpu.cpu_cores == (0,)
     three = run_config(tmp_path, rollout={"num_servers": 2, "devices": [[0], [0]]}, trainer={"devices": [0]},
                        placement={"share_devices": True})
@@ -233,7 +238,7 @@ def test_rollout_devices_pin_the_started_server_here(tmp_path: Path, monkeypatch
     if detect_machine().has_gpus:
         pytest.skip("this machine has GPUs: device ids are GPU ids here")
     config = run_config(tmp_path, rollout={"devices": [[TARGET]]})
-    (launch,) = server_configs(config, run_paths(config), model_dir(tmp_path))  # this machine, detected
+    (launch,) = every_server_config(config, run_paths(config), model_dir(tmp_path))  # this machine, detected
     assert launch.cpu_cores == (TARGET,) and launch.cuda_visible_devices is None
     monkeypatch.setattr(server_module, "server_command", lambda config, model_dir, port: [sys.executable, "-c", REPORTER])
     monkeypatch.delenv(CUDA_ENV, raising=False)
@@ -248,7 +253,7 @@ def test_rollout_devices_pin_the_started_server_here(tmp_path: Path, monkeypatch
 
 def test_gpu_devices_reach_the_started_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = run_config(tmp_path, rollout={"devices": [[2]]})
-    (launch,) = server_configs(config, run_paths(config), model_dir(tmp_path), GPUS_4)
+    (launch,) = every_server_config(config, run_paths(config), model_dir(tmp_path), GPUS_4)
     monkeypatch.setattr(server_module, "server_command", lambda config, model_dir, port: [sys.executable, "-c", REPORTER])
     monkeypatch.setenv(CUDA_ENV, "0,1,2,3")
     server = RolloutServer(launch)

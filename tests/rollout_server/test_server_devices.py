@@ -1,0 +1,55 @@
+"""The rollout server's device settings: tensor parallelism, CUDA_VISIBLE_DEVICES and the GPU
+memory share reach vLLM's command line and environment, are checked by name, and leave the
+launch exactly as before when unset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.tasks.rollout.server import RolloutServerConfig, server_command, server_env
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("tensor_parallel_size", 0, "tensor_parallel_size must be an int >= 1"),
+        ("tensor_parallel_size", True, "tensor_parallel_size must be an int >= 1"),
+        ("cuda_visible_devices", "", "cuda_visible_devices must be comma-separated GPU indices or UUIDs"),
+        ("cuda_visible_devices", "0, 1", "cuda_visible_devices must be comma-separated"),
+        ("cuda_visible_devices", "0,,1", "cuda_visible_devices must be comma-separated"),
+        ("gpu_memory_utilization", 0.0, r"gpu_memory_utilization must be in \(0, 1\]"),
+        ("gpu_memory_utilization", 1.5, r"gpu_memory_utilization must be in \(0, 1\]"),
+    ],
+)
+def test_device_settings_are_bounded(field: str, value: object, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=f"RolloutServerConfig.{message}"):
+        RolloutServerConfig(model_dir=tmp_path, **{field: value})  # type: ignore[arg-type]
+
+
+def test_tensor_parallel_size_needs_as_many_gpus(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 needs 2 GPUs, cuda_visible_devices '3' names 1"):
+        RolloutServerConfig(model_dir=tmp_path, tensor_parallel_size=2, cuda_visible_devices="3")
+
+
+def test_device_settings_reach_command_and_environment(tmp_path: Path) -> None:
+    config = RolloutServerConfig(
+        model_dir=tmp_path, tensor_parallel_size=2, cuda_visible_devices="GPU-a1,3", gpu_memory_utilization=0.45,
+        extra_args=("--max-num-seqs", "64"),
+    )  # fmt: skip
+    command = server_command(config, tmp_path, 8000)
+    assert command[command.index("--tensor-parallel-size") + 1] == "2"
+    assert command[command.index("--gpu-memory-utilization") + 1] == "0.45"
+    assert command[-2:] == ["--max-num-seqs", "64"]  # extra_args stay last
+    assert server_env(config)["CUDA_VISIBLE_DEVICES"] == "GPU-a1,3"
+
+
+def test_unset_device_settings_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    config = RolloutServerConfig(model_dir=tmp_path)
+    command = server_command(config, tmp_path, 8000)
+    assert not {"--tensor-parallel-size", "--gpu-memory-utilization"} & set(command)
+    assert server_env(config)["CUDA_VISIBLE_DEVICES"] == "1"  # inherited
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert "CUDA_VISIBLE_DEVICES" not in server_env(config)
