@@ -6,7 +6,8 @@ this flow run's state and its heartbeat in the run root
 (:mod:`asyncrl.tasks.run.remote_component`).
 
 The flow run is Running while its component runs, Completed when the component ended
-normally (the trainer's or scheduler's last step), Failed with the component's exit status
+normally (the trainer's or scheduler's last step) or its run finished and asked it to stop
+(a rollout server), Failed with the component's exit status
 and log tail when it exited otherwise (the `train` flow then restarts it as a new flow run),
 Cancelled when the run stopped it. Its cancel and crash hooks kill the process groups it
 recorded, so nothing outlives it on its machine.
@@ -20,7 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.storage.heartbeats import delete_heartbeat
+from asyncrl.storage.heartbeats import clear_stop_request, delete_heartbeat, stop_requested
 from asyncrl.tasks.run.component_host import heartbeat_writer, hosted_components, hosted_groups_file, run_hosted
 from asyncrl.tasks.run.context import prepare_run
 from asyncrl.tasks.run.kinds import ComponentKind, component_name
@@ -45,11 +46,16 @@ def component(
     logger.info("%s (replica %d, start %s): starting %s", name, replica, start_id, [c.name for c in components])
     try:
         code = run_hosted(components, stop, beat, config.placement.heartbeat_s,
-                          on_started=lambda c: groups.update(c.name, c.pgid()))  # fmt: skip
+                          on_started=lambda c: groups.update(c.name, c.pgid()),
+                          stop_requested=lambda: stop_requested(paths.root, name, replica, start_id))  # fmt: skip
     finally:
         stop.set()
         for hosted in components:
             groups.update(hosted.name, None)
         delete_heartbeat(paths.root, name, replica)
-    logger.info("%s (replica %d) finished with exit status %s", name, replica, code)
+    if code is None:
+        clear_stop_request(paths.root, name, replica)
+        logger.info("%s (replica %d) stopped: its run finished", name, replica)
+    else:
+        logger.info("%s (replica %d) finished with exit status %s", name, replica, code)
     return {"component": name, "replica": replica, "exit_code": code}

@@ -1,6 +1,9 @@
 """The `train` flow: asynchronous RL with every component as a concurrent Prefect run —
 task runs `rollout-server-{k}`, `reward-service` and `trainer`, and the `scheduler` child
-flow run — each supervised and restarted on a crash (:mod:`asyncrl.tasks.run.rl`).
+flow run — each supervised and restarted on a crash (:mod:`asyncrl.tasks.run.rl`). A
+component that ``placement`` puts on a deployment runs as flow runs of the `component` flow
+on that deployment's work pool, started and supervised from its task run here (through its
+flow run state and heartbeat, :mod:`asyncrl.tasks.run.remote_component`).
 
 States tell the truth: a component's run is Running while it is up, Failed with its error
 and log tail past its restart budget (the other components are then stopped and show
@@ -24,8 +27,8 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.scheduler import scheduler
 from asyncrl.tasks.run.artifacts import StepProgressArtifact, publish_training_report
 from asyncrl.tasks.run.context import RunContext, open_run_context, system_metrics
+from asyncrl.tasks.run.kinds import ComponentKind
 from asyncrl.tasks.run.rl import (
-    ComponentKind,
     RLRunSettings,
     RunStop,
     TrainResult,

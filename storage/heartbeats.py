@@ -8,6 +8,10 @@ is ready, and when it was written. The `train` flow's supervisor reads it to tel
 that is up from one whose machine is gone without a final state (a heartbeat older than
 ``placement.heartbeat_timeout_s``). One small object per replica, replaced in place: the
 work per heartbeat does not grow with the run.
+
+The other way, ``components/{component}/{replica}.stop`` asks the flow run of one start to
+stop because its run finished (:func:`request_stop`): it then ends Completed, where a cancel
+(the run was cancelled, or the replica does not answer) ends it Cancelled.
 """
 
 from __future__ import annotations
@@ -65,3 +69,22 @@ def read_heartbeat(root: RunRoot, component: str, replica: int) -> Heartbeat | N
 def delete_heartbeat(root: RunRoot, component: str, replica: int) -> None:
     """Remove the replica's heartbeat (its flow run ended), if any."""
     fs.delete(root, paths.component_heartbeat(component, replica), missing_ok=True)
+
+
+def request_stop(root: RunRoot, component: str, replica: int, start_id: str) -> None:
+    """Ask the flow run of start ``start_id`` of the replica to stop (its run finished)."""
+    fs.put_atomic_replace(root, paths.component_stop_request(component, replica), json.dumps({"start_id": start_id}).encode())
+
+
+def stop_requested(root: RunRoot, component: str, replica: int, start_id: str) -> bool:
+    """Whether the replica's run asked the flow run of start ``start_id`` to stop (a request
+    for another start does not count)."""
+    try:
+        content = fs.read_json_object(root, paths.component_stop_request(component, replica))
+    except ValueError:
+        return False
+    return content is not None and content.get("start_id") == start_id
+
+
+def clear_stop_request(root: RunRoot, component: str, replica: int) -> None:
+    fs.delete(root, paths.component_stop_request(component, replica), missing_ok=True)

@@ -18,6 +18,7 @@ Layout (relative to the run root)::
     scheduler/written.json                        index of the group indices written in shards
     doorbells/{topic}/{listener}.json             where a waiting component listens for rings
     components/{component}/{replica}.json         heartbeat of a component run as a remote flow run
+    components/{component}/{replica}.stop         its run's request that it stop (the run finished)
 
 Paths are POSIX-style, relative, without ``..``; :func:`join` checks that.
 Other modules never format these names by hand.
@@ -140,6 +141,12 @@ def component_heartbeat(component: str, replica: int) -> str:
     """Relative path of the heartbeat of replica ``replica`` of a remote ``component``."""
     _check_non_negative("component replica", replica)
     return join(COMPONENTS_DIR, component, f"{replica}.json")
+
+
+def component_stop_request(component: str, replica: int) -> str:
+    """Relative path of the request that replica ``replica`` of a remote ``component`` stop."""
+    _check_non_negative("component replica", replica)
+    return join(COMPONENTS_DIR, component, f"{replica}.stop")
 
 
 def weights_version_dirname(version: int) -> str:

@@ -72,13 +72,15 @@ def run_hosted(
     heartbeat: Callable[[bool], None],
     heartbeat_s: float,
     on_started: Callable[[Component], None] | None = None,
+    stop_requested: Callable[[], bool] | None = None,
     poll_s: float = 0.5,
 ) -> int | None:
     """Start ``components`` and watch them until the last (primary) one finishes normally
-    (its exit status is returned) or ``stop`` is set (None). ``heartbeat(ready)`` is called
-    at the start, every ``heartbeat_s`` seconds and whenever readiness changes. Any other
-    exit raises :class:`HostedComponentExited`. Every component is stopped on the way out,
-    whatever ends this call."""
+    (its exit status is returned), ``stop`` is set or ``stop_requested()`` (asked at each
+    heartbeat) is true (None). ``heartbeat(ready)`` is called at the start, every
+    ``heartbeat_s`` seconds and whenever readiness changes. Any other exit raises
+    :class:`HostedComponentExited`. Every component is stopped on the way out, whatever ends
+    this call."""
     primary = components[-1]
     ready: set[str] = set()
     try:
@@ -100,6 +102,8 @@ def run_hosted(
                 raise HostedComponentExited(component.name, code, log_tail(component))
             now_ready = len(ready) == len(components)
             if now_ready != was_ready or time.monotonic() - last_beat >= heartbeat_s:
+                if stop_requested is not None and stop_requested():
+                    return None
                 heartbeat(now_ready)
                 last_beat, was_ready = time.monotonic(), now_ready
         return None

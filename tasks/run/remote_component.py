@@ -15,8 +15,11 @@ restarts and stops it exactly as it does a local one.
   setting a final state) -> 137.
 - ``ready()``: every replica's heartbeat of this start says ready and is fresh (a rollout
   server registers itself in the run root from its flow run, before that).
-- ``stop()``: every replica not yet final is cancelled (its worker SIGTERMs the flow run,
-  which stops its processes); waits up to ``stop_timeout_s`` for final states.
+- ``stop()``: when the run finished (not cancelled), every replica not yet final is first
+  asked to stop through the run root (:func:`~asyncrl.storage.heartbeats.request_stop`) and
+  ends Completed; what is still not final after ``graceful_stop_s`` (or everything, when the
+  run was cancelled or failed) is cancelled: its worker SIGTERMs the flow run, which stops its
+  processes. Waits up to ``stop_timeout_s`` for final states.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 from asyncrl.configs.loading import parameter_dict
 from asyncrl.configs.run_config import RemotePlacement, RunConfig
 from asyncrl.storage.fs import RunRoot
-from asyncrl.storage.heartbeats import delete_heartbeat, read_heartbeat
+from asyncrl.storage.heartbeats import clear_stop_request, delete_heartbeat, read_heartbeat, request_stop
 from asyncrl.tasks.rollout.registry import unregister_server
 from asyncrl.tasks.run.kinds import ComponentKind, component_name
 
@@ -86,6 +89,17 @@ def component_parameters(
     }
 
 
+def replica_job_variables(placement: RemotePlacement, run_name: str, kind: ComponentKind, replica: int) -> dict[str, Any]:
+    """The placement's job variables plus labels naming the run, component and replica
+    (``asyncrl/run``, ``asyncrl/component``, ``asyncrl/replica``): on Kubernetes they label the
+    pod, so that a headless Service can select trainer node 0 as the rendezvous host
+    (``infra/k8s/trainer-rendezvous.yaml``)."""
+    variables = dict(placement.job_variables)
+    labels = {"asyncrl/run": run_name, "asyncrl/component": kind, "asyncrl/replica": str(replica)}
+    variables["labels"] = {**dict(variables.get("labels") or {}), **labels}
+    return variables
+
+
 def exit_code_of(state: Any) -> int | None:  # noqa: ANN401 - a prefect State
     """A flow run state as an exit status: None while not final (see the module docstring)."""
     if state is None or not state.is_final():
@@ -111,7 +125,9 @@ class RemoteComponent:
         work_dir: Path,
         log_path: Path,
         drain: bool = False,
+        run_cancelled: Callable[[], bool] = lambda: True,
         state_poll_s: float = 1.0,
+        graceful_stop_s: float = 30.0,
         stop_timeout_s: float = 90.0,
     ) -> None:
         self.kind = kind
@@ -123,6 +139,9 @@ class RemoteComponent:
         self.root = root
         self._log_path = log_path
         self.drain = drain
+        self.run_cancelled = run_cancelled
+        """Whether the run is being cancelled or failed (then stop() cancels at once)."""
+        self.graceful_stop_s = graceful_stop_s
         self.heartbeat_timeout_s = config.placement.heartbeat_timeout_s
         self.state_poll_s = state_poll_s
         self.stop_timeout_s = stop_timeout_s
@@ -152,7 +171,7 @@ class RemoteComponent:
             flow_run = run_deployment(
                 self.placement.deployment,
                 parameters=component_parameters(self.config, self.kind, self.index, replica, self.start_id, self.drain),
-                job_variables=self.placement.job_variables or None,
+                job_variables=replica_job_variables(self.placement, self.config.name, self.kind, replica),
                 timeout=0,
                 flow_run_name=f"{self.config.name}-{self.name}{suffix}",
                 tags=["asyncrl", f"asyncrl-run:{self.config.name}", f"asyncrl-component:{self.kind}"],
@@ -225,12 +244,19 @@ class RemoteComponent:
         return -1  # its processes run under the flow runs, on the workers' machines
 
     def stop(self) -> None:
-        """Cancel every replica that is not final and wait (bounded) until they are."""
+        """Stop every replica that is not final (module docstring) and wait (bounded) until they are."""
         if not self.flow_run_ids:
             return
+        if not self.run_cancelled() and self._code is None:
+            for replica in range(self.replicas):
+                request_stop(self.root, self.name, replica, self.start_id)
+            deadline = time.monotonic() + self.graceful_stop_s
+            while time.monotonic() < deadline and not all(exit_code_of(s) is not None for s in self._states()):
+                time.sleep(1.0)
         cancel_flow_runs(self.flow_run_ids, self.stop_timeout_s, f"{self.config.name}: {self.name} stopped by its run")
         for replica in range(self.replicas):
             delete_heartbeat(self.root, self.name, replica)
+            clear_stop_request(self.root, self.name, replica)
         if self.kind == "rollout-server":  # a flow run killed without its clean-up leaves its entry
             unregister_server(self.root, f"server-{self.index}")
         self._runs_file.clear(self.name)

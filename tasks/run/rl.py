@@ -157,40 +157,47 @@ def restart_policy(config: RunConfig) -> RestartPolicy:
     )
 
 
-def run_components(config: RunConfig, paths: RunPaths, drain: bool) -> list[tuple[ComponentKind, Component]]:
+def run_components(
+    config: RunConfig, paths: RunPaths, drain: bool, stop: RunStop | None = None
+) -> list[tuple[ComponentKind, Component]]:
     """The run's components in start order: servers, reward service, trainer, scheduler, each
     local or remote as ``config.placement`` says (:func:`remote_component`). The local reward
     service and scheduler share a token (``ASYNCRL_REWARD_TOKEN`` if set, else a fresh one
-    per run); a remote scheduler runs with its own reward service, so there is none here."""
+    per run); a remote scheduler runs with its own reward service, so there is none here.
+    ``stop``: the run's stop signal (a remote component stopped by a finished run ends
+    Completed, by a cancelled or failed one Cancelled)."""
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     placement = config.placement
     remote_scheduler = placement.scheduler != "local"
     components: list[tuple[ComponentKind, Component]] = [
-        ("rollout-server", remote_component(config, paths, "rollout-server", i, drain)
+        ("rollout-server", remote_component(config, paths, "rollout-server", i, drain, stop)
          if placement.rollout_server != "local" else run_rollout_component(i, config, paths))
         for i in range(config.rollout.num_servers)
     ]  # fmt: skip
     if not remote_scheduler:
         components.append(("reward-service", reward_component(paths, token)))
     components.append(
-        ("trainer", remote_component(config, paths, "trainer", 0, drain) if placement.trainer != "local"
+        ("trainer", remote_component(config, paths, "trainer", 0, drain, stop) if placement.trainer != "local"
          else trainer_component(rl_trainer_launch(config, paths)))
     )  # fmt: skip
     components.append(
-        ("scheduler", remote_component(config, paths, "scheduler", 0, drain) if remote_scheduler
+        ("scheduler", remote_component(config, paths, "scheduler", 0, drain, stop) if remote_scheduler
          else scheduler_component(config, paths, drain=drain, reward_token=token))
     )  # fmt: skip
     return components
 
 
-def remote_component(config: RunConfig, paths: RunPaths, kind: ComponentKind, index: int, drain: bool) -> RemoteComponent:
+def remote_component(
+    config: RunConfig, paths: RunPaths, kind: ComponentKind, index: int, drain: bool, stop: RunStop | None = None
+) -> RemoteComponent:
     """Component ``kind`` (rollout server ``index``) as flow runs of its placement's
     deployment: one per trainer node for the trainer, one otherwise."""
     placement = getattr(config.placement, kind.replace("-", "_"))
     replicas = config.trainer.nodes if kind == "trainer" else 1
     name = component_name(kind, index)
     return RemoteComponent(kind, index, replicas, placement, config, paths.root, paths.work_dir,
-                           paths.log(f"{name}.remote.log"), drain=drain)  # fmt: skip
+                           paths.log(f"{name}.remote.log"), drain=drain,
+                           run_cancelled=(lambda: stop is None or stop.cancelled))  # fmt: skip
 
 
 def run_rl(
@@ -236,7 +243,7 @@ def run_rl(
         elif event.kind in ("restarting", "failed"):
             LOG.warning("%s %s: %s", event.component, event.kind, event.detail)
 
-    for kind, component in run_components(config, paths, settings.drain):
+    for kind, component in run_components(config, paths, settings.drain, stop):
         statuses[component.name] = ComponentStatus(component.name)
         futures[component.name] = _launch(runner, kind, component, stop, settings.policy, handle, statuses)
     ready_at = 0.0

@@ -14,7 +14,6 @@ And the far side, :func:`run_hosted`, on real process groups.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ import pytest
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import open_root
-from asyncrl.storage.heartbeats import Heartbeat, read_heartbeat, write_heartbeat
+from asyncrl.storage.heartbeats import Heartbeat, read_heartbeat, stop_requested, write_heartbeat
 from asyncrl.tasks.process_group import spawn_session
 from asyncrl.tasks.run.component_host import HostedComponentExited, run_hosted
 from asyncrl.tasks.run.components import ProcessComponent
@@ -74,12 +73,13 @@ def deployment(prefect_server: None) -> str:
     return DEPLOYMENT
 
 
-def remote_trainer(config: RunConfig, tmp_path: Path) -> RemoteComponent:
+def remote_trainer(config: RunConfig, tmp_path: Path, run_finished: bool = False) -> RemoteComponent:
     work_dir = tmp_path / "work" / "remote"
     work_dir.mkdir(parents=True, exist_ok=True)
     return RemoteComponent("trainer", 0, config.trainer.nodes, config.placement.trainer, config,  # type: ignore[arg-type]
                            open_root(config.storage.root), work_dir, work_dir / "logs" / "trainer.remote.log",
-                           state_poll_s=0.0, stop_timeout_s=2.0)  # fmt: skip
+                           run_cancelled=lambda: not run_finished, state_poll_s=0.0, graceful_stop_s=3.0,
+                           stop_timeout_s=2.0)  # fmt: skip
 
 
 def set_state(flow_run_id: str, state: object) -> None:
@@ -117,7 +117,9 @@ def test_start_poll_ready_stop(deployment: str, tmp_path: Path) -> None:
     runs = [read(i) for i in ids]
     assert all(run.state.is_scheduled() for run in runs)
     assert [run.parameters["replica"] for run in runs] == [0, 1]
-    assert runs[0].job_variables == {"memory": "8Gi"} and "asyncrl-run:remote" in runs[0].tags
+    assert runs[1].job_variables == {"memory": "8Gi", "labels": {"asyncrl/run": "remote", "asyncrl/component": "trainer",
+                                                                 "asyncrl/replica": "1"}}  # fmt: skip
+    assert "asyncrl-run:remote" in runs[0].tags
     assert read_remote_flow_runs(tmp_path / "work" / "remote") == {"trainer": ids}
     assert trainer.poll() is None and not trainer.ready()
 
@@ -164,6 +166,51 @@ def test_running_replica_without_heartbeat_is_lost_and_forced_cancelled(deployme
     assert all(read(i).state.is_cancelled() for i in ids), [read(i).state for i in ids]
 
 
+def test_a_finished_run_asks_its_replicas_to_stop_and_they_complete(deployment: str, tmp_path: Path) -> None:
+    """The hosted side is played by a thread that answers the stop request as the `component`
+    flow does (:func:`stop_requested` at its heartbeat, then Completed)."""
+    from prefect.states import Completed, Running
+
+    config = config_for(tmp_path)
+    trainer = remote_trainer(config, tmp_path, run_finished=True)
+    trainer.start()
+    ids, start_id = list(trainer.flow_run_ids), trainer.start_id
+    root = open_root(config.storage.root)
+    for run_id in ids:
+        set_state(run_id, Running())
+
+    def hosted_side() -> None:
+        answered: set[int] = set()
+        deadline = time.monotonic() + 10.0
+        while len(answered) < len(ids) and time.monotonic() < deadline:
+            for replica, run_id in enumerate(ids):
+                if replica not in answered and stop_requested(root, "trainer", replica, start_id):
+                    set_state(run_id, Completed(message="stopped: its run finished"))
+                    answered.add(replica)
+            time.sleep(0.1)
+
+    answering = threading.Thread(target=hosted_side)
+    answering.start()
+    trainer.stop()
+    answering.join()
+    assert all(read(i).state.is_completed() for i in ids), [read(i).state for i in ids]
+    assert not stop_requested(root, "trainer", 0, start_id)  # cleared
+
+
+def test_a_finished_run_cancels_replicas_that_do_not_answer(deployment: str, tmp_path: Path) -> None:
+    from prefect.states import Running
+
+    trainer = remote_trainer(config_for(tmp_path), tmp_path, run_finished=True)
+    trainer.start()
+    for run_id in trainer.flow_run_ids:
+        set_state(run_id, Running())
+    ids = list(trainer.flow_run_ids)
+    started = time.monotonic()
+    trainer.stop()
+    assert time.monotonic() - started >= trainer.graceful_stop_s
+    assert all(read(i).state.is_cancelled() for i in ids)
+
+
 def test_stop_cancels_scheduled_runs_at_once(deployment: str, tmp_path: Path) -> None:
     trainer = remote_trainer(config_for(tmp_path), tmp_path)
     trainer.start()
@@ -195,6 +242,14 @@ def test_run_hosted_raises_on_another_exit_and_stops_everything(tmp_path: Path) 
         run_hosted([helper, primary], threading.Event(), lambda ready: None, heartbeat_s=1.0, poll_s=0.1)
     assert "helper up" in str(raised.value)
     assert primary.poll() is not None
+
+
+def test_run_hosted_stops_when_its_run_asks(tmp_path: Path) -> None:
+    primary = sleeper("primary", tmp_path, 60, 0, finished_code=0)
+    asked_at = time.monotonic() + 1.0
+    code = run_hosted([primary], threading.Event(), lambda ready: None, heartbeat_s=0.2,
+                      stop_requested=lambda: time.monotonic() > asked_at, poll_s=0.1)  # fmt: skip
+    assert code is None and primary.poll() is not None
 
 
 def test_run_hosted_stops_on_request(tmp_path: Path) -> None:
