@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,9 @@ from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import dataset_files, load_prompts
 from asyncrl.tasks.data.prompting import render_prompt
-from asyncrl.tasks.run.components_setup import load_codec
+from asyncrl.tasks.run.components_setup import load_codec, server_config
 from asyncrl.tasks.run.context import RunPaths
+from asyncrl.tasks.run.devices import detect_machine, trainer_placement
 from asyncrl.tasks.run.evaluation import EvalResult, evaluate
 from asyncrl.tasks.run.lineage_recorder import file_ref
 from asyncrl.tasks.run.progress import StageProgress
@@ -186,12 +187,15 @@ def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
             f"this config's SFT stage (pipeline.sft_*, its data or model) differs: set a new storage.root "
             "to redo SFT and RL, or run the config this run root was started with"
         )
+    placement = trainer_placement(config, detect_machine())
     launch = TrainerLaunch(
         config_path=run_paths.private_config,
         log_path=run_paths.log("sft.log"),
         mode="sft",
         work_dir=run_paths.work_dir / "sft",
         metrics_file=run_paths.work_dir / "sft-metrics.jsonl",
+        cpu_cores=placement.cpu_cores,
+        env=dict(placement.env),
     )
     launch.metrics_file.unlink(missing_ok=True)  # type: ignore[union-attr] - set just above
     progress = StageProgress(run_paths.work_dir, config.name, "sft", config.pipeline.sft_steps, "steps")
@@ -269,7 +273,7 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     version in turn (through the same interruptible weight update the scheduler uses)."""
     from asyncrl.tasks.reward.pool import RewardPool
     from asyncrl.tasks.rollout.client import RolloutClient
-    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+    from asyncrl.tasks.rollout.server import RolloutServer
     from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader
 
     if not config.data.eval_path or not versions:
@@ -281,13 +285,8 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     if not (first / "config.json").exists():
         store.download(versions[0], first)
     codec, stop_ids = load_codec(str(first))
-    server_config = RolloutServerConfig(
-        model_dir=first,
-        kv_cache_gib=config.rollout.kv_cache_gib,
-        max_model_len=config.data.max_prompt_tokens + config.rollout.max_new_tokens,
-        seed=config.seed,
-        log_path=run_paths.log("eval-server.log"),
-    )
+    # Rollout server 0's devices, dtype and parallelism, on a port of its own.
+    eval_server = replace(server_config(config, run_paths, first, 0), port=0, log_path=run_paths.log("eval-server.log"))
     progress = StageProgress(run_paths.work_dir, config.name, "evaluate", len(prompts) * len(versions), "prompts")
     done = [0]
 
@@ -318,7 +317,7 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
                         pass_k=config.tracking.pass_k,
                     )
 
-    with RolloutServer(server_config) as server:
+    with RolloutServer(eval_server) as server:
         asyncio.run(run_all(server))
     progress.finish(", ".join(f"v{v} pass@1 {100 * r.pass_at_1:.1f}%" for v, r in sorted(results.items())))
     return results
