@@ -27,6 +27,16 @@ def test_expected_deployments() -> None:
     assert DEPLOYMENTS["train-nightly"]["schedules"][0]["cron"]
 
 
+def test_component_deployments_have_a_queue_each() -> None:
+    """The deployments `placement` names (`component/<name>`): one work queue per component kind."""
+    components = {name: d for name, d in DEPLOYMENTS.items() if d["entrypoint"] == "flows/component.py:component"}
+    assert {name: d["parameters"]["kind"] for name, d in components.items()} == {
+        "rollout-server": "rollout-server", "trainer": "trainer", "scheduler-service": "scheduler",
+    }  # fmt: skip
+    queues = [d["work_pool"]["work_queue_name"] for d in components.values()]
+    assert len(set(queues)) == 3 and "default" not in queues
+
+
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
 def test_entrypoint_is_a_flow_and_parameters_validate(name: str) -> None:
     from prefect import Flow
