@@ -3,7 +3,7 @@ machine): the session's Prefect server with two process workers standing for two
 (tests/flows/conftest.py: node-a takes the `train` flow and rollout servers, node-b the
 trainer), SeaweedFS as the run's store, a `train` run placed with
 ``placement.rollout_server: component/rollout-server`` and ``placement.trainer:
-component/trainer`` and a world-size-2 trainer.
+component/trainer`` and a world-size-2 trainer; the scheduler and its reward service on the `scheduler` queue (node-a).
 
 - The run completes every step with a clean audit; its rollout server ran as a flow run
   under node-a's worker, its trainer (two ranks) under node-b's; SIGKILL of the remote
@@ -48,7 +48,7 @@ CANCEL_TIMEOUT_S = 150.0
 
 def placed_config(tmp_path: Path, model_dir: Path, bucket: str, endpoint_url: str, name: str,
                   max_steps: int) -> dict[str, Any]:  # fmt: skip
-    """A short run with its rollout server and its trainer (2 processes) on deployments."""
+    """A short run with its rollout server, its trainer (2 processes) and its scheduler on deployments."""
     return {
         "name": name,
         "work_dir": str(tmp_path / "work"),
@@ -64,6 +64,7 @@ def placed_config(tmp_path: Path, model_dir: Path, bucket: str, endpoint_url: st
         "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": name},
         "placement": {"rollout_server": {"deployment": "component/rollout-server"},
                       "trainer": {"deployment": "component/trainer"},
+                      "scheduler": {"deployment": "component/scheduler-service"},
                       "heartbeat_s": 2.0, "heartbeat_timeout_s": 60.0},
     }  # fmt: skip
 
@@ -121,6 +122,11 @@ def test_run_with_remote_server_and_two_rank_trainer(
     assert "torch.distributed.run" in trainer_commands and "--nproc-per-node=2" in trainer_commands
     assert sum("asyncrl.tasks.trainer.main" in p.cmdline for p in trainer_processes) >= 3  # torchrun's and 2 ranks
     assert read_heartbeat(root, "trainer", 0) is not None
+    (scheduler_run,) = runs_of("placed", "scheduler")
+    scheduler_processes = process_scan.processes_with_env("PREFECT__FLOW_RUN_ID", str(scheduler_run.id))
+    assert under_worker(worker_stack, "node-a", scheduler_processes), scheduler_processes
+    scheduler_commands = " | ".join(p.cmdline for p in scheduler_processes)
+    assert "asyncrl.tasks.scheduler.main" in scheduler_commands and "asyncrl.tasks.reward.server" in scheduler_commands
 
     # A crash of the remote server: its flow run fails, the supervisor starts a new one.
     killed = read_server(root, "server-0")
@@ -140,6 +146,7 @@ def test_run_with_remote_server_and_two_rank_trainer(
     assert "exited with status" in (read_state(first.id).message or "")
     assert read_state(second.id).is_completed(), read_state(second.id)  # asked to stop: the run finished
     assert read_state(trainer_run.id).is_completed(), read_state(trainer_run.id)
+    assert read_state(scheduler_run.id).is_completed(), read_state(scheduler_run.id)
     assert [entry.step for entry in Ledger(root).entries()] == list(range(1, STEPS + 1))
     assert WeightStore(root).latest() == STEPS
     report = audit_run(root, "placed", max_staleness=1, in_flight_ok=True)
@@ -172,6 +179,7 @@ def test_cancel_reaches_components_on_both_workers(
     running = leftovers(remote)
     assert under_worker(worker_stack, "node-a", [p for p in running if "vllm" in p.cmdline.lower()])
     assert under_worker(worker_stack, "node-b", [p for p in running if "trainer.main" in p.cmdline])
+    assert under_worker(worker_stack, "node-a", [p for p in running if "reward.worker" in p.cmdline])
 
     cancelled_at = time.monotonic()
     with get_client(sync_client=True) as client:
