@@ -49,8 +49,10 @@ def component(work: Callable[[], ComponentOutcome], stop: RunStop) -> Any:  # no
 
 @task(name="scheduler", cache_policy=NO_CACHE)
 def scheduler_child(config: RunConfig, work: Callable[[], ComponentOutcome], stop: RunStop) -> Any:  # noqa: ANN401
-    """Runs the `scheduler` flow as a child flow run beside the other components."""
-    return scheduler.with_options(flow_run_name=f"{config.name}-scheduler")(config, work=work, stop=stop)
+    """Runs the `scheduler` flow as a child flow run beside the other components; this task
+    run takes the child's final state (Cancelled when the run stopped it for a cancel or a
+    failure elsewhere, not Failed)."""
+    return scheduler.with_options(flow_run_name=f"{config.name}-scheduler")(config, work=work, stop=stop, return_state=True)
 
 
 class PrefectRunner:

@@ -132,6 +132,7 @@ def test_a_component_crashing_past_its_budget_fails_the_run_naming_it(
     tree = run_tree(state.state_details.flow_run_id)
     assert tree["trainer"] == "Failed", tree
     assert tree["rollout-server-0"] == "Cancelled" and tree["reward-service"] == "Cancelled", tree
+    assert tree["scheduler"] == "Cancelled" and tree[f"flow:{config.name}-scheduler"] == "Cancelled", tree
     left = wait_gone(processes_with_env(MARKER, process_marker), timeout_s=30.0)
     assert not left, f"processes left behind: {[p.cmdline[:120] for p in left]}"
 
