@@ -25,7 +25,7 @@ from uuid import UUID
 import process_scan
 import pytest
 import s3_servers
-from prefect_runs import read_state, start_train_run, wait_final_state, wait_until
+from prefect_runs import read_state, start_train_run, train_config, wait_final_state, wait_until
 from prefect_stack import WorkerStack
 
 from asyncrl.storage.fs import open_root
@@ -33,7 +33,6 @@ from asyncrl.storage.heartbeats import read_heartbeat
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.rollout.registry import list_servers, read_server
-from asyncrl.tasks.rollout.server import free_port
 from asyncrl.tasks.run.audit import audit_run
 
 pytestmark = pytest.mark.slow
@@ -48,25 +47,18 @@ CANCEL_TIMEOUT_S = 150.0
 
 def placed_config(tmp_path: Path, model_dir: Path, bucket: str, endpoint_url: str, name: str,
                   max_steps: int) -> dict[str, Any]:  # fmt: skip
-    """A short run with its rollout server, its trainer (2 processes) and its scheduler on deployments."""
-    return {
-        "name": name,
-        "work_dir": str(tmp_path / "work"),
-        "model": {"path": str(model_dir)},
-        "data": {"train_path": str(tmp_path / "data" / "train.parquet"), "max_prompt_tokens": 64},
-        "rollout": {"base_port": free_port("127.0.0.1"), "n_samples": 2, "max_new_tokens": 24, "eta": 1,
-                    "shard_groups": 2, "shard_seconds": 2.0},
-        "trainer": {"batch_groups": 2, "max_steps": max_steps, "micro_batch_tokens": 256, "processes": 2,
-                    "zero_stage": 1, "checkpoint_every": 2, "optimizer": {"lr": 1.0e-4}},
-        "reward": {"pool": {"workers": 1}},
-        "pipeline": {"synthetic_data": {"n_train": 64, "n_heldout": 4}},
-        "storage": {"root": f"s3://{bucket}/{name}", "options": {"endpoint_url": endpoint_url}},
-        "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": name},
-        "placement": {"rollout_server": {"deployment": "component/rollout-server"},
-                      "trainer": {"deployment": "component/trainer"},
-                      "scheduler": {"deployment": "component/scheduler-service"},
-                      "heartbeat_s": 2.0, "heartbeat_timeout_s": 60.0},
+    """The deployment tests' short run (:func:`train_config`) on SeaweedFS, with its rollout
+    server, its trainer (2 processes) and its scheduler on the component deployments."""
+    config = train_config(tmp_path, model_dir, name, max_steps)
+    config["trainer"].update({"processes": 2, "zero_stage": 1, "checkpoint_every": 2})
+    config["storage"] = {"root": f"s3://{bucket}/{name}", "options": {"endpoint_url": endpoint_url}}
+    config["placement"] = {
+        "rollout_server": {"deployment": "component/rollout-server"},
+        "trainer": {"deployment": "component/trainer"},
+        "scheduler": {"deployment": "component/scheduler-service"},
+        "heartbeat_s": 2.0, "heartbeat_timeout_s": 60.0,
     }  # fmt: skip
+    return config
 
 
 def component_runs(run_name: str) -> list[Any]:  # noqa: ANN401 - prefect FlowRuns

@@ -15,7 +15,7 @@ from typing import Any
 
 import process_scan
 import pytest
-from prefect_runs import read_state, start_train_run, wait_final_state, wait_until
+from prefect_runs import read_state, start_train_run, train_config, wait_final_state, wait_until
 from prefect_stack import WorkerStack
 
 from asyncrl.storage.fs import open_root
@@ -23,7 +23,6 @@ from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.process_group import read_log_tail
 from asyncrl.tasks.rollout.registry import list_servers
-from asyncrl.tasks.rollout.server import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -32,24 +31,6 @@ RUN_TIMEOUT_S = 600.0
 """A whole 2-step run: flow start, vLLM start (30-250 s here), DeepSpeed's first op build (~70 s)."""
 CANCEL_TIMEOUT_S = 90.0
 """Cancelling -> Cancelled: the worker's 30 s SIGTERM grace, the SIGKILL, the state change."""
-
-
-def train_config(tmp_path: Path, model_dir: Path, name: str, max_steps: int) -> dict[str, Any]:
-    """A short `train` run on the tiny model and a small synthetic task, local storage."""
-    return {
-        "name": name,
-        "work_dir": str(tmp_path / "work"),
-        "model": {"path": str(model_dir)},
-        "data": {"train_path": str(tmp_path / "data" / "train.parquet"), "max_prompt_tokens": 64},
-        "rollout": {"base_port": free_port("127.0.0.1"), "n_samples": 2, "max_new_tokens": 24, "eta": 1,
-                    "shard_groups": 2, "shard_seconds": 2.0},
-        "trainer": {"batch_groups": 2, "max_steps": max_steps, "micro_batch_tokens": 256,
-                    "checkpoint_every": max_steps, "optimizer": {"lr": 1.0e-4}},
-        "reward": {"pool": {"workers": 1}},
-        "pipeline": {"synthetic_data": {"n_train": 64, "n_heldout": 4}},
-        "storage": {"root": str(tmp_path / "store")},
-        "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": name},
-    }  # fmt: skip
 
 
 def mlflow_run_statuses(config: dict[str, Any]) -> list[str]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
+from pathlib import Path
 from uuid import UUID
 
 from asyncrl.configs.run_config import RunConfig
+from asyncrl.tasks.rollout.server import free_port
 from asyncrl.tasks.run.stages import prepare_inputs
 
 
@@ -109,3 +111,21 @@ def wait_final_state(flow_run_id: UUID, timeout_s: float, diagnostics: Callable[
 
     wait_until(final, timeout_s, lambda: f"flow run {flow_run_id} final, last state {states[-1]}\n{diagnostics()}")
     return states[-1]
+
+
+def train_config(tmp_path: Path, model_dir: Path, name: str, max_steps: int) -> dict[str, Any]:
+    """A short `train` run on the tiny model and a small synthetic task, local storage."""
+    return {
+        "name": name,
+        "work_dir": str(tmp_path / "work"),
+        "model": {"path": str(model_dir)},
+        "data": {"train_path": str(tmp_path / "data" / "train.parquet"), "max_prompt_tokens": 64},
+        "rollout": {"base_port": free_port("127.0.0.1"), "n_samples": 2, "max_new_tokens": 24, "eta": 1,
+                    "shard_groups": 2, "shard_seconds": 2.0},
+        "trainer": {"batch_groups": 2, "max_steps": max_steps, "micro_batch_tokens": 256,
+                    "checkpoint_every": max_steps, "optimizer": {"lr": 1.0e-4}},
+        "reward": {"pool": {"workers": 1}},
+        "pipeline": {"synthetic_data": {"n_train": 64, "n_heldout": 4}},
+        "storage": {"root": str(tmp_path / "store")},
+        "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": name},
+    }  # fmt: skip

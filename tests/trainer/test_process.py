@@ -47,6 +47,33 @@ def test_command_line() -> None:
     ]
 
 
+def test_command_line_of_one_node_of_several() -> None:
+    launch = TrainerLaunch(Path("c.yaml"), Path("l.log"), nproc=2, nnodes=3, rendezvous="head:29400", python="py",
+                           work_dir=Path("/local/w"))  # fmt: skip
+    assert trainer_command(launch) == [
+        "py", "-m", "torch.distributed.run", "--nnodes=3", "--nproc-per-node=2", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=head:29400", "-m", "asyncrl.tasks.trainer.main",
+        "--config", "c.yaml", "--mode", "rl", "--work-dir", "/local/w",
+    ]  # fmt: skip
+    # One process per node on several nodes still needs torchrun's rendezvous.
+    single = trainer_command(TrainerLaunch(Path("c.yaml"), Path("l.log"), nnodes=2, rendezvous="10.0.0.1:29400", python="py"))
+    assert single[:6] == ["py", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
+    assert trainer_command(TrainerLaunch(Path("c.yaml"), Path("l.log"), python="py"))[:3] == ["py", "-m", "asyncrl.tasks.trainer.main"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"nnodes": 2}, "nnodes=2 needs a rendezvous host:port"),
+        ({"nproc": 0}, "nproc must be >= 1, got 0"),
+        ({"nnodes": 0}, "nnodes must be >= 1, got 0"),
+    ],
+)
+def test_command_line_refuses_bad_process_counts(fields: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        trainer_command(TrainerLaunch(Path("c.yaml"), Path("l.log"), **fields))
+
+
 def test_jit_ops_build_inside_the_venv_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """A trainer started by a Prefect worker (not by `make`) builds DeepSpeed's ops in this venv, not ~/.cache."""
     launch = TrainerLaunch(Path("c.yaml"), Path("l.log"))
