@@ -190,3 +190,10 @@ def build_micro_batches(
     if layout == "padded":
         return [pad_sequences(sequences, group) for group in groups]
     raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
+
+
+def filler_micro_batch(sequence: TokenSequence) -> MicroBatch:
+    """A packed micro-batch of two tokens (the first prompt and first output token of
+    ``sequence``): the cheapest forward a data-parallel rank runs, with a zero-weighted
+    loss, to match another rank's extra micro-batch."""
+    return pack_sequences([TokenSequence(tuple(sequence.prompt_ids[:1]), tuple(sequence.output_ids[:1]))], [0])

@@ -6,9 +6,14 @@ manifest naming every file with its size plus the trainer state (steps done, wei
 version of the parameters). A checkpoint without its manifest is an interrupted save and
 is ignored (and replaced if the same step is saved again).
 
-DeepSpeed saves and loads local directories, so files go through ``work_dir``; with
-several ranks every rank writes its own shard of the state to the same local directory
-(one node) and rank 0 uploads.
+DeepSpeed saves and loads local directories, so files go through ``work_dir``, a
+directory of the node's local disk. With several ranks every rank writes its own part of
+the state (ZeRO stage 1/2: one optimizer file per rank) into its node's directory; each
+node's leader (local rank 0) uploads the files its node wrote, rank 0 writes the manifest
+from the file lists of all nodes (gathered), and on load every node's leader downloads all
+files. The manifest records the data-parallel world size that saved the checkpoint; a
+checkpoint loads at another world size after its ZeRO optimizer files are re-partitioned
+(:mod:`asyncrl.tasks.trainer.zero_reshard`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from typing import Any
 
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot
+from asyncrl.tasks.trainer.data_parallel import all_gather_objects, barrier, is_node_leader, run_and_agree
 from asyncrl.tasks.trainer.engine import TrainEngine
+from asyncrl.tasks.trainer.zero_reshard import ReshardError, engine_partition_sizes, reshard_checkpoint_dir, zero_world_size
 
 CHECKPOINT_COMPLETE = "_COMPLETE"
 CHECKPOINT_FORMAT = 1
@@ -97,59 +104,113 @@ def latest_checkpoint(root: RunRoot) -> CheckpointState | None:
     return CheckpointState(step=int(manifest["step"]), version=int(manifest["version"]))
 
 
-def save_checkpoint(root: RunRoot, engine: TrainEngine, state: CheckpointState, work_dir: Path) -> None:
-    """Save the engine's full training state as checkpoint ``state.step`` (then its manifest)."""
-    import torch.distributed as dist
+def _local_files(tag_dir: Path) -> dict[str, int]:
+    """Relative name -> size of every file under ``tag_dir``."""
+    return {p.relative_to(tag_dir).as_posix(): p.stat().st_size for p in sorted(tag_dir.rglob("*")) if p.is_file()}
 
+
+def save_checkpoint(root: RunRoot, engine: TrainEngine, state: CheckpointState, work_dir: Path) -> None:
+    """Save the engine's full training state as checkpoint ``state.step`` (then its manifest).
+
+    Collective: every rank calls it. Each node's leader uploads the files its node wrote
+    (a file listed by several nodes, e.g. on a shared disk, is uploaded by the first);
+    rank 0 clears leftovers of an interrupted save first and writes the manifest last."""
     local = Path(work_dir) / "checkpoint-save"
     tag = _tag(state.step)
-    if engine.rank == 0:
+    leader = is_node_leader()
+    if leader:
         shutil.rmtree(local, ignore_errors=True)
-    if dist.is_initialized():
-        dist.barrier()
+    barrier()
     engine.ds.save_checkpoint(str(local), tag=tag, client_state={"asyncrl": vars(state)}, save_latest=False)
-    if dist.is_initialized():
-        dist.barrier()
-    if engine.rank != 0:
-        return
+    barrier()
     tag_dir = local / tag
-    files = {p.relative_to(tag_dir).as_posix(): p for p in sorted(tag_dir.rglob("*")) if p.is_file()}
-    if not files:
+    listed = all_gather_objects(_local_files(tag_dir) if leader else {})
+    owners: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for rank, files in enumerate(listed):
+        for relname, size in files.items():
+            owners.setdefault(relname, rank)
+            sizes.setdefault(relname, size)
+    if not sizes:
         raise CheckpointError(f"DeepSpeed wrote no files for checkpoint {tag} under {tag_dir}")
-    fs.delete_tree(root, paths.checkpoint_dir(state.step))  # leftovers of an interrupted save
-    for relname, path in files.items():
-        fs.upload_file(root, path, paths.join(paths.checkpoint_dir(state.step), relname))
-    manifest = {
-        "format": CHECKPOINT_FORMAT,
-        "step": state.step,
-        "version": state.version,
-        "saved_at": time.time(),
-        "files": {relname: path.stat().st_size for relname, path in files.items()},
-    }
-    fs.put_if_absent(root, _marker(state.step), json.dumps(manifest).encode())
-    shutil.rmtree(local, ignore_errors=True)
+    target = paths.checkpoint_dir(state.step)
+
+    def clear() -> None:
+        if engine.rank == 0:
+            fs.delete_tree(root, target)  # leftovers of an interrupted save
+
+    def upload() -> None:
+        for relname in sorted(name for name, owner in owners.items() if owner == engine.rank):
+            fs.upload_file(root, tag_dir / relname, paths.join(target, relname))
+
+    run_and_agree(clear, f"clearing {root.display(target)}")
+    run_and_agree(upload, f"uploading checkpoint {root.display(target)}")
+    if engine.rank == 0:
+        manifest = {
+            "format": CHECKPOINT_FORMAT,
+            "step": state.step,
+            "version": state.version,
+            "world_size": engine.world_size,
+            "saved_at": time.time(),
+            "files": sizes,
+        }
+        fs.put_if_absent(root, _marker(state.step), json.dumps(manifest).encode())
+    if leader:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def saved_world_size(manifest: dict[str, Any]) -> int | None:
+    """Data-parallel ranks that saved a checkpoint: the manifest's ``world_size``, else (a
+    manifest written before it was recorded) its ZeRO file count; None for a checkpoint
+    whose optimizer state is not partitioned (ZeRO stage 0)."""
+    partitioned = zero_world_size(list(manifest["files"]))
+    return None if partitioned is None else int(manifest.get("world_size", partitioned))
 
 
 def load_checkpoint(root: RunRoot, engine: TrainEngine, step: int, work_dir: Path) -> CheckpointState:
-    """Restore module, optimizer and scheduler state from complete checkpoint ``step``."""
+    """Restore module, optimizer and scheduler state from complete checkpoint ``step``.
+
+    Collective: every rank calls it. Each node's leader downloads every file; a checkpoint
+    saved at another world size has its ZeRO optimizer files re-partitioned for this one
+    (:func:`~asyncrl.tasks.trainer.zero_reshard.reshard_checkpoint_dir`), or
+    :class:`CheckpointError` names both sizes and why it cannot be."""
     manifest = read_manifest(root, step)
     tag = _tag(step)
     local = Path(work_dir) / "checkpoint-load"
-    shutil.rmtree(local, ignore_errors=True)
-    for relname, size in manifest["files"].items():
-        target = local / tag / relname
-        fs.download_file(root, paths.join(paths.checkpoint_dir(step), relname), target)
-        if target.stat().st_size != size:
-            raise CheckpointError(
-                f"{root.display(paths.join(paths.checkpoint_dir(step), relname))}: "
-                f"{target.stat().st_size} bytes, manifest says {size}"
-            )
+    source = root.display(paths.checkpoint_dir(step))
+    leader = is_node_leader()
+
+    def fetch() -> None:
+        if not leader:
+            return
+        shutil.rmtree(local, ignore_errors=True)
+        for relname, size in manifest["files"].items():
+            target = local / tag / relname
+            fs.download_file(root, paths.join(paths.checkpoint_dir(step), relname), target)
+            if target.stat().st_size != size:
+                raise CheckpointError(
+                    f"{root.display(paths.join(paths.checkpoint_dir(step), relname))}: "
+                    f"{target.stat().st_size} bytes, manifest says {size}"
+                )
+        saved = saved_world_size(manifest)
+        if saved is not None and saved != engine.world_size:
+            try:
+                reshard_checkpoint_dir(local / tag, engine.world_size, engine_partition_sizes(engine.ds))
+            except ReshardError as exc:
+                raise CheckpointError(
+                    f"{source} was saved by {saved} data-parallel ranks and cannot be loaded by "
+                    f"{engine.world_size}: {exc}"
+                ) from None
+
+    run_and_agree(fetch, f"fetching checkpoint {source}")
     load_path, _ = engine.ds.load_checkpoint(
         str(local), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
     )
+    barrier()
+    if leader:
+        shutil.rmtree(local, ignore_errors=True)
     if load_path is None:
-        raise CheckpointError(f"DeepSpeed could not load checkpoint {root.display(paths.checkpoint_dir(step))}")
-    shutil.rmtree(local, ignore_errors=True)
+        raise CheckpointError(f"DeepSpeed could not load checkpoint {source}")
     return CheckpointState(step=int(manifest["step"]), version=int(manifest["version"]))
 
 

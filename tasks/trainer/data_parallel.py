@@ -14,6 +14,7 @@ moves files between that disk and the run root (checkpoints, the initial model).
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar
 
@@ -91,11 +92,11 @@ def all_reduce_floats(values: Sequence[float], op: ReduceOp) -> list[float]:
         raise ValueError(f"op must be 'sum' or 'max', got {op!r}")
     if _group_size() == 1 or not values:
         return [float(v) for v in values]
-    from deepspeed.accelerator import get_accelerator
-
     # NCCL reduces device tensors only; gloo (CPU) takes the CPU tensor as is.
     tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
     if dist.get_backend() == "nccl":
+        from deepspeed.accelerator import get_accelerator
+
         tensor = tensor.to(get_accelerator().current_device_name())
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return [float(v) for v in tensor.cpu().tolist()]
@@ -116,24 +117,39 @@ def broadcast_from_rank0(look: Callable[[], T]) -> T:
     """Run ``look`` on rank 0 and give its result to every rank (collective).
 
     An exception raised by ``look`` is raised on every rank (so all ranks fail alike
-    instead of the others waiting for rank 0 forever); ``look`` must return a picklable
-    value. Other ranks do not call ``look``.
+    instead of the others waiting for rank 0 forever): rank 0 raises it, the others a copy,
+    or a :class:`DataParallelError` with its text when it does not survive pickling (an
+    exception class whose constructor takes other arguments than its message). ``look``
+    must return a picklable value. Other ranks do not call ``look``.
     """
     import torch.distributed as dist
 
     if _group_size() == 1:
         return look()
     message: list[object] = [None]
+    failure: Exception | None = None
     if _group_rank() == 0:
         try:
             message[0] = ("ok", look())
         except Exception as exc:  # noqa: BLE001 - re-raised below on every rank
-            message[0] = ("error", exc)
+            failure = exc
+            message[0] = ("error", _portable(exc))
     dist.broadcast_object_list(message, src=0)
+    if failure is not None:
+        raise failure
     kind, payload = message[0]  # type: ignore[misc]
     if kind == "error":
         raise payload  # type: ignore[misc]
     return payload  # type: ignore[no-any-return]
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if a pickled copy loads, else a :class:`DataParallelError` carrying its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to round-trip means: send the text
+        return DataParallelError(f"rank 0: {type(exc).__name__}: {exc}")
+    return exc
 
 
 def run_and_agree(work: Callable[[], T], what: str) -> T:

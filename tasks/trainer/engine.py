@@ -110,7 +110,11 @@ def on_cpu_accelerator() -> bool:
 
 
 def init_distributed() -> None:
-    """Initialise the process group once: gloo on CPU, the accelerator's backend otherwise."""
+    """Initialise the process group once: gloo on CPU, the accelerator's backend otherwise.
+
+    On an accelerator the process's device is set first, to its local rank (as the
+    DeepSpeed engine sets it later): collectives before the engine exists (e.g. agreeing
+    on the initial weights) then use one device per process, not all device 0."""
     import deepspeed
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
@@ -118,7 +122,11 @@ def init_distributed() -> None:
     if dist.is_initialized():
         return
     os.environ.update(single_process_env())
-    backend = "gloo" if on_cpu_accelerator() else get_accelerator().communication_backend_name()
+    if on_cpu_accelerator():
+        backend = "gloo"
+    else:
+        get_accelerator().set_device(int(os.environ["LOCAL_RANK"]))
+        backend = get_accelerator().communication_backend_name()
     deepspeed.init_distributed(dist_backend=backend)
 
 

@@ -15,6 +15,13 @@ Per step k (1-based; ledger entry ``step-k``):
    plus ``asyncrl_lineage.json``: parent version, step, shards);
 5. every ``checkpoint_every`` steps, save a checkpoint (step k, version i + 1).
 
+Data parallelism: every rank runs this loop. Rank 0 alone reads the run root for input
+(the shards, the doorbell, the wait timeout) and hands each poll's outcome to every rank
+(:func:`broadcast_from_rank0`), so all ranks train the same step input; rank 0 alone
+writes the ledger, publishes weights and logs metrics; checkpoints are saved and loaded
+by all ranks together (:mod:`asyncrl.tasks.trainer.checkpoint`). Barriers order rank 0's
+storage writes against the other ranks' work.
+
 Start and resume: a fresh run publishes the initial weights as version 0 when the store
 holds none (otherwise the engine is expected to hold the store's latest version) and saves
 checkpoint 0, so that every later restart has a checkpoint to return to. A restart loads
@@ -34,6 +41,7 @@ weights actually received and trained, not dropped as if the rolled-back steps h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -55,6 +63,7 @@ from asyncrl.tasks.trainer.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
+from asyncrl.tasks.trainer.data_parallel import barrier, broadcast_from_rank0
 from asyncrl.tasks.trainer.engine import TrainEngine, save_hf_weights
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
 from asyncrl.tasks.trainer.metrics import MetricsSink
@@ -102,14 +111,6 @@ class StartReport:
     rolled_back: tuple[int, ...]
     """Ledger steps deleted because the checkpoint does not contain them."""
     published_initial: bool
-
-
-def _barrier() -> None:
-    """Wait for all ranks (no-op in one process): rank 0's storage writes happen in between."""
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def publish_weights(
@@ -170,15 +171,15 @@ class RLTrainer:
             rolled_back = self._ledger.rollback_after(checkpoint.step, self._reader.restore) if writer else []
             if writer:
                 self._retire_recorded()
-            _barrier()
+            barrier()
             latest = self._store.newest_complete()
             state = TrainerState(checkpoint.step, max(checkpoint.version, -1 if latest is None else latest))
         else:
             # Ledger entries without any checkpoint (checkpoints deleted by hand): start over.
             rolled_back = self._ledger.rollback_after(0, self._reader.restore) if writer else []
-            _barrier()
+            barrier()
             latest = self._store.newest_complete()
-            _barrier()
+            barrier()
             if latest is None:
                 if writer:
                     publish_weights(self._store, self._engine, 0, {"parent_version": None, "step": 0}, self._work_dir)
@@ -212,7 +213,8 @@ class RLTrainer:
         return self._feed.take(self._loop.batch_groups)
 
     def train_step(self, step_input: StepInput) -> dict[str, float]:
-        """Record, train, publish and maybe checkpoint one step; return its metrics."""
+        """Record, train, publish and maybe checkpoint one step; return its metrics (the
+        whole step's, on every rank). Collective: every rank passes the same input."""
         started = time.perf_counter()
         state = self.state
         step, version = state.step + 1, state.version + 1
@@ -222,7 +224,7 @@ class RLTrainer:
             # After the entry: a kill in between leaves a recorded step whose shards are still
             # waiting; its checkpoint does not exist yet, so the next start rolls it back.
             self._reader.retire(step_input.shards)
-        _barrier()
+        barrier()
         self._feed.forget(step_input.shards)
         result = run_rl_step(self._engine, step_input.groups, self._rl, state.step, updates_of=self._updates)
 
@@ -231,7 +233,7 @@ class RLTrainer:
         if writer:
             publish_weights(self._store, self._engine, version, lineage, self._work_dir)
             self._weights_bell.ring()  # the scheduler loads it at once
-        _barrier()
+        barrier()
         self._state = TrainerState(step, version)
         publish_time = time.perf_counter() - publish_started
 
@@ -255,28 +257,44 @@ class RLTrainer:
             self._metrics.log(step, metrics)
         return metrics
 
+    def _poll(self, should_stop: Callable[[], bool] | None, waiting_since: float | None) -> tuple[str, StepInput | None]:
+        """Rank 0's look at the run root: ("stop", None), ("train", input) or ("wait", None);
+        :class:`TrainerWaitTimeout` once the wait for one batch exceeds the timeout."""
+        if should_stop is not None and should_stop():
+            return "stop", None
+        step_input = self.next_input()
+        if step_input is not None:
+            return "train", step_input
+        timeout = self._loop.wait_timeout_s
+        if timeout is not None and waiting_since is not None and time.monotonic() - waiting_since > timeout:
+            raise TrainerWaitTimeout(
+                f"waited {timeout:g} s for {self._loop.batch_groups} prompt groups of run "
+                f"{self._run_id!r} in {self._root.uri}; "
+                f"{self._feed.available_groups()} unconsumed"
+            )
+        return "wait", None
+
     def run(self, should_stop: Callable[[], bool] | None = None) -> TrainerState:
         """Train until ``max_steps`` steps are done (or ``should_stop()``), waiting for data:
-        a wait ends when the scheduler rings the shards doorbell, or after ``poll_interval_s``."""
+        a wait ends when the scheduler rings the shards doorbell, or after ``poll_interval_s``.
+
+        With several ranks, rank 0 polls (and alone calls ``should_stop``) and broadcasts
+        each outcome, including an exception such as :class:`TrainerWaitTimeout`, which
+        every rank then raises; the other ranks wait in that broadcast, at most one poll
+        interval at a time."""
         if self._state is None:
             self.start()
-        with DoorbellListener(self._root, SHARDS_TOPIC) as shards_bell:
+        listens = self._engine.rank == 0
+        with DoorbellListener(self._root, SHARDS_TOPIC) if listens else contextlib.nullcontext() as shards_bell:
             waiting_since: float | None = None
             while self.state.step < self._loop.max_steps:
-                if should_stop is not None and should_stop():
+                action, step_input = broadcast_from_rank0(lambda: self._poll(should_stop, waiting_since))
+                if action == "stop":
                     break
-                step_input = self.next_input()
                 if step_input is None:
-                    now = time.monotonic()
-                    waiting_since = waiting_since or now
-                    timeout = self._loop.wait_timeout_s
-                    if timeout is not None and now - waiting_since > timeout:
-                        raise TrainerWaitTimeout(
-                            f"waited {timeout:g} s for {self._loop.batch_groups} prompt groups of run "
-                            f"{self._run_id!r} in {self._root.uri}; "
-                            f"{self._feed.available_groups()} unconsumed"
-                        )
-                    shards_bell.wait(self._loop.poll_interval_s)
+                    waiting_since = waiting_since or time.monotonic()
+                    if shards_bell is not None:
+                        shards_bell.wait(self._loop.poll_interval_s)
                     continue
                 waiting_since = None
                 self.train_step(step_input)

@@ -1,8 +1,12 @@
 """Trainer process entry point: ``python -m asyncrl.tasks.trainer.main --config RUN.yaml``.
 
 One process on CPU (gloo; MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK are filled in
-when absent) or one per device under ``deepspeed``/``torchrun``. The config is parsed
-before torch is imported, so a bad config fails at once.
+when absent) or one per device under ``deepspeed``/``torchrun`` (``trainer.processes`` per
+node, ``trainer.nodes`` nodes: data parallel, see :mod:`asyncrl.tasks.trainer.step`).
+The config is parsed before torch is imported, so a bad config fails at once. With
+several processes, each node's leader (local rank 0) downloads the initial weights into
+the node's work directory, and rank 0 alone publishes, logs metrics and prints the
+``{"event": ...}`` lines.
 
 Modes: ``rl`` (default) resumes or starts the RL loop of :mod:`asyncrl.tasks.trainer.loop`
 and runs it to ``trainer.max_steps``; ``sft`` fine-tunes on the reference answers of
@@ -58,9 +62,10 @@ class LogSink:
         logger.info("step %d %s", step, shown)
 
 
-def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[Path, int | None]:
+def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path, *, fetch: bool = True) -> tuple[Path, int | None]:
     """Where the engine's weights come from: the store's latest version if any (downloaded),
-    else ``model.path``. Returns (local directory, version or None)."""
+    else ``model.path``. Returns (local directory, version or None). With ``fetch`` False
+    nothing is downloaded: the directory another process of the node fills."""
     import shutil
 
     import fsspec
@@ -71,6 +76,8 @@ def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[P
     latest = store.latest()
     if latest is not None:
         target = work_dir / f"initial-v{latest}"
+        if not fetch:
+            return target, latest
         shutil.rmtree(target, ignore_errors=True)
         return store.download(latest, target), latest
     protocol = fsspec.core.split_protocol(model_path)[0]
@@ -79,11 +86,35 @@ def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[P
         if not (local / "config.json").is_file():
             raise ConfigError(f"model.path: {model_path} is not an HF model directory (no config.json)")
         return local, None
-    fs, path = fsspec.core.url_to_fs(model_path)
     target = work_dir / "initial-model"
+    if not fetch:
+        return target, None
+    fs, path = fsspec.core.url_to_fs(model_path)
     shutil.rmtree(target, ignore_errors=True)
     fs.get(path.rstrip("/") + "/", str(target), recursive=True)
     return target, None
+
+
+def node_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[Path, int | None]:
+    """:func:`initial_model_dir` for every process of the trainer (collective): the node's
+    leader fetches into the node's ``work_dir``, the others wait for it (one download per
+    node, not per process); every rank checks it holds the version rank 0 chose."""
+    from asyncrl.tasks.trainer.data_parallel import broadcast_from_rank0, is_node_leader, run_and_agree
+    from asyncrl.tasks.trainer.engine import init_distributed
+
+    init_distributed()
+    chosen = broadcast_from_rank0(lambda: initial_model_dir(root, model_path, work_dir, fetch=False)[1])
+
+    def fetch() -> tuple[Path, int | None]:
+        found = initial_model_dir(root, model_path, work_dir, fetch=is_node_leader())
+        if found[1] != chosen:
+            raise RuntimeError(
+                f"the weight store changed while the trainer started: rank 0 chose version {chosen}, this rank {found[1]}"
+            )
+        return found
+
+    # Collective: returns once every leader's download is done.
+    return run_and_agree(fetch, "fetching the initial weights")
 
 
 def _engine(config: RunConfig, model_dir: Path, total_updates: int, optimizer: OptimizerConfig):  # noqa: ANN202
@@ -108,7 +139,7 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
     from asyncrl.tasks.trainer.step import RLSettings
 
     root = open_root(config.storage.root, config.storage.options)
-    model_dir, _ = initial_model_dir(root, config.model.path, work_dir)
+    model_dir, _ = node_model_dir(root, config.model.path, work_dir)
     total_updates = config.trainer.max_steps * config.trainer.mini_batches
     engine = _engine(config, model_dir, total_updates, config.trainer.optimizer)
     loop = LoopSettings(
@@ -128,21 +159,24 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
         FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]),
     )
     report = trainer.start()
-    print(
-        json.dumps(
-            {
-                "event": "start",
-                "step": report.state.step,
-                "version": report.state.version,
-                "resumed_from": report.resumed_from,
-                "rolled_back": list(report.rolled_back),
-                "published_initial": report.published_initial,
-            }
-        ),
-        flush=True,
-    )
+    if engine.rank == 0:
+        print(
+            json.dumps(
+                {
+                    "event": "start",
+                    "step": report.state.step,
+                    "version": report.state.version,
+                    "resumed_from": report.resumed_from,
+                    "rolled_back": list(report.rolled_back),
+                    "published_initial": report.published_initial,
+                    "world_size": engine.world_size,
+                }
+            ),
+            flush=True,
+        )
     state = trainer.run()
-    print(json.dumps({"event": "done", "step": state.step, "version": state.version}), flush=True)
+    if engine.rank == 0:
+        print(json.dumps({"event": "done", "step": state.step, "version": state.version}), flush=True)
     return EXIT_OK
 
 
@@ -152,13 +186,14 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
     from asyncrl.tasks.data.loader import load_prompts
     from asyncrl.tasks.trainer.loop import publish_weights
     from asyncrl.tasks.trainer.metrics import FanoutSink, JsonlMetricsSink
+    from asyncrl.tasks.trainer.data_parallel import barrier
     from asyncrl.tasks.trainer.sft import SFTSettings, run_sft, sft_sequences
 
     steps = config.pipeline.sft_steps if args.sft_steps is None else args.sft_steps
     if steps < 1:
         raise ConfigError(f"pipeline.sft_steps: SFT mode needs at least 1 step, got {steps} (or pass --sft-steps)")
     root = open_root(config.storage.root, config.storage.options)
-    model_dir, parent = initial_model_dir(root, config.model.path, work_dir)
+    model_dir, parent = node_model_dir(root, config.model.path, work_dir)
     engine = _engine(config, model_dir, steps, config.pipeline.sft_optimizer or config.trainer.optimizer)
     sft_path = config.data.sft_path or config.data.train_path
     records = load_prompts(sft_path, plugins=config.reward.plugins)
@@ -170,11 +205,15 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
         packer=config.trainer.packer,
         seed=config.seed,
     )
-    losses = run_sft(engine, sequences, settings, FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]))
+    writer = engine.rank == 0
+    sink = FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]) if writer else None
+    losses = run_sft(engine, sequences, settings, sink)
     version = 0 if parent is None else parent + 1
     lineage = {"parent_version": parent, "stage": "sft", "steps": settings.steps, "data": sft_path}
-    publish_weights(WeightStore(root), engine, version, lineage, work_dir)
-    print(json.dumps({"event": "done", "mode": "sft", "version": version, "final_loss": losses[-1]}), flush=True)
+    if writer:
+        publish_weights(WeightStore(root), engine, version, lineage, work_dir)
+        print(json.dumps({"event": "done", "mode": "sft", "version": version, "final_loss": losses[-1]}), flush=True)
+    barrier()
     return EXIT_OK
 
 

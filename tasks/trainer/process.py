@@ -49,6 +49,8 @@ class TrainerLaunch:
     overrides: tuple[str, ...] = ()
     mode: str = "rl"
     work_dir: Path | None = None
+    """Local scratch directory (default: the config's). Checkpoints and the initial weights
+    pass through it; every node of a multi-node trainer has its own (a local disk)."""
     metrics_file: Path | None = None
     wait_timeout_s: float | None = None
     nproc: int = 1

@@ -8,6 +8,11 @@ is cross-entropy on the answer tokens only, averaged over all answer tokens of t
 
 computed over token-budget micro-batches (packed sequences) with one optimizer update
 per batch.
+
+With W data-parallel ranks every rank draws the same batch (same seed), trains its
+token-balanced share of it (:func:`~asyncrl.tasks.trainer.data_parallel.balanced_partition`),
+with N summed over ranks and the loss multiplied by W before backward (DeepSpeed averages
+gradients over ranks): the same update as one rank on the whole batch, as in the RL step.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.tasks.data.loader import CODE_TASK, PromptRecord
 from asyncrl.tasks.data.prompting import PromptFormat, render_prompt
 from asyncrl.tasks.data.synthetic import format_final_answer
-from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches
+from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch
+from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_partition
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs
 from asyncrl.tasks.trainer.metrics import MetricsSink
@@ -90,6 +96,8 @@ def sft_sequences(
 
 
 def _micro_batches(sequences: Sequence[TokenSequence], settings: SFTSettings) -> list[MicroBatch]:
+    if not sequences:
+        return []
     groups = get_packer(settings.packer)([len(s) for s in sequences], settings.micro_batch_tokens)
     return build_micro_batches(sequences, groups, "packed")
 
@@ -100,34 +108,51 @@ def _batch_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> to
     return -torch.where(mask, logp, torch.zeros_like(logp)).sum() / normaliser
 
 
+def _rank_share(engine: TrainEngine, sequences: Sequence[TokenSequence]) -> list[TokenSequence]:
+    """This rank's token-balanced share of ``sequences`` (all of them with one rank)."""
+    shares = balanced_partition([len(s) for s in sequences], engine.world_size)
+    return [sequences[i] for i in shares[engine.rank]]
+
+
 def sft_loss(engine: TrainEngine, sequences: Sequence[TokenSequence], settings: SFTSettings) -> float:
-    """The SFT loss of ``sequences`` (formula in the module docstring), without gradient."""
+    """The SFT loss of ``sequences`` (formula in the module docstring), without gradient
+    (collective with several ranks: each computes its share, the parts are summed)."""
     import torch
 
-    batches = _micro_batches(sequences, settings)
-    normaliser = float(sum(b.output_tokens for b in batches))
+    batches = _micro_batches(_rank_share(engine, sequences), settings)
+    (normaliser,) = all_reduce_floats([float(sum(b.output_tokens for b in batches))], "sum")
     engine.module.eval()
     total = 0.0
     with torch.no_grad():
         for batch in batches:
             logp = micro_batch_logprobs(engine.ds, batch)
             total += float(_batch_loss(logp, batch.loss_mask.to(logp.device), normaliser).item())
-    return total
+    return all_reduce_floats([total], "sum")[0]
 
 
 def sft_update(engine: TrainEngine, sequences: Sequence[TokenSequence], settings: SFTSettings) -> float:
-    """One optimizer update on ``sequences``; returns the batch loss before the update."""
-    batches = _micro_batches(sequences, settings)
-    normaliser = float(sum(b.output_tokens for b in batches))
+    """One optimizer update on ``sequences``; returns the batch loss before the update.
+
+    Collective with W ranks: rank r trains its share, normalised by the answer tokens N of
+    the whole batch (summed over ranks), with backward on W * loss; ranks with fewer
+    micro-batches run zero-weighted fillers so every rank runs as many backward passes."""
+    local = _rank_share(engine, sequences)
+    batches = _micro_batches(local, settings) if local else []
+    (normaliser,) = all_reduce_floats([float(sum(b.output_tokens for b in batches))], "sum")
+    (rounds,) = (int(r) for r in all_reduce_floats([float(len(batches))], "max"))
+    world = engine.world_size
     engine.module.train()
     total = 0.0
-    for batch in batches:
-        logp = micro_batch_logprobs(engine.ds, batch)
-        loss = _batch_loss(logp, batch.loss_mask.to(logp.device), normaliser)
-        engine.ds.backward(loss)
-        total += float(loss.item())
+    for k in range(rounds):
+        if k < len(batches):
+            logp = micro_batch_logprobs(engine.ds, batches[k])
+            loss = _batch_loss(logp, batches[k].loss_mask.to(logp.device), normaliser)
+            total += float(loss.item())
+        else:
+            loss = micro_batch_logprobs(engine.ds, filler_micro_batch(sequences[0])).sum() * 0.0
+        engine.ds.backward(loss * world)
     engine.ds.step()
-    return total
+    return all_reduce_floats([total], "sum")[0]
 
 
 def batch_indices(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:

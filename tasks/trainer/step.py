@@ -16,9 +16,18 @@ Phases, in order:
    optimizer update per mini-batch.
 
 Gradient flows only through log pi_theta (the current forward pass); proximal and
-behaviour log-probs and advantages are constants. With several data-parallel ranks each
-rank trains on its share of each mini-batch; N is summed over ranks and the loss
-multiplied by the world size because DeepSpeed averages gradients over ranks.
+behaviour log-probs and advantages are constants.
+
+Data parallelism over W ranks (:func:`run_rl_step`): every rank prepares the whole step
+(phases 1-2 are cheap and identical everywhere), then takes its share of each
+mini-batch's samples, split by tokens (:func:`~asyncrl.tasks.trainer.data_parallel.balanced_partition`),
+computes the proximal log-probs of its own samples and packs them into its own
+micro-batches. The loss stays that of the whole mini-batch (:func:`ppo_update`): N is the
+output-token count summed over ranks, and each rank's loss is multiplied by W before
+backward because DeepSpeed averages gradients over ranks, so the update equals the
+one-rank update on the same mini-batch up to float summation order. The step's metrics
+are reduced over ranks (:func:`all_reduce_step_figures`), so every rank, and rank 0 which
+logs them, describes the whole step.
 """
 
 from __future__ import annotations
@@ -34,11 +43,12 @@ from typing import TYPE_CHECKING, Literal
 from asyncrl.configs.run_config import TrainerConfig
 from asyncrl.storage.schema import Sample
 from asyncrl.tasks.trainer.advantages import AdvantageMethod, group_advantages
-from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build_micro_batches
+from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch
+from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_partition
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
 from asyncrl.tasks.trainer.loss import BehavCapMode, decoupled_ppo_loss
-from asyncrl.tasks.trainer.packing import get_packer, packing_efficiency
+from asyncrl.tasks.trainer.packing import get_packer
 from asyncrl.tasks.reward.pass_at_k import task_figures
 
 if TYPE_CHECKING:
@@ -125,6 +135,8 @@ class UpdateStats:
     capped: float = 0.0
     kl_sum: float = 0.0
     grad_norms: list[float] = field(default_factory=list)
+    fillers: int = 0
+    """Zero-weighted micro-batches this rank ran to keep in step with a rank that had more."""
 
     def add_micro(self, loss: float, stats: dict[str, float]) -> None:
         n_tokens, n_active = int(stats["n_tokens"]), int(stats["n_active"])
@@ -167,6 +179,8 @@ class RLStepResult:
     packing_efficiency: float
     proximal_time_s: float
     update_time_s: float
+    rank_token_imbalance: float = 1.0
+    """Largest rank's sequence tokens over the mean over ranks (1.0: perfectly even, or one rank)."""
 
     def metrics(self, pass_k: Sequence[int] = ()) -> dict[str, float]:
         """Flat metrics of the step: loss, rewards, advantages, clipping, behaviour weights,
@@ -187,7 +201,9 @@ class RLStepResult:
             "sequence_tokens": float(self.sequence_tokens),
             "output_tokens": float(self.output_tokens),
             "micro_batches": float(self.micro_batches),
+            "filler_micro_batches": float(self.update.fillers),
             "packing_efficiency": self.packing_efficiency,
+            "rank_token_imbalance": self.rank_token_imbalance,
             "proximal_time_s": self.proximal_time_s,
             "update_time_s": self.update_time_s,
             "tokens_per_s": self.sequence_tokens / compute_time if compute_time > 0 else 0.0,
@@ -336,27 +352,22 @@ def split_groups(num_groups: int, parts: int) -> list[range]:
     return ranges
 
 
-def _all_reduce(value: float, op: str) -> float:
-    """Sum or max of ``value`` over data-parallel ranks (the value itself with one rank)."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-    return float(tensor.item())
-
-
-def _rank_share(indices: Sequence[int], rank: int, world: int) -> list[int]:
-    return list(indices[rank::world])
+def rank_shares(items: Sequence[TrainItem], members: Sequence[int], world: int) -> list[list[int]]:
+    """The item indices each of ``world`` ranks trains from one mini-batch ``members``
+    (indices into ``items``): :func:`balanced_partition` of their sequence lengths
+    (prompt + output tokens, what a forward and backward cost), mapped back to item
+    indices. The same on every rank; share r is rank r's."""
+    shares = balanced_partition([len(items[i].sequence) for i in members], world)
+    return [[members[j] for j in share] for share in shares]
 
 
 def compute_proximal(
     engine: TrainEngine, items: Sequence[TrainItem], indices: Sequence[int], settings: RLSettings
 ) -> dict[int, torch.Tensor]:
     """log pi_prox of every output token of ``items[i] for i in indices`` with the current
-    parameters, without gradient; keyed by item index."""
+    parameters, without gradient; keyed by item index. Data parallel: each rank passes the
+    items it trains (its shares), as forward passes need no collective; every rank holds
+    the full parameters (ZeRO stages 0-2), so each gets the one-rank values."""
     if not indices:
         return {}
     sequences = [items[i].sequence for i in indices]
@@ -374,16 +385,29 @@ def ppo_update(
     settings: RLSettings,
     stats: UpdateStats,
 ) -> None:
-    """One optimizer update over ``batches`` (micro-batches of ``items``), loss normalised by
-    the mini-batch's output-token count N summed over ranks (see the module docstring)."""
+    """One optimizer update over ``batches``, this rank's micro-batches of one mini-batch of
+    ``items`` (collective: every rank calls it for the same mini-batch).
+
+    Each micro-batch's loss is normalised by the output-token count of the whole
+    mini-batch, N = sum over ranks r of the output tokens of rank r's micro-batches, and
+    multiplied by the world size W before backward:
+
+        backward(W * loss_b),   loss_b = -sum_{t in b} (per-token objective) / N
+
+    DeepSpeed averages gradients over ranks (divides their sum by W), so the update
+    follows the gradient of -sum_{all t of the mini-batch} (per-token objective) / N,
+    the one-rank loss. Every rank runs R = max over ranks of its micro-batch count
+    backward passes; a rank with fewer runs zero-weighted filler passes (counted in
+    ``stats.fillers``). Nothing happens on any rank when N = 0.
+    """
     import torch
 
     decoupled = settings.objective == "decoupled"
     if decoupled and proximal is None:
         raise ValueError("the decoupled objective needs proximal log-probs")
     local_tokens = sum(batch.output_tokens for batch in batches)
-    normaliser = _all_reduce(float(local_tokens), "sum")
-    rounds = int(_all_reduce(float(len(batches)), "max"))
+    (normaliser,) = all_reduce_floats([float(local_tokens)], "sum")
+    (rounds,) = (int(r) for r in all_reduce_floats([float(len(batches))], "max"))
     if normaliser == 0:
         return
     world = engine.world_size
@@ -414,10 +438,12 @@ def ppo_update(
             )
             stats.add_micro(float(loss.item()), loss_stats.as_floats())
         else:
-            # This rank has fewer micro-batches than another: a zero-weighted forward keeps
-            # the collective calls of backward/step in lockstep.
-            filler = build_micro_batches([items[0].sequence], [[0]], "packed")[0]
-            loss = micro_batch_logprobs(engine.ds, filler).sum() * 0.0
+            # This rank has fewer micro-batches than another: a zero-weighted forward over two
+            # tokens keeps the gradient reductions of backward (ZeRO 2) in lockstep.
+            loss = micro_batch_logprobs(engine.ds, filler_micro_batch(items[0].sequence)).sum() * 0.0
+            stats.fillers += 1
+        # Gradient of sum_r world * loss_r, averaged over the W ranks by DeepSpeed: the
+        # gradient of the whole mini-batch's loss.
         engine.ds.backward(loss * world)
     engine.ds.step()
     stats.updates += 1
@@ -436,7 +462,11 @@ def run_rl_step(
     updates_of: UpdateCount = labels_as_updates,
 ) -> RLStepResult:
     """Train on ``groups`` (one step: proximal recompute, then one update per mini-batch);
-    ``trainer_updates`` and ``updates_of`` measure staleness (:func:`sample_staleness`)."""
+    ``trainer_updates`` and ``updates_of`` measure staleness (:func:`sample_staleness`).
+
+    Collective with several ranks: every rank passes the same ``groups`` and trains its
+    share of each mini-batch (:func:`rank_shares`); the result describes the whole step
+    on every rank (:func:`all_reduce_step_figures`)."""
     prepared = prepare_step(groups, settings, trainer_updates, updates_of)
     items = prepared.items
     rank, world = engine.rank, engine.world_size
@@ -445,7 +475,7 @@ def run_rl_step(
     for group_range in split_groups(prepared.num_groups, settings.mini_batches):
         members = [i for i, item in enumerate(items) if item.group in group_range]
         if members:  # empty when every sample of these groups was dropped as stale
-            plan.append(_rank_share(members, rank, world))
+            plan.append(rank_shares(items, members, world)[rank])
 
     started = time.perf_counter()
     proximal = None
@@ -455,31 +485,81 @@ def run_rl_step(
 
     started = time.perf_counter()
     stats = UpdateStats()
-    lengths_all: list[int] = []
-    batches_all: list[list[int]] = []
-    output_tokens = micro_count = 0
+    sequence_tokens = output_tokens = micro_count = 0
     for local in plan:
         sequences = [items[i].sequence for i in local]
         lengths = [len(s) for s in sequences]
         index_groups = packer(lengths, settings.micro_batch_tokens) if lengths else []
-        batches_all += [[len(lengths_all) + j for j in group] for group in index_groups]
-        lengths_all += lengths
         # Micro-batch sample ids index into `items` (packer indices mapped through `local`).
         batches = [_reindex(batch, local) for batch in build_micro_batches(sequences, index_groups, layout)]
         ppo_update(engine, items, proximal, batches, settings, stats)
+        sequence_tokens += sum(lengths)
         output_tokens += sum(len(s.output_ids) for s in sequences)
         micro_count += len(batches)
     update_time = time.perf_counter() - started
-    efficiency = packing_efficiency(lengths_all, batches_all, settings.micro_batch_tokens) if lengths_all else 1.0
-    return RLStepResult(
+    local = RLStepResult(
         prepared=prepared,
         update=stats,
-        sequence_tokens=sum(lengths_all),
+        sequence_tokens=sequence_tokens,
         output_tokens=output_tokens,
         micro_batches=micro_count,
-        packing_efficiency=efficiency,
+        packing_efficiency=1.0,  # set from the reduced token counts
         proximal_time_s=proximal_time,
         update_time_s=update_time,
+    )
+    return all_reduce_step_figures(local, settings.micro_batch_tokens)
+
+
+def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepResult:
+    """The step's figures over all ranks, from each rank's own (collective; with one
+    rank the same figures).
+
+    - summed over ranks: the loss sums (each rank's part of the mini-batch loss, so the
+      sum is the mini-batch loss), token counts, clipped / capped / KL / behaviour-weight
+      sums, sequence and output tokens, micro-batches and fillers;
+    - max over ranks: ``behav_weight_max``, and the proximal and update times (the step
+      waits for the slowest rank, so tokens/s = all ranks' tokens / the slowest time);
+    - the same on every rank already: ``updates`` and the global gradient norms.
+
+    packing efficiency = sum_r real tokens_r / (token_budget * sum_r micro-batches_r)
+    (:func:`~asyncrl.tasks.trainer.packing.packing_efficiency` over every rank's
+    micro-batches; 1.0 without micro-batches); rank token imbalance = max_r T_r / mean_r T_r
+    with T_r rank r's sequence tokens (1.0 when no rank has any).
+    """
+    stats = local.update
+    sums = all_reduce_floats(
+        [stats.loss, stats.tokens, stats.active, stats.clipped, stats.behav_weight_sum, stats.capped, stats.kl_sum,
+         stats.fillers, local.sequence_tokens, local.output_tokens, local.micro_batches, 1.0],
+        "sum",
+    )  # fmt: skip
+    maxes = all_reduce_floats(
+        [stats.behav_weight_max, local.proximal_time_s, local.update_time_s, local.sequence_tokens], "max"
+    )
+    loss, tokens, active, clipped, weight_sum, capped, kl_sum, fillers, seq_tokens, out_tokens, micro, ranks = sums
+    weight_max, proximal_time, update_time, rank_tokens_max = maxes
+    update = replace(
+        stats,
+        loss=loss,
+        tokens=int(tokens),
+        active=int(active),
+        clipped=clipped,
+        behav_weight_sum=weight_sum,
+        behav_weight_max=weight_max,
+        capped=capped,
+        kl_sum=kl_sum,
+        grad_norms=list(stats.grad_norms),
+        fillers=int(fillers),
+    )
+    return replace(
+        local,
+        update=update,
+        sequence_tokens=int(seq_tokens),
+        output_tokens=int(out_tokens),
+        micro_batches=int(micro),
+        packing_efficiency=seq_tokens / (token_budget * micro) if micro else 1.0,
+        proximal_time_s=proximal_time,
+        update_time_s=update_time,
+        rank_token_imbalance=rank_tokens_max * ranks / seq_tokens if seq_tokens else 1.0,
     )
 
 

@@ -64,6 +64,29 @@ def test_balanced_partition_balances_tokens_not_counts() -> None:
         balanced_partition([1], 0)
 
 
+def test_collectives_share_results_and_failures_between_two_ranks(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(WORKER.with_name("dp_collectives.py")), str(tmp_path)]  # fmt: skip
+    log = tmp_path / "collectives.log"
+    process = spawn_session(command, log, env=trainer_env(TrainerLaunch(Path("unused.yaml"), log)))
+    try:
+        code = process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            kill_group(process, grace_s=2.0)
+    assert code == 0, read_log_tail(log, 40)
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, view in enumerate(seen):
+        assert view["sum"] == [3.0, 10.0] and view["max"] == [1.0, 0.0]
+        assert view["gathered"] == [{"rank": 0}, {"rank": 1}]
+        assert view["broadcast"] == ["chosen by", 0]  # rank 0's value on every rank
+        assert view["error"] == ["ValueError", "no shards"]  # rank 0's failure fails every rank
+    assert seen[0]["two_argument_error"] == ["TwoArgumentError", "1/2"]
+    assert seen[1]["two_argument_error"] == ["DataParallelError", "rank 0: TwoArgumentError: 1/2"]
+    assert seen[1]["agreed"] == ["OSError", "disk full"]
+    assert seen[0]["agreed"] == ["DataParallelError", "upload failed on 1 rank(s): rank 1: OSError: disk full"]
+
+
 # --- re-partitioning ZeRO optimizer state --------------------------------------------------------
 
 Address = namedtuple("Address", ["numel", "start"])  # stands in for DeepSpeed's fragment_address
