@@ -1,5 +1,6 @@
-"""Feeds MLflow from what the trainer leaves in storage: per-step metrics (its JSONL file)
-and each published weight version, with the shards it was trained on (the version's
+"""Feeds MLflow from what the trainer leaves in storage: per-step metrics (its JSONL file on
+this machine; when the trainer runs on another machine, the ``metrics`` its lineage file
+carries) and each published weight version, with the shards it was trained on (the version's
 lineage file), as a LoggedModel plus one lineage manifest artifact. The trainer process
 itself never talks to MLflow.
 
@@ -70,11 +71,14 @@ def shard_record(root: RunRoot, shard_name: str) -> dict[str, Any]:
     }
 
 
-def version_manifest(root: RunRoot, version: int, datasets: Sequence[DataRef] = ()) -> dict[str, Any]:
+def version_manifest(
+    root: RunRoot, version: int, datasets: Sequence[DataRef] = (), lineage: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The lineage manifest of weight ``version``: step, version, parent version, each shard
     it was trained on (:func:`shard_record`), from its lineage file, and the prompt
-    ``datasets`` the shards' prompts came from (name, URI, digest)."""
-    info = read_lineage(root, version) or {}
+    ``datasets`` the shards' prompts came from (name, URI, digest). ``lineage``: the version's
+    lineage file if the caller has read it already."""
+    info = (read_lineage(root, version) if lineage is None else lineage) or {}
     step = info.get("step")
     return {
         "version": version,
@@ -187,9 +191,21 @@ class LineageRecorder:
             self.lineage.log_metrics(step, values)
         self._metrics_offset += end + 1
 
+    def _log_carried_metrics(self, step: int, carried: Any) -> None:  # noqa: ANN401 - lineage JSON
+        """Log the step metrics a version's lineage carries: the trainer runs on another
+        machine (a remote placement), so this one has no metrics file to read."""
+        if not isinstance(carried, dict):
+            return
+        values = {str(k): float(v) for k, v in carried.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.metrics_by_step[step] = values
+        self.lineage.log_metrics(step, values)
+
     def _log_version(self, version: int) -> None:
-        manifest = version_manifest(self.root, version, self.datasets)
+        info = read_lineage(self.root, version) or {}
+        manifest = version_manifest(self.root, version, self.datasets, info)
         step = manifest["step"]
+        if isinstance(step, int) and step not in self.metrics_by_step and not self.metrics_file.exists():
+            self._log_carried_metrics(step, info.get("metrics"))
         metrics = self.metrics_by_step.get(step, {}) if isinstance(step, int) else {}
         weights_uri = self.root.display(paths.weights_version_dir(version))
         parent = manifest["parent_version"]

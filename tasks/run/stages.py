@@ -194,6 +194,7 @@ def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
         mode="sft",
         work_dir=run_paths.work_dir / "sft",
         metrics_file=run_paths.work_dir / "sft-metrics.jsonl",
+        nproc=config.trainer.processes,
         cpu_cores=placement.cpu_cores,
         env=dict(placement.env),
     )

@@ -12,7 +12,7 @@ Per step k (1-based; ledger entry ``step-k``):
    counted by the steps its weights received (its lineage's ``step``, see
    :func:`asyncrl.tasks.trainer.step.sample_staleness`);
 4. publish the new weights as version i + 1 through the :class:`WeightStore` (HF files
-   plus ``asyncrl_lineage.json``: parent version, step, shards);
+   plus ``asyncrl_lineage.json``: parent version, step, shards, the step's metrics);
 5. every ``checkpoint_every`` steps, save a checkpoint (step k, version i + 1).
 
 Data parallelism: every rank runs this loop. Rank 0 alone reads the run root for input
@@ -228,8 +228,17 @@ class RLTrainer:
         self._feed.forget(step_input.shards)
         result = run_rl_step(self._engine, step_input.groups, self._rl, state.step, updates_of=self._updates)
 
+        figures = {
+            **result.metrics(self._rl.pass_k),
+            "version": float(version),
+            "shards": float(len(step_input.shards)),
+            "learning_rate": self._engine.learning_rate(),
+        }
         publish_started = time.perf_counter()
-        lineage = {"parent_version": state.version, "step": step, "run_id": self._run_id, "shards": list(step_input.shards)}
+        # The step's figures travel with its weights: a run whose trainer is on another
+        # machine logs them from here (asyncrl.tasks.run.lineage_recorder).
+        lineage = {"parent_version": state.version, "step": step, "run_id": self._run_id,
+                   "shards": list(step_input.shards), "metrics": figures}  # fmt: skip
         if writer:
             publish_weights(self._store, self._engine, version, lineage, self._work_dir)
             self._weights_bell.ring()  # the scheduler loads it at once
@@ -245,10 +254,7 @@ class RLTrainer:
                 prune_checkpoints(self._root, self._loop.keep_checkpoints)
             checkpoint_time = time.perf_counter() - checkpoint_started
         metrics = {
-            **result.metrics(self._rl.pass_k),
-            "version": float(version),
-            "shards": float(len(step_input.shards)),
-            "learning_rate": self._engine.learning_rate(),
+            **figures,
             "publish_time_s": publish_time,
             "checkpoint_time_s": checkpoint_time,
             "step_time_s": time.perf_counter() - started,

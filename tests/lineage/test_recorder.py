@@ -51,13 +51,15 @@ def group(gid: str) -> list[Sample]:
                    token_versions=[0], reward=0.0, finish_reason="stop", submit_time=1.0, finish_time=1.0)] * 2  # fmt: skip
 
 
-def publish(root: RunRoot, tmp_path: Path, version: int, step: int, shards: list[str]) -> None:
+def publish(root: RunRoot, tmp_path: Path, version: int, step: int, shards: list[str],
+            metrics: dict[str, float] | None = None) -> None:  # fmt: skip
     local = tmp_path / f"v{version}"
     local.mkdir()
     (local / "config.json").write_text("{}")
     (local / "model.safetensors").write_bytes(b"\0" * 8)
+    carried = {} if metrics is None else {"metrics": metrics}
     (local / LINEAGE_FILE).write_text(json.dumps({"version": version, "parent_version": version - 1, "step": step,
-                                                  "shards": shards}))  # fmt: skip
+                                                  "shards": shards, **carried}))  # fmt: skip
     WeightStore(root).publish(version, local)
 
 
@@ -126,3 +128,25 @@ def test_a_resumed_recorder_goes_on_after_the_versions_mlflow_holds(tmp_path: Pa
     recorder.adopt_logged_versions()
     recorder.poll()
     assert [v for v, *_ in lineage.versions] == [2]
+
+
+def test_metrics_of_a_trainer_on_another_machine_come_with_its_versions(tmp_path: Path) -> None:
+    """No metrics file here (the trainer runs elsewhere): each version's lineage carries its
+    step's figures, logged once at that step and attached to the version; with a metrics file
+    here, the file is the source and the lineage's copy is not logged again."""
+    root = open_root(str(tmp_path / "run"))
+    shard = consumed_shard(root, "g0")
+    publish(root, tmp_path, 1, 1, [shard], {"reward_mean": 0.25, "loss": 1.5, "grad_norm": float("nan")})
+    lineage = FakeLineage()
+    recorder = LineageRecorder(lineage, root, tmp_path / "absent-metrics.jsonl")  # type: ignore[arg-type]
+    recorder.poll()
+    recorder.poll()
+    assert [step for step, _ in lineage.metrics] == [1]
+    assert lineage.metrics[0][1]["reward_mean"] == 0.25 and lineage.versions[0][3]["loss"] == 1.5
+    assert recorder.metrics_by_step[1]["reward_mean"] == 0.25
+
+    local_file = tmp_path / "metrics.jsonl"
+    local_file.write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    other = FakeLineage()
+    LineageRecorder(other, root, local_file).poll()  # type: ignore[arg-type]
+    assert other.metrics == [(1, {"reward_mean": 0.5})] and other.versions[0][3] == {"reward_mean": 0.5}
