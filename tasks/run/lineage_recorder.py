@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,46 @@ class LineageRecorder:
         model_id = self.lineage.log_version(version, weights_uri, manifest, metrics, parent_model_id=parent_model_id)
         self.logged_versions[version] = model_id
         LOG.info("MLflow: weight version %d -> LoggedModel %s (%d shards)", version, model_id, len(manifest["shards"]))
+
+
+class BackgroundPoller:
+    """Calls ``poll`` every ``interval_s`` on a thread of its own, so that an exception raised
+    in the main thread (Prefect's ``TerminationSignal`` when a run is cancelled) never stops it
+    in the middle of an MLflow write: an SQLite write cut short that way kept the store locked,
+    and the cancelled run could no longer be marked KILLED.
+
+    ``check()`` re-raises, in the caller, the error that ended the thread; ``finish()`` stops
+    it, polls once more (on the thread) and waits for that; ``stop()`` stops it without a last
+    poll and does not wait for a write in flight."""
+
+    def __init__(self, poll: Callable[[], None], interval_s: float) -> None:
+        self._poll = poll
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._last = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="asyncrl-lineage-recorder", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._poll()
+                self._stop.wait(self._interval_s)
+            if self._last.is_set():
+                self._poll()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by check()
+            self._error = exc
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> None:
+        self._last.set()
+        self._stop.set()
+        self._thread.join()
+        self.check()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -41,7 +41,7 @@ from asyncrl.tasks.run.components_setup import rl_trainer_launch
 from asyncrl.tasks.run.context import RunContext, RunPaths, open_run_context
 from asyncrl.tasks.run.kinds import ComponentKind, component_name
 from asyncrl.tasks.run.remote_component import RemoteComponent
-from asyncrl.tasks.run.lineage_recorder import LineageRecorder, file_ref
+from asyncrl.tasks.run.lineage_recorder import BackgroundPoller, LineageRecorder, file_ref
 from asyncrl.tasks.run.supervisor import (
     ComponentEvent,
     ComponentFailed,
@@ -248,13 +248,14 @@ def run_rl(
         futures[component.name] = _launch(runner, kind, component, stop, settings.policy, handle, statuses)
     ready_at = 0.0
     reported = 0
+    poller = BackgroundPoller(recorder.poll, settings.poll_s) if recorder is not None else None
     try:
         while True:
             _raise_first_failure(futures, stop)
             if not ready_at and all(s.ready for n, s in statuses.items() if n.startswith("rollout-server")):
                 ready_at = time.time()
-            if recorder is not None:
-                recorder.poll()
+            if poller is not None:
+                poller.check()
             if progress is not None:
                 step, metrics = _last_step(paths.work_dir / "trainer-metrics.jsonl", recorder)
                 if step > reported:
@@ -268,12 +269,14 @@ def run_rl(
                     _wait_drained(futures, settings, stop)
                 break
             wait(list(futures.values()), timeout=settings.poll_s, return_when=FIRST_EXCEPTION)
-        if recorder is not None:
-            recorder.poll()  # the last step's metrics and version
+        if poller is not None:
+            poller.finish()  # the last step's metrics and version
     except BaseException as exc:
         stop.request("cancelled" if not isinstance(exc, Exception) else f"failed: {exc}")
         raise
     finally:
+        if poller is not None:
+            poller.stop()
         stop.request("finished")
         wait(list(futures.values()), timeout=120.0)
     restarts = {name: s.restarts for name, s in statuses.items()}

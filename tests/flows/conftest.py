@@ -7,8 +7,9 @@ process workers standing for two machines:
 - ``node-b`` takes the `trainer` queue only.
 
 So a run placed with `placement.trainer` on `component/trainer` trains on node-b while its
-flow and its rollout servers run on node-a. The test process's Prefect client points at the
-server while the stack is up.
+flow and its rollout servers run on node-a. The processes live for the session; the test
+process's Prefect client points at the stack's server only during a test that asks for
+``worker_stack`` (the other tests use the session's in-process test server).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ WORKER_QUEUES = {"node-a": ("default", "rollout-server", "scheduler"), "node-b":
 
 
 @pytest.fixture(scope="session")
-def worker_stack(aws_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerStack]:
-    """The stack (module docstring); after ``aws_env``, so flow runs reach the test S3 servers."""
+def worker_stack_processes(aws_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerStack]:
+    """The stack's processes for the session (module docstring); after ``aws_env``, so flow
+    runs reach the test S3 servers."""
     from contextlib import ExitStack
-
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     work_dir = tmp_path_factory.mktemp("prefect-stack")
     with prefect_stack.prefect_server(work_dir) as server, ExitStack() as workers:
@@ -46,5 +46,14 @@ def worker_stack(aws_env: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 prefect_stack.prefect_worker(server, POOL, logs[name], cwd=work_dir, env=worker_env, name=name, queues=queues)
             )
             pids[name] = worker.pid
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-            yield WorkerStack(server=server, worker_logs=logs, worker_pids=pids)
+        yield WorkerStack(server=server, worker_logs=logs, worker_pids=pids)
+
+
+@pytest.fixture
+def worker_stack(worker_stack_processes: WorkerStack) -> Iterator[WorkerStack]:
+    """The session's stack, with this process's Prefect client pointed at its server for one
+    test only (tests of other modules use the session's in-process test server)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: worker_stack_processes.server.api_url}):
+        yield worker_stack_processes

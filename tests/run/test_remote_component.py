@@ -73,12 +73,13 @@ def deployment(prefect_server: None) -> str:
     return DEPLOYMENT
 
 
-def remote_trainer(config: RunConfig, tmp_path: Path, run_finished: bool = False) -> RemoteComponent:
+def remote_trainer(config: RunConfig, tmp_path: Path, run_finished: bool = False, graceful_stop_s: float = 3.0
+                   ) -> RemoteComponent:  # fmt: skip
     work_dir = tmp_path / "work" / "remote"
     work_dir.mkdir(parents=True, exist_ok=True)
     return RemoteComponent("trainer", 0, config.trainer.nodes, config.placement.trainer, config,  # type: ignore[arg-type]
                            open_root(config.storage.root), work_dir, work_dir / "logs" / "trainer.remote.log",
-                           run_cancelled=lambda: not run_finished, state_poll_s=0.0, graceful_stop_s=3.0,
+                           run_cancelled=lambda: not run_finished, state_poll_s=0.0, graceful_stop_s=graceful_stop_s,
                            stop_timeout_s=2.0)  # fmt: skip
 
 
@@ -172,7 +173,7 @@ def test_a_finished_run_asks_its_replicas_to_stop_and_they_complete(deployment: 
     from prefect.states import Completed, Running
 
     config = config_for(tmp_path)
-    trainer = remote_trainer(config, tmp_path, run_finished=True)
+    trainer = remote_trainer(config, tmp_path, run_finished=True, graceful_stop_s=30.0)  # ends when answered
     trainer.start()
     ids, start_id = list(trainer.flow_run_ids), trainer.start_id
     root = open_root(config.storage.root)
@@ -181,7 +182,7 @@ def test_a_finished_run_asks_its_replicas_to_stop_and_they_complete(deployment: 
 
     def hosted_side() -> None:
         answered: set[int] = set()
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + 30.0
         while len(answered) < len(ids) and time.monotonic() < deadline:
             for replica, run_id in enumerate(ids):
                 if replica not in answered and stop_requested(root, "trainer", replica, start_id):
