@@ -8,7 +8,8 @@ component/trainer`` and a world-size-2 trainer; the scheduler and its reward ser
 - The run completes every step with a clean audit; its rollout server ran as a flow run
   under node-a's worker, its trainer (two ranks) under node-b's; SIGKILL of the remote
   server's process group ends that flow run Failed and the `train` flow's supervisor starts
-  the server again as a new flow run; nothing of any flow run is left afterwards.
+  the server again as a new flow run, which registers and serves the rest of the run;
+  nothing of any flow run is left afterwards.
 - Cancelling the `train` run cancels the remote components' flow runs and leaves no process
   on either worker.
 """
@@ -37,7 +38,9 @@ from asyncrl.tasks.run.audit import audit_run
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
+STEPS = 8
+"""Enough that the run needs its restarted server: with eta 1 and B = 2 the groups admitted
+before the kill carry the trainer at most a few steps further."""
 RUN_TIMEOUT_S = 900.0
 """Flow start, two vLLM starts (30-250 s each here), two DeepSpeed ranks' start."""
 UP_TIMEOUT_S = 600.0
