@@ -45,7 +45,8 @@ EXIT_COMPLETED, EXIT_FAILED, EXIT_CANCELLED, EXIT_LOST = 0, 1, 143, 137
 
 class RemoteFlowRunFile:
     """The live remote flow runs of a run (component name -> flow run ids), in
-    ``remote-flow-runs.json`` of its work directory, for the cancel and crash hooks."""
+    ``remote-flow-runs.json`` of its work directory, for the cancel and crash hooks. One
+    instance per run, shared by its remote components: its lock orders their updates."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -122,7 +123,7 @@ class RemoteComponent:
         placement: RemotePlacement,
         config: RunConfig,
         root: RunRoot,
-        work_dir: Path,
+        runs_file: RemoteFlowRunFile,
         log_path: Path,
         drain: bool = False,
         run_cancelled: Callable[[], bool] = lambda: True,
@@ -145,7 +146,7 @@ class RemoteComponent:
         self.heartbeat_timeout_s = config.placement.heartbeat_timeout_s
         self.state_poll_s = state_poll_s
         self.stop_timeout_s = stop_timeout_s
-        self._runs_file = RemoteFlowRunFile(work_dir / REMOTE_FLOW_RUNS_FILE)
+        self._runs_file = runs_file
         self.start_id = ""
         self.flow_run_ids: list[str] = []
         self._started_at = 0.0

@@ -40,7 +40,7 @@ from asyncrl.tasks.run.components import (
 from asyncrl.tasks.run.components_setup import rl_trainer_launch
 from asyncrl.tasks.run.context import RunContext, RunPaths, open_run_context
 from asyncrl.tasks.run.kinds import ComponentKind, component_name
-from asyncrl.tasks.run.remote_component import RemoteComponent
+from asyncrl.tasks.run.remote_component import REMOTE_FLOW_RUNS_FILE, RemoteComponent, RemoteFlowRunFile
 from asyncrl.tasks.run.lineage_recorder import BackgroundPoller, LineageRecorder, file_ref
 from asyncrl.tasks.run.supervisor import (
     ComponentEvent,
@@ -169,33 +169,36 @@ def run_components(
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     placement = config.placement
     remote_scheduler = placement.scheduler != "local"
+    runs_file = RemoteFlowRunFile(paths.work_dir / REMOTE_FLOW_RUNS_FILE)  # one for all remote components
     components: list[tuple[ComponentKind, Component]] = [
-        ("rollout-server", remote_component(config, paths, "rollout-server", i, drain, stop)
+        ("rollout-server", remote_component(config, paths, "rollout-server", i, drain, stop, runs_file)
          if placement.rollout_server != "local" else run_rollout_component(i, config, paths))
         for i in range(config.rollout.num_servers)
     ]  # fmt: skip
     if not remote_scheduler:
         components.append(("reward-service", reward_component(paths, token)))
     components.append(
-        ("trainer", remote_component(config, paths, "trainer", 0, drain, stop) if placement.trainer != "local"
+        ("trainer", remote_component(config, paths, "trainer", 0, drain, stop, runs_file) if placement.trainer != "local"
          else trainer_component(rl_trainer_launch(config, paths)))
     )  # fmt: skip
     components.append(
-        ("scheduler", remote_component(config, paths, "scheduler", 0, drain, stop) if remote_scheduler
+        ("scheduler", remote_component(config, paths, "scheduler", 0, drain, stop, runs_file) if remote_scheduler
          else scheduler_component(config, paths, drain=drain, reward_token=token))
     )  # fmt: skip
     return components
 
 
 def remote_component(
-    config: RunConfig, paths: RunPaths, kind: ComponentKind, index: int, drain: bool, stop: RunStop | None = None
+    config: RunConfig, paths: RunPaths, kind: ComponentKind, index: int, drain: bool, stop: RunStop | None,
+    runs_file: RemoteFlowRunFile,
 ) -> RemoteComponent:
     """Component ``kind`` (rollout server ``index``) as flow runs of its placement's
-    deployment: one per trainer node for the trainer, one otherwise."""
+    deployment: one per trainer node for the trainer, one otherwise; their ids recorded in
+    the run's ``runs_file``."""
     placement = getattr(config.placement, kind.replace("-", "_"))
     replicas = config.trainer.nodes if kind == "trainer" else 1
     name = component_name(kind, index)
-    return RemoteComponent(kind, index, replicas, placement, config, paths.root, paths.work_dir,
+    return RemoteComponent(kind, index, replicas, placement, config, paths.root, runs_file,
                            paths.log(f"{name}.remote.log"), drain=drain,
                            run_cancelled=(lambda: stop is None or stop.cancelled))  # fmt: skip
 

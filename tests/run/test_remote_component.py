@@ -32,7 +32,9 @@ from asyncrl.tasks.run.remote_component import (
     EXIT_COMPLETED,
     EXIT_FAILED,
     EXIT_LOST,
+    REMOTE_FLOW_RUNS_FILE,
     RemoteComponent,
+    RemoteFlowRunFile,
     component_parameters,
     read_remote_flow_runs,
 )
@@ -78,7 +80,8 @@ def remote_trainer(config: RunConfig, tmp_path: Path, run_finished: bool = False
     work_dir = tmp_path / "work" / "remote"
     work_dir.mkdir(parents=True, exist_ok=True)
     return RemoteComponent("trainer", 0, config.trainer.nodes, config.placement.trainer, config,  # type: ignore[arg-type]
-                           open_root(config.storage.root), work_dir, work_dir / "logs" / "trainer.remote.log",
+                           open_root(config.storage.root), RemoteFlowRunFile(work_dir / REMOTE_FLOW_RUNS_FILE),
+                           work_dir / "logs" / "trainer.remote.log",
                            run_cancelled=lambda: not run_finished, state_poll_s=0.0, graceful_stop_s=graceful_stop_s,
                            stop_timeout_s=2.0)  # fmt: skip
 
@@ -95,6 +98,20 @@ def read(flow_run_id: str):  # noqa: ANN201 - a FlowRun
 
     with get_client(sync_client=True) as client:
         return client.read_flow_run(uuid.UUID(flow_run_id))
+
+
+def test_a_shared_run_file_keeps_every_component_s_runs(tmp_path: Path) -> None:
+    """The remote components of a run update one file from their supervisors' threads."""
+    runs = RemoteFlowRunFile(tmp_path / REMOTE_FLOW_RUNS_FILE)
+    names = [f"rollout-server-{i}" for i in range(16)]
+    threads = [threading.Thread(target=runs.set, args=(name, [f"id-{name}"])) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert read_remote_flow_runs(tmp_path) == {name: [f"id-{name}"] for name in names}
+    runs.clear("rollout-server-3")
+    assert "rollout-server-3" not in read_remote_flow_runs(tmp_path)
 
 
 def test_parameters_carry_no_secret_and_validate(tmp_path: Path) -> None:
