@@ -9,7 +9,10 @@ bench measures it on our own system. From one run config (e.g. ``configs/demo.ya
    model of every configuration;
 2. for every eta in ``etas`` and every objective in ``objectives``: the real RL run
    (:func:`~asyncrl.tasks.run.rl.train_run`) with only ``rollout.eta`` and
-   ``trainer.objective`` changed (same seed, same prompt order, same steps), then
+   ``trainer.objective`` changed (same seed, same prompt order, same steps), and for every
+   eta in ``adaptive_etas`` the same with adaptive staleness
+   (:mod:`~asyncrl.tasks.scheduler.adaptive_eta`: the bound follows the measured drift,
+   never above eta; the config's ``rollout.adaptive_staleness``, else its defaults), then
    held-out pass@1 of the starting model, every ``eval_every`` versions and the final one
    (:func:`~asyncrl.tasks.run.stages.evaluate_versions`, the pipeline's evaluation);
 3. a table, JSON, and a PNG with two panels: held-out pass@1 against the step, and the
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from asyncrl.configs.run_config import RunConfig, TrainerConfig
-from asyncrl.bench.e2e import format_staleness, parse_int_list, staleness_counts
+from asyncrl.bench.e2e import format_staleness, parse_int_list, staleness_counts, wasted_tokens
 
 Objective = str
 OBJECTIVES: tuple[str, ...] = get_args(TrainerConfig.model_fields["objective"].annotation)
@@ -42,6 +45,8 @@ class AblationSettings:
 
     etas: tuple[int, ...] = (0, 4, 8)
     objectives: tuple[Objective, ...] = OBJECTIVES
+    adaptive_etas: tuple[int, ...] = ()
+    """Bounds run again with adaptive staleness (each with every objective)."""
     eval_every: int = 10
     """Evaluate every this many versions (and the first and last); 0: first and last only."""
     smooth: int = 5
@@ -56,6 +61,10 @@ class AblationSettings:
             raise ValueError(f"etas: must be ints >= 0, got {self.etas!r}")
         if len(set(self.etas)) != len(self.etas):
             raise ValueError(f"etas: a value repeats: {self.etas}")
+        if any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in self.adaptive_etas):
+            raise ValueError(f"adaptive_etas: must be ints >= 1 (eta 0 has nothing to adapt), got {self.adaptive_etas!r}")
+        if len(set(self.adaptive_etas)) != len(self.adaptive_etas):
+            raise ValueError(f"adaptive_etas: a value repeats: {self.adaptive_etas}")
         bad = [o for o in self.objectives if o not in OBJECTIVES]
         if not self.objectives or bad or len(set(self.objectives)) != len(self.objectives):
             raise ValueError(f"objectives: must be distinct values of {list(OBJECTIVES)}, got {self.objectives!r}")
@@ -64,8 +73,10 @@ class AblationSettings:
         if self.smooth < 1:
             raise ValueError(f"smooth: must be >= 1, got {self.smooth}")
 
-    def sweep(self) -> list[tuple[int, Objective]]:
-        return [(eta, objective) for eta in self.etas for objective in self.objectives]
+    def sweep(self) -> list[tuple[int, Objective, bool]]:
+        """(eta, objective, adaptive) of every run, fixed bounds first."""
+        fixed = [(eta, objective, False) for eta in self.etas for objective in self.objectives]
+        return fixed + [(eta, objective, True) for eta in self.adaptive_etas for objective in self.objectives]
 
 
 # ----- plain functions of measured numbers -----
@@ -99,10 +110,14 @@ def run_summary(
     step_metrics: Mapping[int, Mapping[str, float]],
     pass_at_1: Mapping[int, float],
     start_version: int,
+    scheduler: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One configuration: final pass@1 (at the last evaluated version) and its change from
     the starting model, the pass@1 curve by step (step = version - start_version), the
-    training reward by step, and the staleness reached."""
+    training reward by step, the staleness reached, the samples dropped as too stale and the
+    tokens wasted (:func:`asyncrl.bench.e2e.wasted_tokens`), and from the scheduler's figures
+    the tokens cut by stops, the groups dynamic filtering left out and, with adaptive
+    staleness, the lowest effective bound and the number of changes."""
     steps = sorted(step_metrics)
     versions = sorted(pass_at_1)
     counts = staleness_counts(step_metrics)
@@ -119,19 +134,33 @@ def run_summary(
         "staleness_mean": sum(s * c for s, c in counts.items()) / max(sum(counts.values()), 1),
         "staleness_counts": counts,
         "dropped_stale": int(sum(m.get("dropped_stale", 0.0) for m in step_metrics.values())),
+        "wasted_tokens": wasted_tokens(step_metrics),
+        "cut_tokens": int((scheduler or {}).get("wasted_tokens", 0.0)),
+        "filtered_groups": int((scheduler or {}).get("filtered_groups", 0.0)),
         "clip_fraction_mean": sum(float(step_metrics[s].get("clip_fraction", 0.0)) for s in steps) / max(len(steps), 1),
+        "adaptive": "effective_eta_min" in (scheduler or {}),
+        "effective_eta_min": int((scheduler or {}).get("effective_eta_min", eta)),
+        "eta_changes": int((scheduler or {}).get("eta_changes", 0.0)),
     }
 
 
 # ----- the runs -----
 
 
-def variant_config(base: RunConfig, work: Path, warm_start: Path, eta: int, objective: str) -> RunConfig:
-    """``base`` with only eta and the objective changed, starting from ``warm_start``, in its
-    own run root and scratch directory under ``work`` (no SFT, the inputs already exist)."""
-    raw = relocated(base, work, f"{base.name}-eta{eta}-{objective}")
+def variant_config(
+    base: RunConfig, work: Path, warm_start: Path, eta: int, objective: str, adaptive: bool = False
+) -> RunConfig:
+    """``base`` with only eta, the objective and adaptive staleness changed (on: the base's
+    settings, else the defaults; off: none), starting from ``warm_start``, in its own run
+    root and scratch directory under ``work`` (no SFT, the inputs already exist)."""
+    from asyncrl.tasks.scheduler.adaptive_eta import AdaptiveStalenessConfig
+
+    raw = relocated(base, work, f"{base.name}-eta{eta}{'-adaptive' if adaptive else ''}-{objective}")
     raw["model"]["path"] = str(warm_start)
     raw["rollout"]["eta"] = eta
+    raw["rollout"]["adaptive_staleness"] = (
+        (base.rollout.adaptive_staleness or AdaptiveStalenessConfig()).model_dump() if adaptive else None
+    )
     raw["trainer"]["objective"] = objective
     raw["pipeline"]["sft_steps"] = 0
     # every version stays in the store: the sweep evaluates every eval_every-th one afterwards
@@ -197,29 +226,30 @@ def run_ablation(base: RunConfig, settings: AblationSettings, progress: Callable
         "runs": [],
     }
     sweep = settings.sweep()
-    for index, (eta, objective) in enumerate(sweep, start=1):
-        config = variant_config(base, work, warm_start, eta, objective)
+    for index, (eta, objective, adaptive) in enumerate(sweep, start=1):
+        config = variant_config(base, work, warm_start, eta, objective, adaptive)
         try:
             train = train_run(config)
             start = min(train.logged_models, default=0)
             versions = eval_versions(start, train.final_version, settings.eval_every)
             evaluated = evaluate_versions(config, prepare_run(config), versions)
             run = run_summary(
-                eta, objective, train.step_metrics, {v: r.pass_at_1 for v, r in evaluated.items()}, start
+                eta, objective, train.step_metrics, {v: r.pass_at_1 for v, r in evaluated.items()}, start,
+                train.scheduler,
             )
             run["train_wall_s"] = train.wall_s
             # per task (a mixed config): pass@1/pass@k of the starting and the final version
             run["by_task_start"] = evaluated[min(evaluated)].by_task
             run["by_task_final"] = evaluated[max(evaluated)].by_task
         except Exception as exc:  # noqa: BLE001 - recorded; the other configurations still run
-            run = {"eta": eta, "objective": objective, "error": f"{type(exc).__name__}: {exc}"[:4000]}
+            run = {"eta": eta, "objective": objective, "adaptive": adaptive, "error": f"{type(exc).__name__}: {exc}"[:4000]}
         result["runs"].append(run)
         if settings.json_path is not None:
             settings.json_path.write_text(json.dumps(result, indent=1))
         if settings.png_path is not None:
             plot_curves(result, settings.png_path, settings.smooth)
         say(
-            f"[{index}/{len(sweep)}] eta={eta} {objective}: "
+            f"[{index}/{len(sweep)}] eta={eta}{' adaptive' if adaptive else ''} {objective}: "
             + (run.get("error") or f"pass@1 {run['pass_at_1_start']:.3f} -> {run['pass_at_1_final']:.3f}")
         )
     return result
@@ -233,21 +263,33 @@ def format_table(result: Mapping[str, Any]) -> str:
         f"{result['config']}: {result['steps']} steps of {result['batch_groups']} groups x {result['n_samples']} "
         f"samples; pass@1 over {result['eval_prompts']} held-out prompts x {result['eval_samples']} samples",
         "",
-        "| eta | objective | pass@1 start | pass@1 final | change | staleness max | staleness mean "
-        "| staleness (value:samples) | dropped | clip frac. |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| eta | objective | pass@1 start | pass@1 final | change | RL wall s | staleness max | staleness mean "
+        "| staleness (value:samples) | dropped | clip frac. | wasted tok. | filtered groups |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["runs"]:
         if "error" in r:
-            lines.append(f"| {r['eta']} | {r['objective']} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 7)
+            lines.append(f"| {bound_label(r)} | {r['objective']} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 10)
             continue
+        wall = r.get("train_wall_s")
         lines.append(
-            f"| {r['eta']} | {r['objective']} | {r['pass_at_1_start']:.3f} | {r['pass_at_1_final']:.3f} | "
-            f"{r['pass_at_1_change']:+.3f} | {r['staleness_max']} | {r['staleness_mean']:.2f} | "
-            f"{format_staleness(r['staleness_counts'])} | {r['dropped_stale']} | {r['clip_fraction_mean']:.3f} |"
+            f"| {bound_label(r)} | {r['objective']} | {r['pass_at_1_start']:.3f} | {r['pass_at_1_final']:.3f} | "
+            f"{r['pass_at_1_change']:+.3f} | {'n/a' if wall is None else f'{wall:.0f}'} | {r['staleness_max']} | "
+            f"{r['staleness_mean']:.2f} | {format_staleness(r['staleness_counts'])} | {r['dropped_stale']} | "
+            f"{r['clip_fraction_mean']:.3f} | {r.get('wasted_tokens', 'n/a')} | {r.get('filtered_groups', 'n/a')} |"
         )
     lines.extend(_per_task_lines(result["runs"]))
     return "\n".join(lines)
+
+
+def bound_label(run: Mapping[str, Any]) -> str:
+    """``8``, or for an adaptive run ``8 adaptive (min 2, 5 changes)``: the lowest effective
+    bound it reached and how often the bound moved."""
+    if not run.get("adaptive"):
+        return str(run["eta"])
+    if "effective_eta_min" not in run:
+        return f"{run['eta']} adaptive"
+    return f"{run['eta']} adaptive (min {run['effective_eta_min']}, {run['eta_changes']} changes)"
 
 
 def _per_task_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -264,13 +306,13 @@ def _per_task_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{task} {start.get(f'pass_at_1/{task}', float('nan')):.3f} -> {final.get(f'pass_at_1/{task}', float('nan')):.3f}"
             for task in tasks
         ]
-        lines.append(f"- eta {r['eta']} {r['objective']}: " + ", ".join(parts))
+        lines.append(f"- eta {bound_label(r)} {r['objective']}: " + ", ".join(parts))
     return lines
 
 
 def plot_curves(result: Mapping[str, Any], path: Path, smooth: int) -> Path:
     """Two panels: held-out pass@1 by step, training reward (moving mean) by step; colour =
-    eta, line style = objective (solid decoupled, dashed standard)."""
+    eta, line style = objective (solid decoupled, dashed standard; dotted markers: adaptive)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -282,8 +324,10 @@ def plot_curves(result: Mapping[str, Any], path: Path, smooth: int) -> Path:
     styles = {"decoupled": "-", "standard": "--"}
     figure, (accuracy, reward) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in runs:
-        label = f"eta={r['eta']} {r['objective']}"
-        kwargs = {"color": colours[r["eta"]], "linestyle": styles[r["objective"]], "label": label}
+        adaptive = bool(r.get("adaptive"))
+        label = f"eta={r['eta']}{' adaptive' if adaptive else ''} {r['objective']}"
+        style = ":" if adaptive else styles[r["objective"]]
+        kwargs = {"color": colours[r["eta"]], "linestyle": style, "label": label}
         steps, values = zip(*r["pass_at_1_curve"], strict=True)
         accuracy.plot(steps, values, marker="o", **kwargs)
         steps, rewards = zip(*r["reward_curve"], strict=True)
@@ -316,6 +360,7 @@ def cmd_bench_ablation(args: argparse.Namespace) -> int:
     settings = AblationSettings(
         etas=args.etas,
         objectives=args.objectives,
+        adaptive_etas=args.adaptive,
         eval_every=args.eval_every,
         smooth=args.smooth,
         work_dir=work,
@@ -339,6 +384,8 @@ def add_ablation_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated staleness bounds (default 0,4,8)")
     parser.add_argument("--objectives", type=_objectives, default=defaults.objectives,
                         help="comma-separated: decoupled,standard (default both)")  # fmt: skip
+    parser.add_argument("--adaptive", type=parse_int_list, default=defaults.adaptive_etas,
+                        help="comma-separated bounds to run again with adaptive staleness (default none)")  # fmt: skip
     parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="evaluate every N versions (0: first and last)")
     parser.add_argument("--smooth", type=int, default=defaults.smooth, help="reward curve moving-mean window (steps)")
     parser.add_argument("--work-dir", default=None, help="run roots, MLflow and logs (default <work_dir>/<name>-ablation)")

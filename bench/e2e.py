@@ -217,6 +217,16 @@ def staleness_counts(step_metrics: Mapping[int, Mapping[str, float]]) -> dict[in
     return dict(sorted(counts.items()))
 
 
+def wasted_tokens(step_metrics: Mapping[int, Mapping[str, float]]) -> int:
+    """Tokens generated, written and then thrown away by the trainer: its ``wasted_tokens``
+    (samples dropped as staler than ``trainer.max_staleness``) summed over steps; 0 when every
+    sample stays within the bound. What the scheduler generated but never wrote (groups cut
+    or left unwritten by a stop, the end of the run included) is its own ``wasted_tokens``,
+    reported as ``cut_tokens``; groups left out by dynamic filtering are a choice, counted
+    apart (``filtered_groups``)."""
+    return int(sum(float(m.get("wasted_tokens", 0.0)) for m in step_metrics.values()))
+
+
 def mean_packing_efficiency(step_metrics: Mapping[int, Mapping[str, float]]) -> float:
     """Mean over steps of the step's packing efficiency (real tokens / token budget of its micro-batches)."""
     return statistics.fmean(m["packing_efficiency"] for m in step_metrics.values())
@@ -254,6 +264,9 @@ def run_figures(
                                      groups, ``reward_wait_s``) / steps; they overlap with
                                      generation, so this is the reward service's load, not a stall
         staleness_max, staleness_counts (:func:`staleness_counts`), dropped_stale = sum of ``dropped_stale``
+        wasted_tokens              = :func:`wasted_tokens`; cut_tokens = the scheduler's
+                                     ``wasted_tokens``; filtered_groups = the scheduler's
+                                     ``filtered_groups`` (dynamic filtering)
     """
     missing = sorted({"gen_tokens_per_s", "weight_sync_stall_fraction", "weight_updates"} - set(scheduler))
     if missing:  # a scheduler that recorded nothing must not read as one that generated nothing
@@ -280,6 +293,9 @@ def run_figures(
         "staleness_max": max(counts, default=0),
         "staleness_counts": counts,
         "dropped_stale": int(sum(m.get("dropped_stale", 0.0) for m in step_metrics.values())),
+        "wasted_tokens": wasted_tokens(step_metrics),
+        "cut_tokens": int(scheduler.get("wasted_tokens", 0.0)),
+        "filtered_groups": int(scheduler.get("filtered_groups", 0.0)),
         "training_only_s": training_only_s(step_metrics),
         "reward_wait_per_step_s": float(scheduler.get("reward_wait_s", 0.0)) / max(len(step_metrics), 1),
     }
@@ -595,16 +611,18 @@ def format_tables(result: Mapping[str, Any]) -> str:
         f"ideal overlap bound {_fmt(result.get('overlap_bound'), '.2f')}x",
         "limit: T_gen + T_train at eta 0, max(T_gen at the run's concurrency, the run's T_train) at eta > 0; "
         "efficiency = limit / wall",
+        "dropped: samples over the staleness bound; wasted tok.: their tokens; cut tok.: tokens generated but "
+        "never written (groups cut by a stop or the end of the run)",
         "",
         "| eta | mode | wall (s) | limit (s) | efficiency | speed-up vs eta 0 | speed-up vs ideal sync "
         "| trained tok/s | rollout util. | stall frac. | reward wait/step (s) | packing eff. | staleness max "
-        "| staleness (value:samples) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| staleness (value:samples) | dropped | wasted tok. | cut tok. | filtered groups |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result.get("runs", []):
         mode = "sync" if r["eta"] == 0 else r["mode"]
         if "error" in r:
-            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 11)
+            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 15)
             continue
         lines.append(
             f"| {r['eta']} | {mode} | {r['wall_s']:.1f} | {_fmt(r.get('limit_s'), '.1f')} | "
@@ -612,7 +630,9 @@ def format_tables(result: Mapping[str, Any]) -> str:
             f"{_fmt(r.get('speedup_over_ideal_sync'), '.2f')} | {r['trained_tokens_per_s']:.0f} | "
             f"{r['rollout_utilisation']:.2f} | {r['weight_sync_stall_fraction']:.3f} | "
             f"{_fmt(r.get('reward_wait_per_step_s'), '.2f')} | {r['packing_efficiency']:.3f} | "
-            f"{r['staleness_max']} | {format_staleness(r['staleness_counts'])} |"
+            f"{r['staleness_max']} | {format_staleness(r['staleness_counts'])} | {_fmt(r.get('dropped_stale'), 'd')} | "
+            f"{_fmt(r.get('wasted_tokens'), 'd')} | {_fmt(r.get('cut_tokens'), 'd')} | "
+            f"{_fmt(r.get('filtered_groups'), 'd')} |"
         )
     return "\n".join(lines)
 

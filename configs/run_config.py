@@ -22,6 +22,8 @@ from asyncrl.tasks.data.synthetic import ArithmeticSpec
 from asyncrl.tasks.data.synthetic_code import CodeSpec, ProgramStyle
 from asyncrl.tasks.process_group import check_cpu_cores
 from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.tasks.run.canary import MismatchCanaryConfig
+from asyncrl.tasks.scheduler.adaptive_eta import AdaptiveStalenessConfig
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
 
 
@@ -71,7 +73,8 @@ class RolloutConfig(StrictModel):
     kv_cache_gib: float = Field(1.0, gt=0.0)
     """VLLM_CPU_KVCACHE_SPACE for CPU servers."""
     shard_groups: int = Field(4, ge=1)
-    """The scheduler writes a trajectory shard every `shard_groups` finished prompt groups..."""
+    """The scheduler writes groups in admission order, a shard as soon as a batch of
+    `trainer.batch_groups` is complete, and a partial one every `shard_groups` finished groups..."""
     shard_seconds: float = Field(10.0, gt=0.0)
     """...or when the oldest unwritten group has waited this long, whichever comes first."""
     weight_poll_seconds: float = Field(0.5, gt=0.0)
@@ -79,6 +82,14 @@ class RolloutConfig(StrictModel):
     ignore_eos: bool = False
     """Generate every sample to its full budget, ignoring end-of-sequence tokens (benchmarks:
     output lengths set by the budgets alone, identical in every run)."""
+    dynamic_filter: bool = False
+    """DAPO-style dynamic filtering: a prompt group whose rewards are all equal (no advantage
+    signal) is not trained, and its admission is released, so the staleness rule counts the
+    trained groups only (needs ``n_samples`` >= 2)."""
+    adaptive_staleness: AdaptiveStalenessConfig | None = None
+    """Adaptive staleness: the gate's effective bound drops toward ``min_eta`` while the drift
+    the trainer measures (behaviour-weight tail, ESS) is over its budget and comes back up to
+    ``eta``, never above it, when it is under (each change logged). None: the bound is ``eta``."""
     cpu_cores: tuple[int, ...] | None = None
     """CPU ids the rollout servers (and their engine processes) are pinned to; None = no pinning."""
     tensor_parallel_size: int = Field(1, ge=1)
@@ -93,6 +104,25 @@ class RolloutConfig(StrictModel):
     @classmethod
     def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
         return check_cpu_cores(cores, "rollout.cpu_cores")
+
+    @model_validator(mode="after")
+    def _adaptive_within_eta(self) -> RolloutConfig:
+        adaptive = self.adaptive_staleness
+        if adaptive is not None and adaptive.min_eta > self.eta:
+            raise ValueError(
+                f"rollout.adaptive_staleness.min_eta: {adaptive.min_eta} is above rollout.eta = {self.eta}; "
+                "the effective bound moves between min_eta and eta"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _filter_needs_groups(self) -> RolloutConfig:
+        if self.dynamic_filter and self.n_samples < 2:
+            raise ValueError(
+                f"rollout.dynamic_filter needs rollout.n_samples >= 2 (got {self.n_samples}): "
+                "a group of one sample always has equal rewards and would never be trained"
+            )
+        return self
 
     @model_validator(mode="after")
     def _device_sets(self) -> RolloutConfig:
@@ -160,8 +190,19 @@ class TrainerConfig(StrictModel):
     eps_clip_high: float | None = Field(None, gt=0.0)
     """Separate upper clip (clip-higher); None uses eps_clip on both sides."""
     behav_weight_cap: float | None = Field(5.0, gt=1.0)
-    """Cap on the behaviour weight pi_prox / pi_behav; None disables it."""
+    """Upper bound on the behaviour weight rho (pi_prox / pi_behav at ``behav_weight_level``);
+    None: no upper bound."""
     behav_cap_mode: Literal["mask", "clamp"] = "mask"
+    """Outside the bounds: ``mask`` drops the token (at a sequence level, the whole sample;
+    "MIS", IcePop when two-sided) or ``clamp`` truncates rho to the bound ("TIS")."""
+    behav_weight_floor: float | None = Field(None, gt=0.0, lt=1.0)
+    """Lower bound on rho, making the bounds two-sided [floor, cap] (needs ``behav_weight_cap``);
+    None: one-sided (upper bound only)."""
+    behav_weight_level: Literal["token", "sequence_product", "sequence_geo_mean"] = "token"
+    """Which weight the bounds and the objective use: each token's w_t = pi_prox / pi_behav,
+    or per sample (over its output tokens) their product prod_t w_t or geometric mean
+    exp(mean_t log w_t), then carried by every token of the sample
+    (:mod:`asyncrl.tasks.trainer.corrections` has the formulas)."""
     advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
     micro_batch_tokens: int = Field(4096, ge=1)
     """Token budget of one micro-batch (dynamic micro-batching)."""
@@ -202,6 +243,15 @@ class TrainerConfig(StrictModel):
     @classmethod
     def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
         return check_cpu_cores(cores, "trainer.cpu_cores")
+
+    @model_validator(mode="after")
+    def _behaviour_weight_bounds(self) -> TrainerConfig:
+        if self.behav_weight_floor is not None and self.behav_weight_cap is None:
+            raise ValueError(
+                f"trainer.behav_weight_floor: {self.behav_weight_floor} needs trainer.behav_weight_cap "
+                "(bounds are an upper bound or two-sided [floor, cap])"
+            )
+        return self
 
     @model_validator(mode="after")
     def _processes_and_devices(self) -> TrainerConfig:
@@ -291,6 +341,11 @@ class TrackingConfig(StrictModel):
     network, GPU) of the machine the flow runs on into the run while it runs."""
     system_metrics_interval_s: float = Field(10.0, gt=0, le=3600)
     """Seconds between two system-metrics samples."""
+    mismatch_canary: MismatchCanaryConfig = Field(default_factory=MismatchCanaryConfig)
+    """Thresholds on the train/inference mismatch figures (``mismatch/*``) of the trainer's
+    current-version tokens; a step that crosses one logs a run warning and emits the Prefect
+    event ``asyncrl.mismatch.canary`` (once per crossing). On by default with generous
+    thresholds; each one can be set to null."""
 
     @field_validator("pass_k")
     @classmethod
@@ -418,6 +473,42 @@ _CODE_ONLY_FIELDS: tuple[str, ...] = (
 )
 
 
+class TrainingEvalConfig(StrictModel):
+    """Held-out evaluation while RL runs (``pipeline.eval_every`` > 0): the ``evaluator``
+    component (``tasks/evaluator/``) loads every ``eval_every``-th weight version in place
+    into a vLLM server of its own and scores the same subset of the held-out prompts, at a
+    lower CPU priority than generation and training."""
+
+    prompts: int = Field(32, ge=1)
+    """The first this many held-out prompts (``data.eval_path``), the same ones each time."""
+    samples: int = Field(2, ge=1)
+    """Samples per prompt, at ``rollout.temperature``; pass@k (``tracking.pass_k``) is
+    reported for the k up to this."""
+    devices: tuple[int, ...] | None = None
+    """Device set of the evaluator's vLLM server (``rollout.tensor_parallel_size`` ids), as
+    ``rollout.devices[k]``: GPU ids on a GPU machine, CPU ids (pinning) on one without. It
+    runs where the `train` flow runs, so it must not overlap the devices of the local
+    components unless ``placement.share_devices``. None: no placement (on a GPU machine vLLM
+    then takes the first GPU it sees: give it devices there)."""
+    nice: int = Field(10, ge=0, le=19)
+    """CPU priority (nice value) of the evaluator and its vLLM server, for the whole of their
+    sessions: above 0 they yield the CPUs to generation and training when they compete."""
+    reward_workers: int = Field(1, ge=1, le=256)
+    """Processes of the evaluator's own reward pool (the ``reward`` section's verifiers and
+    limits)."""
+    finish_timeout_s: float = Field(300.0, ge=0.0)
+    """Once the last step is trained, the run waits up to this long for the evaluator to
+    evaluate the last multiple of ``eval_every``; then (or at once with 0) it stops it, and a
+    version in evaluation is abandoned (the run's log says which)."""
+
+    @field_validator("devices")
+    @classmethod
+    def _distinct_devices(cls, ids: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if ids is not None and (not ids or len(set(ids)) != len(ids) or min(ids) < 0):
+            raise ValueError(f"pipeline.training_eval.devices: {list(ids)} must be distinct device ids >= 0")
+        return ids
+
+
 class PipelineConfig(StrictModel):
     init_tiny_model: bool = False
     """Write the tiny Qwen2 model at model.path when nothing is there (demo, tests)."""
@@ -433,6 +524,12 @@ class PipelineConfig(StrictModel):
     """Samples per held-out prompt for pass@1."""
     eval_prompts: int | None = Field(None, ge=1)
     """Evaluate on the first this many held-out prompts (None: all)."""
+    eval_every: int = Field(0, ge=0)
+    """Held-out pass@1 while RL runs, of every weight version that is a multiple of this
+    (``pipeline.training_eval``; MLflow ``eval/pass_at_1`` at step = version); 0: off.
+    Needs ``data.eval_path``."""
+    training_eval: TrainingEvalConfig = Field(default_factory=TrainingEvalConfig)
+    """Subset, samples and placement of the evaluation during training."""
     registered_model: str = Field("asyncrl-policy", min_length=1)
     """MLflow Model Registry name the best version is registered under."""
 
@@ -541,6 +638,10 @@ class RunConfig(StrictModel):
         sets = [(f"rollout.devices[{k}]", self.placement.rollout_server, ids) for k, ids in enumerate(self.rollout.devices or [])]
         if self.trainer.devices is not None:
             sets.append(("trainer.devices", self.placement.trainer, self.trainer.devices))
+        evaluator = self.pipeline.training_eval.devices
+        if self.pipeline.eval_every and evaluator is not None:
+            # the evaluator runs where the train flow runs: the local placement
+            sets.append(("pipeline.training_eval.devices", "local", evaluator))
         for i, (name_a, place_a, ids_a) in enumerate(sets):
             for name_b, place_b, ids_b in sets[i + 1 :]:
                 shared = sorted(set(ids_a) & set(ids_b))
@@ -569,6 +670,18 @@ class RunConfig(StrictModel):
             raise ValueError("trainer.advantage: 'rloo' needs rollout.n_samples >= 2 (leave-one-out baseline)")
         if self.pipeline.synthetic_data is None and self.data.eval_path is None and self.pipeline.eval_prompts:
             raise ValueError("pipeline.eval_prompts: set data.eval_path to evaluate")
+        if self.pipeline.eval_every and self.data.eval_path is None:
+            raise ValueError(
+                f"pipeline.eval_every: {self.pipeline.eval_every} evaluates held-out prompts during training; "
+                "set data.eval_path (or set pipeline.eval_every: 0)"
+            )
+        evaluator = self.pipeline.training_eval.devices
+        tp = self.rollout.tensor_parallel_size
+        if self.pipeline.eval_every and evaluator is not None and len(evaluator) != tp:
+            raise ValueError(
+                f"pipeline.training_eval.devices: {list(evaluator)} must be {tp} device ids "
+                f"(rollout.tensor_parallel_size={tp}): the evaluator's server shards the model as the rollout servers do"
+            )
         synthetic = self.pipeline.synthetic_data
         if synthetic is not None and synthetic.n_sft > 0 and self.data.sft_path is None:
             raise ValueError("pipeline.synthetic_data.n_sft: set data.sft_path, where the warm-start problems go")

@@ -1,14 +1,16 @@
 """The `train` flow: asynchronous RL with every component as a concurrent Prefect run —
-task runs `rollout-server-{k}`, `reward-service` and `trainer`, and the `scheduler` child
-flow run — each supervised and restarted on a crash (:mod:`asyncrl.tasks.run.rl`). A
+task runs `rollout-server-{k}`, `reward-service`, `trainer` and (with
+``pipeline.eval_every``) `evaluator`, and the `scheduler` child flow run — each supervised
+and restarted on a crash (:mod:`asyncrl.tasks.run.rl`). A
 component that ``placement`` puts on a deployment runs as flow runs of the `component` flow
 on that deployment's work pool, started and supervised from its task run here (through its
 flow run state and heartbeat, :mod:`asyncrl.tasks.run.remote_component`).
 
 States tell the truth: a component's run is Running while it is up, Failed with its error
 and log tail past its restart budget (the other components are then stopped and show
-Cancelled, and the flow fails naming the component), Completed when the run ends
-normally. Cancelling the flow run (UI, API, ``prefect flow-run cancel``) stops every
+Cancelled, and the flow fails naming the component; only the evaluator's failure leaves the
+others running and the flow completing, with a warning and the reason in the report),
+Completed when the run ends normally. Cancelling the flow run (UI, API, ``prefect flow-run cancel``) stops every
 component; the ``on_cancellation``/``on_crashed`` hooks kill whatever process groups are
 still recorded, also when the flow process itself was SIGKILLed.
 """
@@ -26,6 +28,7 @@ from prefect.futures import PrefectFuture, wait
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.scheduler import scheduler
 from asyncrl.tasks.run.artifacts import StepProgressArtifact, publish_training_report
+from asyncrl.tasks.run.canary import prefect_alarm
 from asyncrl.tasks.run.context import RunContext, open_run_context, system_metrics
 from asyncrl.tasks.run.kinds import ComponentKind
 from asyncrl.tasks.run.rl import (
@@ -37,6 +40,7 @@ from asyncrl.tasks.run.rl import (
 )
 from asyncrl.tasks.run.progress import StageProgress
 from asyncrl.tasks.run.run_report import log_run_report
+from asyncrl.tasks.run.stages import eval_results_to_json
 from asyncrl.tasks.run.prefect_reporting import kill_run_processes, outcome_state, report_event
 from asyncrl.tasks.run.supervisor import ComponentOutcome
 
@@ -78,7 +82,8 @@ def run_train(
     runner = PrefectRunner(config)
     settings = RLRunSettings(restart_policy(config))
     try:
-        return run_rl(config, context.paths, settings, runner, context=context, on_event=report_event, progress=progress)
+        return run_rl(config, context.paths, settings, runner, context=context, on_event=report_event, progress=progress,
+                      on_canary=prefect_alarm(config.name), run_logger=get_run_logger())  # fmt: skip
     finally:
         wait(runner.futures)
 
@@ -114,7 +119,8 @@ def train(config: RunConfig, mlflow_owned: bool = True) -> dict[str, Any]:
         context.lineage.end()
     logger.info("trained %d steps to version %d in %.0f s; restarts: %s", result.steps, result.final_version,
                 result.wall_s, result.restarts)  # fmt: skip
-    publish_training_report(config.name, result.step_metrics, result.scheduler, result.wall_s, result.final_version)
+    publish_training_report(config.name, result.step_metrics, result.scheduler, result.wall_s, result.final_version,
+                            result.evaluations, result.optional_failures.get("evaluator"))  # fmt: skip
     return {
         "steps": result.steps,
         "final_version": result.final_version,
@@ -123,5 +129,7 @@ def train(config: RunConfig, mlflow_owned: bool = True) -> dict[str, Any]:
         "logged_models": {str(k): v for k, v in result.logged_models.items()},
         "restarts": result.restarts,
         "scheduler": result.scheduler,
+        "evaluations": eval_results_to_json(result.evaluations),
+        "optional_failures": result.optional_failures,
     }
 

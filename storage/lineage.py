@@ -134,6 +134,10 @@ class RunLineage:
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
 
+    def metric_steps(self, key: str) -> set[int]:
+        """The steps at which the run holds metric ``key`` (none: empty)."""
+        return {m.step for m in self.client.get_metric_history(self.run_id, key)}
+
     def log_dataset(self, ref: DataRef, context: str = TRAINING_CONTEXT) -> None:
         """Record a dataset (file, shard) as an input of the run."""
         tags = [InputTag(key="mlflow.data.context", value=context)]

@@ -19,6 +19,10 @@ Layout (relative to the run root)::
     doorbells/{topic}/{listener}.json             where a waiting component listens for rings
     components/{component}/{replica}.json         heartbeat of a component run as a remote flow run
     components/{component}/{replica}.stop         its run's request that it stop (the run finished)
+    evaluations/v{version:06d}.json               held-out result of one version, evaluated while
+                                                  the run trained (written once)
+    evaluations/state.json                        the evaluator's progress: K, last record, version
+                                                  in evaluation
 
 Paths are POSIX-style, relative, without ``..``; :func:`join` checks that.
 Other modules never format these names by hand.
@@ -219,10 +223,15 @@ def pruned_lineage(version: int) -> str:
     return join(PRUNED_LINEAGE_DIR, f"{weights_version_dirname(version)}.json")
 
 
-def parse_pruned_lineage_name(name: str) -> int | None:
-    """The version of a ``v{version:06d}.json`` name in ``weights-lineage/``, else None."""
+def _parse_version_json(name: str) -> int | None:
+    """The version of a ``v{version:06d}.json`` name, else None."""
     stem, dot, suffix = name.partition(".")
     return parse_weights_version_dirname(stem) if dot and suffix == "json" else None
+
+
+def parse_pruned_lineage_name(name: str) -> int | None:
+    """The version of a ``v{version:06d}.json`` name in ``weights-lineage/``, else None."""
+    return _parse_version_json(name)
 
 
 DOORBELLS_DIR = "doorbells"
@@ -239,3 +248,18 @@ def doorbell_dir(topic: str) -> str:
 def doorbell(topic: str, listener: str) -> str:
     """``doorbells/{topic}/{listener}.json``: one listener's address."""
     return join(doorbell_dir(topic), f"{listener}.json")
+
+
+EVALUATIONS_DIR = "evaluations"
+EVALUATIONS_STATE = f"{EVALUATIONS_DIR}/state.json"
+
+
+def evaluation_record(version: int) -> str:
+    """``evaluations/v{version:06d}.json``: the held-out result of weight version ``version``
+    evaluated during training."""
+    return join(EVALUATIONS_DIR, f"{weights_version_dirname(version)}.json")
+
+
+def parse_evaluation_record_name(name: str) -> int | None:
+    """The version of a ``v{version:06d}.json`` name in ``evaluations/``, else None."""
+    return _parse_version_json(name)

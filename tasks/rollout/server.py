@@ -61,6 +61,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from threading import Event
 from types import TracebackType
 from typing import Self
 
@@ -544,10 +545,10 @@ class RolloutServer:
             return True  # e.g. the server went away: check_alive reports it
         return True
 
-    def wait_healthy(self, timeout_s: float | None = None) -> float:
+    def wait_healthy(self, timeout_s: float | None = None, stop: Event | None = None) -> float:
         """Poll until the server is up (:meth:`is_ready`); return the seconds waited (for
         callers that own the server for a block; a run's servers are watched by the supervisor
-        instead).
+        instead). With ``stop``: return as soon as it is set, up or not (the caller asks it).
 
         Raises :class:`RolloutServerError` with the log tail if the process exits first,
         :class:`ForeignServerError` if another process answers on the port, or, after
@@ -557,7 +558,7 @@ class RolloutServer:
         timeout_s = self._config.start_timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
         deadline = started + timeout_s
-        while True:
+        while stop is None or not stop.is_set():
             self.check_alive()
             if self.is_ready(timeout_s=min(2.0, max(0.1, deadline - time.monotonic()))):
                 return time.monotonic() - started
@@ -568,6 +569,7 @@ class RolloutServer:
                     self.log_tail(),
                 )
             time.sleep(_HEALTH_POLL_S)
+        return time.monotonic() - started
 
     def stop(self) -> int | None:
         """Kill the server's process group (SIGTERM, SIGKILL after the grace period); idempotent.

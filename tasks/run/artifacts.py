@@ -1,5 +1,6 @@
 """What a run shows in the Prefect UI: a progress artifact updated per trained step, and a
-markdown report (reward curve and throughput) when training ends.
+markdown report (reward curve, throughput and the held-out pass@1 evaluated during
+training) when training ends.
 
 Both need a flow-run context; the plain-Python runners (``train_run``)
 take the progress callback from here only when a flow calls them.
@@ -11,9 +12,12 @@ import math
 from dataclasses import dataclass, field
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+
+if TYPE_CHECKING:
+    from asyncrl.tasks.run.evaluation import EvalResult
 
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
 CURVE_ROWS = 25
@@ -85,14 +89,89 @@ def _per_task_training_rows(
     return rows
 
 
+MISMATCH_FIGURES = (
+    ("mismatch/abs_logp_diff_mean", "mean abs log-prob difference", ".2e"),
+    ("mismatch/k3_kl", "k3 KL", ".2e"),
+    ("mismatch/ratio_outside_frac", "ratios outside [0.5, 2]", ".3f"),
+)
+
+
+def _mismatch_rows(
+    steps: list[int], step_metrics: Mapping[int, Mapping[str, float]], fmt: Callable[[Any, str], str]
+) -> list[str]:
+    """Train/inference mismatch (``mismatch/*``, :mod:`asyncrl.tasks.trainer.mismatch`): each
+    figure's worst step (the one the mismatch canary would have flagged first), the lowest
+    importance-weight ESS, and per staleness the largest behaviour-weight p99 over steps."""
+
+    def worst(name: str, highest: bool = True) -> tuple[int, float] | None:
+        seen = [(s, float(step_metrics[s][name])) for s in steps
+                if step_metrics[s].get(name) is not None and math.isfinite(float(step_metrics[s][name]))]  # fmt: skip
+        if not seen:
+            return None
+        return max(seen, key=lambda x: x[1]) if highest else min(seen, key=lambda x: x[1])
+
+    parts = []
+    for name, label, spec in MISMATCH_FIGURES:
+        found = worst(name)
+        parts.append(f"{label} {fmt(found[1], spec)} (step {found[0]})" if found else f"{label} n/a")
+    rows = [f"| train/inference mismatch, current-version tokens, worst step | {'; '.join(parts)} |"]
+    ess = worst("mismatch/ess", highest=False)
+    ess_text = f"{fmt(ess[1], '.3f')} (step {ess[0]})" if ess else "n/a"
+    rows.append(f"| importance-weight ESS, lowest step | {ess_text} |")
+    prefix = "mismatch/behav_weight_p99/staleness_"
+    stalenesses = sorted({int(n[len(prefix):]) for s in steps for n in step_metrics[s] if n.startswith(prefix)})
+    tails = []
+    for staleness in stalenesses:
+        found = worst(f"{prefix}{staleness}")
+        if found:
+            tails.append(f"staleness {staleness}: {fmt(found[1], '.3f')}")
+    rows.append(f"| behaviour-weight p99, highest step, per staleness | {'; '.join(tails) or 'n/a'} |")
+    return rows
+
+
+def _training_eval_lines(evaluations: Mapping[int, EvalResult], failure: str | None) -> list[str]:
+    """Evaluation during training: the pass@1 curve as a sparkline and a table of weight
+    version -> held-out pass@1 (overall, then per task when there are several), at most
+    ``CURVE_ROWS`` versions (evenly spaced, first and last always in); a failed evaluator's reason."""
+    if not evaluations and failure is None:
+        return []
+    versions = sorted(evaluations)
+    lines = ["", "## Held-out pass@1 during training", ""]
+    if failure is not None:
+        lines += [f"The evaluator failed and the run went on without it: {failure}", ""]
+    if not versions:
+        return lines
+    first = evaluations[versions[0]]
+    tasks = sorted({name for r in evaluations.values() for name in r.by_task if name.startswith("pass_at_1/")})
+    tasks = tasks if len(tasks) > 1 else []
+    lines += [
+        f"{len(versions)} versions, {first.prompts} held-out prompts x {first.samples_per_prompt} samples each: "
+        f"`{sparkline([evaluations[v].pass_at_1 for v in versions])}`",
+        "",
+        "| weight version | held-out pass@1 |" + "".join(f" {name.replace('pass_at_1/', '')} |" for name in tasks),
+        "| ---: | ---: |" + " ---: |" * len(tasks),
+    ]
+    for version in _sampled_steps(versions, CURVE_ROWS):
+        result = evaluations[version]
+        by_task = "".join(
+            f" {100 * result.by_task[name]:.1f}% |" if name in result.by_task else " n/a |" for name in tasks
+        )
+        lines.append(f"| {version} | {100 * result.pass_at_1:.1f}% |{by_task}")
+    return lines
+
+
 def training_report_markdown(
     run_name: str,
     step_metrics: Mapping[int, Mapping[str, float]],
     rollout: Mapping[str, float],
     wall_s: float,
     final_version: int,
+    evaluations: Mapping[int, EvalResult] | None = None,
+    evaluation_failure: str | None = None,
 ) -> str:
-    """The reward curve (``reward_mean`` per step) and throughput of a finished run.
+    """The reward curve (``reward_mean`` per step), throughput and train/inference mismatch
+    (:func:`_mismatch_rows`) of a finished run, and the held-out pass@1 evaluated during
+    training (:func:`_training_eval_lines`).
 
     Trained tokens/s per step = sequence tokens / (proximal + update time) (the trainer's
     ``tokens_per_s``); the run figure is the mean over steps.
@@ -124,16 +203,19 @@ def training_report_markdown(
         f"{fmt(rollout['reward_wait_s'] / rollout['groups_written'] if rollout.get('groups_written') and 'reward_wait_s' in rollout else None, '.3f')} |",
         f"| weight-sync stall fraction | {fmt(rollout.get('weight_sync_stall_fraction'), '.3f')} |",
         f"| groups written / admitted | {fmt(rollout.get('groups_written'), '.0f')} / {fmt(rollout.get('admitted'), '.0f')} |",
+        *_mismatch_rows(steps, step_metrics, fmt),
         "",
-        "| step | reward mean | staleness max | trained tokens/s | step time (s) |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "| step | reward mean | staleness max | trained tokens/s | step time (s) | mean abs log-prob diff | k3 KL |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for step in _sampled_steps(steps, CURVE_ROWS):
         m = step_metrics[step]
         lines.append(
             f"| {step} | {fmt(m.get('reward_mean'), '.3f')} | {fmt(m.get('staleness_max'), '.0f')} | "
-            f"{fmt(m.get('tokens_per_s'), '.0f')} | {fmt(m.get('step_time_s'), '.1f')} |"
+            f"{fmt(m.get('tokens_per_s'), '.0f')} | {fmt(m.get('step_time_s'), '.1f')} | "
+            f"{fmt(m.get('mismatch/abs_logp_diff_mean'), '.2e')} | {fmt(m.get('mismatch/k3_kl'), '.2e')} |"
         )
+    lines += _training_eval_lines(evaluations or {}, evaluation_failure)
     return "\n".join(lines)
 
 
@@ -143,10 +225,13 @@ def publish_training_report(
     rollout: Mapping[str, float],
     wall_s: float,
     final_version: int,
+    evaluations: Mapping[int, EvalResult] | None = None,
+    evaluation_failure: str | None = None,
 ) -> None:
     """The training report as a Prefect markdown artifact (key ``<run>-rl-report``)."""
     create_markdown_artifact(
-        training_report_markdown(run_name, step_metrics, rollout, wall_s, final_version),
+        training_report_markdown(run_name, step_metrics, rollout, wall_s, final_version, evaluations,
+                                 evaluation_failure),  # fmt: skip
         key=artifact_key(run_name, "rl-report"),
         description=f"reward curve and throughput of run {run_name}",
     )
@@ -174,6 +259,10 @@ class PipelineSummary:
     by_task_after: dict[str, float] = field(default_factory=dict)
     """Held-out figures per task (``pass_at_1/<task>``, ``pass_at_<k>/<task>``, ``reward_mean/<task>``)
     of the first and the last evaluated version."""
+    pass_at_1_during_training: dict[int, float] = field(default_factory=dict)
+    """Weight version -> held-out pass@1 evaluated during training (``pipeline.eval_every``;
+    on the subset ``pipeline.training_eval`` names, so not comparable with the figures above
+    unless that is the whole held-out set)."""
 
 
 def _task_rows(
@@ -185,6 +274,17 @@ def _task_rows(
         f"| held-out {name.replace('pass_at_', 'pass@').replace('/', ' of ')} | "
         f"{pct(before.get(name))} -> {pct(after.get(name))} |"
         for name in names
+    ]
+
+
+def _during_training_rows(curve: Mapping[int, float], pct: Callable[[float | None], str]) -> list[str]:
+    """One row: the held-out pass@1 curve evaluated during training, as a sparkline and its ends."""
+    if not curve:
+        return []
+    versions = sorted(curve)
+    return [
+        f"| held-out pass@1 during training (subset), v{versions[0]} -> v{versions[-1]} | "
+        f"{pct(curve[versions[0]])} -> {pct(curve[versions[-1]])} `{sparkline([curve[v] for v in versions])}` |"
     ]
 
 
@@ -201,6 +301,7 @@ def summary_markdown(summary: PipelineSummary) -> str:
             f"| held-out pass@1 before RL | {pct(summary.pass_at_1_before)} |",
             f"| held-out pass@1 after RL | {pct(summary.pass_at_1_after)} |",
             *_task_rows(summary.by_task_before, summary.by_task_after, pct),
+            *_during_training_rows(summary.pass_at_1_during_training, pct),
             f"| steps | {summary.steps} |",
             f"| final weight version | {summary.final_version} |",
             f"| wall time | {summary.wall_s:.0f} s (RL {summary.train_wall_s:.0f} s) |",

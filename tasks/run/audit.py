@@ -13,7 +13,10 @@ Rules; every violation is one line that names the objects involved.
     ``asyncrl chaos`` does) has none; a run stopped without draining (the ``train`` flow
     cancels its in-flight groups) leaves the groups that were in flight, and a later run
     of the root regenerates them: audit it with ``in_flight_ok=True``. Unwritten groups
-    are listed in the report either way.
+    are listed in the report either way. A group dynamic filtering left out (all rewards
+    equal) has a record in ``scheduler/filtered/`` and must be in no shard: it counts as
+    produced, not as unwritten; a record for a group never admitted, or for a group a
+    shard holds, is a violation.
 (b) Consumption. The final ledger holds steps 1..N without a gap; no shard is named twice
     (by two steps or twice by one); every named shard is a valid shard of the run
     (consumed ones live in ``consumed/``).
@@ -63,7 +66,7 @@ from asyncrl.storage.weights import WeightStore
 # The audit checks the contracts of the scheduler (group ids, its persisted state) and of
 # the trainer (the lineage file beside each version, the staleness formula): it imports
 # their definitions rather than restating them.
-from asyncrl.tasks.scheduler.controller import group_id, group_index, load_gate_state
+from asyncrl.tasks.scheduler.controller import filtered_groups, group_id, group_index, load_gate_state
 from asyncrl.tasks.trainer.step import sample_staleness
 
 
@@ -76,7 +79,9 @@ class AuditReport:
     groups_written: int
     """Distinct group ids held by the shards."""
     unwritten_groups: tuple[str, ...]
-    """Admitted groups no shard holds (in flight when the scheduler stopped)."""
+    """Admitted groups no shard holds (in flight when the scheduler stopped), filtered ones aside."""
+    filtered_groups: int
+    """Admitted groups dynamic filtering left out (recorded in ``scheduler/filtered/``, in no shard)."""
     shards: int
     consumed_shards: int
     ledger_steps: int
@@ -88,6 +93,9 @@ class AuditReport:
     trained_samples: int
     dropped_stale: int
     """Samples of consumed shards staler than ``max_staleness``: dropped by the trainer, not trained."""
+    dropped_tokens: int
+    """Output tokens of those samples: generated, then thrown away (0 in a healthy run, where
+    the scheduler's write order keeps every sample within the bound)."""
     staleness_counts: dict[int, int]
     """Staleness -> number of trained samples."""
     max_staleness: int
@@ -122,19 +130,21 @@ def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: b
     violations: list[str] = []
     admitted = admitted_groups(root, violations)
     contents = read_shards(root, run_id, violations)
-    unwritten = audit_production(admitted, contents, in_flight_ok, violations)
+    filtered = filtered_groups(root)
+    unwritten = audit_production(admitted, contents, in_flight_ok, violations, filtered)
     entries = read_ledger(root, violations)
     audit_consumption(entries, contents, violations)
     versions, lineages = audit_weights(root, violations)
     pruned = pruned_lineages(root, lineages, violations)
     step_versions = steps_published(entries, lineages, violations)
-    staleness, dropped = audit_staleness(
+    staleness, dropped, dropped_tokens = audit_staleness(
         entries, contents, step_versions, lineages, set(versions) | set(pruned), max_staleness, violations
     )
     return AuditReport(
         admitted=admitted,
         groups_written=len({gid for content in contents.values() if content for gid in content.groups}),
         unwritten_groups=tuple(unwritten),
+        filtered_groups=len(filtered),
         shards=len(contents),
         consumed_shards=sum(len(e.shards) for e in entries),
         ledger_steps=len(entries),
@@ -142,6 +152,7 @@ def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: b
         step_versions=step_versions,
         trained_samples=sum(staleness.values()),
         dropped_stale=dropped,
+        dropped_tokens=dropped_tokens,
         staleness_counts=dict(sorted(staleness.items())),
         max_staleness=max_staleness,
         violations=tuple(violations),
@@ -184,9 +195,13 @@ def _parse_group_index(gid: str) -> int | None:
 
 
 def audit_production(
-    admitted: int, contents: dict[str, _ShardContent | None], in_flight_ok: bool, violations: list[str]
+    admitted: int,
+    contents: dict[str, _ShardContent | None],
+    in_flight_ok: bool,
+    violations: list[str],
+    filtered: Sequence[int] = (),
 ) -> list[str]:
-    """Rule (a); returns the admitted groups no shard holds."""
+    """Rule (a); returns the admitted groups no shard holds and no filtered record names."""
     holders: dict[str, list[str]] = {}
     for name, content in contents.items():
         for gid in content.groups if content else ():
@@ -201,7 +216,14 @@ def audit_production(
             violations.append(
                 f"(a) group {gid} (in {shards[0]}) was never admitted: the scheduler admitted {admitted} groups"
             )
-    unwritten = [group_id(k) for k in range(admitted) if group_id(k) not in holders]
+    for index in filtered:
+        gid = group_id(index)
+        if index >= admitted:
+            violations.append(f"(a) group {gid} was filtered out but never admitted: the scheduler admitted {admitted} groups")
+        if gid in holders:
+            violations.append(f"(a) group {gid} was filtered out but is also in shards {', '.join(holders[gid])}")
+    left_out = set(filtered)
+    unwritten = [group_id(k) for k in range(admitted) if group_id(k) not in holders and k not in left_out]
     if unwritten and not in_flight_ok:
         shown = ", ".join(unwritten[:10]) + (f" and {len(unwritten) - 10} more" if len(unwritten) > 10 else "")
         violations.append(f"(a) {len(unwritten)} of {admitted} admitted groups are in no shard: {shown}")
@@ -329,10 +351,10 @@ def audit_staleness(
     published: set[int],
     max_staleness: int,
     violations: list[str],
-) -> tuple[Counter[int], int]:
-    """Rule (d); returns (staleness -> trained samples, samples dropped as too stale)."""
+) -> tuple[Counter[int], int, int]:
+    """Rule (d); returns (staleness -> trained samples, samples dropped as too stale, their output tokens)."""
     trained: Counter[int] = Counter()
-    dropped = 0
+    dropped = dropped_tokens = 0
 
     def updates_of(version: int) -> int:
         return lineage_updates(version, lineages.get(version))
@@ -366,6 +388,7 @@ def audit_staleness(
                     s = sample_staleness(sample, entry.step - 1, updates_of)
                     if s > max_staleness:
                         dropped += 1
+                        dropped_tokens += len(sample.output_token_ids)
                     else:
                         trained[s] += 1
-    return trained, dropped
+    return trained, dropped, dropped_tokens

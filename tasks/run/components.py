@@ -20,7 +20,10 @@ The components and how each resumes after a restart:
 - reward service (:func:`reward_component`): ``python -m asyncrl.tasks.reward.server``, a
   pool of sandboxed workers behind a loopback endpoint registered in the run root;
 - scheduler (:func:`scheduler_component`): ``python -m asyncrl.tasks.scheduler.main``, from
-  ``scheduler/state.json``; done when it exits 0 after the last step's weights are out.
+  ``scheduler/state.json``; done when it exits 0 after the last step's weights are out;
+- evaluator (:func:`evaluator_component`, with ``pipeline.eval_every``):
+  ``python -m asyncrl.tasks.evaluator.main``, after its last record in ``evaluations/``; done
+  when it exits 0 after the last step's weights are out.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Protocol
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot
+from asyncrl.tasks.evaluator.main import MODULE as EVALUATOR_MODULE
 from asyncrl.tasks.process_group import group_alive, kill_group, read_log_tail, spawn_session
 from asyncrl.tasks.reward.registry import TOKEN_ENV, read_reward_service
 from asyncrl.tasks.reward.server import MODULE as REWARD_MODULE
@@ -154,12 +158,27 @@ def scheduler_component(config: RunConfig, paths: RunPaths, drain: bool, reward_
     command = [sys.executable, "-m", SCHEDULER_MODULE, "--config", str(paths.private_config)]
     if not drain:
         command.append("--no-drain")
-
-    def finished(code: int) -> bool:
-        return code == 0 and final_step_published(paths.root, config.trainer.max_steps)
-
     env = reward_token_env(reward_token)
-    return ProcessComponent("scheduler", lambda: spawn_session(command, log_path, env=env), log_path, finished)
+    return ProcessComponent(
+        "scheduler", lambda: spawn_session(command, log_path, env=env), log_path, ends_after_last_step(config, paths)
+    )
+
+
+def ends_after_last_step(config: RunConfig, paths: RunPaths) -> Callable[[int], bool]:
+    """``finished(code)`` of a component whose normal end is exit 0 once the weights of the
+    run's last step are published."""
+    return lambda code: code == 0 and final_step_published(paths.root, config.trainer.max_steps)
+
+
+def evaluator_component(config: RunConfig, paths: RunPaths) -> ProcessComponent:
+    """The evaluator process (evaluation during training, :mod:`asyncrl.tasks.evaluator`): it
+    finishes on its own once the last step is out and its last multiple of
+    ``pipeline.eval_every`` is evaluated; until then the run may stop it."""
+    log_path = paths.log("evaluator.log")
+    command = [sys.executable, "-m", EVALUATOR_MODULE, "--config", str(paths.private_config)]
+    return ProcessComponent(
+        "evaluator", lambda: spawn_session(command, log_path), log_path, ends_after_last_step(config, paths)
+    )
 
 
 def reward_component(paths: RunPaths, reward_token: str) -> ProcessComponent:

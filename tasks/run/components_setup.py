@@ -25,8 +25,11 @@ from asyncrl.tasks.rollout.client import RolloutClient
 from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
 from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, fetch_weight_version
 from asyncrl.tasks.run.devices import (
+    DevicePlacement,
     Machine,
     detect_machine,
+    evaluator_gpu_memory_fraction,
+    evaluator_placement,
     rollout_placement,
     shared_gpu_memory_fraction,
     trainer_placement,
@@ -92,22 +95,65 @@ def server_config(
     starts: device ids mean that machine's devices."""
     rollout = config.rollout
     machine = machine or detect_machine()
-    placement = rollout_placement(config, index, machine)
+    return _vllm_launch(
+        config, model_dir, machine, rollout_placement(config, index, machine),
+        port=0 if rollout.base_port == 0 else rollout.base_port + index,
+        seed=config.seed + index,
+        log_path=paths.log(f"rollout-{index}.log"),
+        gpu_memory_utilization=shared_gpu_memory_fraction(config, index) if machine.has_gpus else None,
+    )  # fmt: skip
+
+
+def evaluator_server_config(
+    config: RunConfig, paths: RunPaths, model_dir: Path, machine: Machine | None = None
+) -> RolloutServerConfig:
+    """The evaluator's own vLLM server (evaluation during training), launched as a rollout
+    server is (dtype, parallelism, KV cache, longest sequence) on a free port, with its log
+    ``evaluator-server.log``, its device set ``pipeline.training_eval.devices``
+    (:func:`~asyncrl.tasks.run.devices.evaluator_placement`) and its whole session at nice
+    ``pipeline.training_eval.nice``."""
+    machine = machine or detect_machine()
+    return _vllm_launch(
+        config, model_dir, machine, evaluator_placement(config, machine),
+        port=0,
+        seed=config.seed,
+        log_path=paths.log("evaluator-server.log"),
+        gpu_memory_utilization=evaluator_gpu_memory_fraction(config) if machine.has_gpus else None,
+        session_nice=config.pipeline.training_eval.nice,
+    )  # fmt: skip
+
+
+def _vllm_launch(
+    config: RunConfig,
+    model_dir: Path,
+    machine: Machine,
+    placement: DevicePlacement,
+    *,
+    port: int,
+    seed: int,
+    log_path: Path,
+    gpu_memory_utilization: float | None,
+    session_nice: int | None = None,
+) -> RolloutServerConfig:
+    """A vLLM server of the run on ``placement``: the rollout section's host, key, KV cache,
+    parallelism and longest sequence, the model's dtype; no CUDA graphs without GPUs."""
+    rollout = config.rollout
     return RolloutServerConfig(
         model_dir=model_dir,
         host=rollout.host,
-        port=0 if rollout.base_port == 0 else rollout.base_port + index,
+        port=port,
         api_key=rollout.api_key_value(),
         kv_cache_gib=rollout.kv_cache_gib,
         max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
-        seed=config.seed + index,
-        log_path=paths.log(f"rollout-{index}.log"),
+        seed=seed,
+        log_path=log_path,
         cpu_cores=placement.cpu_cores,
         tensor_parallel_size=rollout.tensor_parallel_size,
         cuda_visible_devices=placement.cuda_visible_devices,
-        gpu_memory_utilization=shared_gpu_memory_fraction(config, index) if machine.has_gpus else None,
+        gpu_memory_utilization=gpu_memory_utilization,
         dtype=config.model.dtype,
         enforce_eager=not machine.has_gpus,
+        session_nice=session_nice,
     )
 
 
@@ -124,6 +170,8 @@ def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_
         top_p=rollout.top_p,
         stop_token_ids=stop_token_ids,
         ignore_eos=rollout.ignore_eos,
+        dynamic_filter=rollout.dynamic_filter,
+        adaptive_staleness=rollout.adaptive_staleness,
         shard_groups=rollout.shard_groups,
         shard_seconds=rollout.shard_seconds,
         weight_poll_seconds=rollout.weight_poll_seconds,

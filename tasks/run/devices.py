@@ -28,7 +28,9 @@ GPU memory of shared devices (:func:`shared_gpu_memory_fraction`): vLLM reserves
 ``gpu_memory_utilization`` (default 0.92) of each GPU's memory and refuses to start when less
 is free. A server whose GPUs are also held by other components on the same placement
 (``placement.share_devices``) gets ``GPU_MEMORY_BUDGET / n`` of it, n the most components
-holding one of its GPUs, so that its sharers (another server, the trainer) find room.
+holding one of its GPUs, so that its sharers (another server, the trainer) find room. The
+evaluator's server (evaluation during training) follows the same rule on the ``local``
+placement (:func:`evaluator_gpu_memory_fraction`).
 """
 
 from __future__ import annotations
@@ -226,6 +228,32 @@ def trainer_placement(config: RunConfig, machine: Machine) -> DevicePlacement:
     return place(config.trainer.devices, "trainer.devices", machine, config.trainer.cpu_cores, "trainer.cpu_cores")
 
 
+def evaluator_placement(config: RunConfig, machine: Machine) -> DevicePlacement:
+    """The evaluator's vLLM server (evaluation during training): ``pipeline.training_eval.devices``."""
+    return place(config.pipeline.training_eval.devices, "pipeline.training_eval.devices", machine)
+
+
+def _device_holders(config: RunConfig, place_of: object) -> list[set[int]]:
+    """The device sets of the components on placement ``place_of``: each rollout server's,
+    the trainer's, and the evaluator's (it runs ``local``, when on and given devices)."""
+    holders: list[set[int]] = []
+    if config.rollout.devices is not None and config.placement.rollout_server == place_of:
+        holders.extend(set(ids) for ids in config.rollout.devices)
+    if config.trainer.devices is not None and config.placement.trainer == place_of:
+        holders.append(set(config.trainer.devices))
+    evaluator = config.pipeline.training_eval.devices
+    if config.pipeline.eval_every and evaluator is not None and place_of == "local":
+        holders.append(set(evaluator))
+    return holders
+
+
+def _memory_share(mine: set[int], holders: list[set[int]]) -> float | None:
+    sharers = max(sum(1 for held in holders if device in held) for device in mine)
+    if sharers <= 1:
+        return None
+    return int(GPU_MEMORY_BUDGET / sharers * 100) / 100
+
+
 def shared_gpu_memory_fraction(config: RunConfig, index: int) -> float | None:
     """``gpu_memory_utilization`` of rollout server ``index`` on a GPU machine:
     ``GPU_MEMORY_BUDGET / n`` (rounded down to 0.01), n = the most components on the server's
@@ -234,12 +262,13 @@ def shared_gpu_memory_fraction(config: RunConfig, index: int) -> float | None:
     rollout = config.rollout
     if rollout.devices is None:
         return None
-    place_of = config.placement.rollout_server
-    holders: list[set[int]] = [set(ids) for ids in rollout.devices]
-    if config.trainer.devices is not None and config.placement.trainer == place_of:
-        holders.append(set(config.trainer.devices))
-    mine = set(rollout.devices[index])
-    sharers = max(sum(1 for held in holders if device in held) for device in mine)
-    if sharers <= 1:
+    return _memory_share(set(rollout.devices[index]), _device_holders(config, config.placement.rollout_server))
+
+
+def evaluator_gpu_memory_fraction(config: RunConfig) -> float | None:
+    """``gpu_memory_utilization`` of the evaluator's server, by the rule of
+    :func:`shared_gpu_memory_fraction` among the components on the ``local`` placement."""
+    ids = config.pipeline.training_eval.devices
+    if ids is None:
         return None
-    return int(GPU_MEMORY_BUDGET / sharers * 100) / 100
+    return _memory_share(set(ids), _device_holders(config, "local"))

@@ -12,14 +12,22 @@ the mean reward, pass@1 and unbiased pass@k (:mod:`asyncrl.tasks.reward.pass_at_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.tasks.scheduler.controller import RewardScorer, TextCodec
-from asyncrl.tasks.data.loader import PromptRecord
+from asyncrl.tasks.data.loader import PromptRecord, load_prompts
+from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.reward.pass_at_k import CORRECT_REWARD, task_figures
 from asyncrl.tasks.reward.requests import reward_request
 from asyncrl.tasks.rollout.client import RolloutClient
+from asyncrl.tasks.run.components_setup import load_codec
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from asyncrl.configs.run_config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -32,13 +40,21 @@ class EvalResult:
     by_task: dict[str, float] = field(default_factory=dict)
     """:func:`task_figures` of the held-out prompts (``pass_at_1/<task>``, ...)."""
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, prefix: str = "eval_") -> dict[str, float]:
+        """The figures as metrics named ``<prefix>pass_at_1``, ``<prefix>pass_at_1/<task>``, ...
+        (``eval_``: the evaluate stage's, on each LoggedModel; ``eval/``: evaluation during
+        training, on the run at step = version)."""
         return {
-            "eval_pass_at_1": self.pass_at_1,
-            "eval_prompts": float(self.prompts),
-            "eval_mean_output_tokens": self.mean_output_tokens,
-            **{f"eval_{name}": value for name, value in self.by_task.items()},
+            f"{prefix}pass_at_1": self.pass_at_1,
+            f"{prefix}prompts": float(self.prompts),
+            f"{prefix}mean_output_tokens": self.mean_output_tokens,
+            **{f"{prefix}{name}": value for name, value in self.by_task.items()},
         }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> EvalResult:
+        """The result of its JSON form (``dataclasses.asdict``); other keys are ignored."""
+        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
 
 
 def pass_at_1(correct_counts: Sequence[int], samples_per_prompt: int) -> float:
@@ -95,4 +111,52 @@ async def evaluate(
         samples_per_prompt=samples_per_prompt,
         mean_output_tokens=sum(lengths) / max(len(lengths), 1),
         by_task=task_figures(zip((record.task for record in prompts), rewards, strict=True), pass_k),
+    )
+
+
+@dataclass(frozen=True)
+class HeldOutTask:
+    """One held-out evaluation as a run defines it, for any version on any server: the
+    prompts, how they are rendered and decoded, and the sampling settings (the rollout's
+    budget and temperature)."""
+
+    prompts: Sequence[PromptRecord]
+    render: Callable[[PromptRecord], str]
+    codec: TextCodec
+    samples_per_prompt: int
+    max_new_tokens: int
+    temperature: float
+    stop_token_ids: Sequence[int]
+    pass_k: Sequence[int] = ()
+
+    async def run(
+        self, client: RolloutClient, version: int, scorer: RewardScorer, on_prompt_done: Callable[[], None] | None = None
+    ) -> EvalResult:
+        """:func:`evaluate` of ``version``, the weights ``client``'s servers hold."""
+        return await evaluate(
+            client, version, self.prompts, self.render, self.codec, scorer,
+            samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature, stop_token_ids=self.stop_token_ids, on_prompt_done=on_prompt_done,
+            pass_k=self.pass_k,
+        )  # fmt: skip
+
+
+def held_out_task(config: RunConfig, model_dir: Path, prompts: int | None, samples: int) -> HeldOutTask:
+    """The run's held-out evaluation: the first ``prompts`` rows of ``data.eval_path`` (None:
+    all), ``samples`` per prompt, rendered by ``data.prompt_format`` with the tokenizer of
+    ``model_dir`` (a version's or ``model.path``), pass@k for the k of ``tracking.pass_k``
+    up to ``samples``."""
+    if not config.data.eval_path:
+        raise ValueError("data.eval_path: not set; held-out evaluation needs it")
+    rows = load_prompts(config.data.eval_path, plugins=config.reward.plugins)[:prompts]
+    codec, stop_ids = load_codec(str(model_dir))
+    return HeldOutTask(
+        prompts=rows,
+        render=lambda record: render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer),
+        codec=codec,
+        samples_per_prompt=samples,
+        max_new_tokens=config.rollout.max_new_tokens,
+        temperature=config.rollout.temperature,
+        stop_token_ids=stop_ids,
+        pass_k=[k for k in config.tracking.pass_k if k <= samples],
     )

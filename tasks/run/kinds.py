@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-ComponentKind = Literal["rollout-server", "reward-service", "trainer", "scheduler"]
+ComponentKind = Literal["rollout-server", "reward-service", "trainer", "scheduler", "evaluator"]
 
 
 def component_name(kind: ComponentKind, index: int = 0) -> str:

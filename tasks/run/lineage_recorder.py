@@ -9,6 +9,12 @@ poll stopped, and the versions come from a :class:`VersionFollower`, which reads
 ``LATEST`` pointer (one read) and looks only at the versions above the last one handed
 out. Per new version: one existence check of its manifest, one read of its lineage file,
 and one read of each shard it was trained on (for the digest, rows and groups).
+
+With evaluation during training (``follow_evaluations``), each record the evaluator writes
+in ``evaluations/`` is logged as ``eval/pass_at_1``, ``eval/pass_at_1/<task>``, ... (the names
+:meth:`~asyncrl.tasks.run.evaluation.EvalResult.metrics` gives) at step = its weight
+version: one read of the evaluator's state per poll, a listing and the new records' reads
+only when it has written one.
 """
 
 from __future__ import annotations
@@ -26,13 +32,17 @@ import pyarrow as pa
 
 from asyncrl.storage import fs, paths
 from asyncrl.storage.errors import ShardValidationError
+from asyncrl.storage.evaluations import EvaluationStore
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.lineage import DataRef, RunLineage
 from asyncrl.storage.schema import ShardMetadata
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.run.evaluation import EvalResult
 
 LOG = logging.getLogger("asyncrl.lineage")
+EVAL_PREFIX = "eval/"
+"""Prefix of the MLflow metrics of evaluation during training (step = weight version)."""
 
 
 def _read_shard(root: RunRoot, shard_name: str) -> tuple[str, bytes]:
@@ -144,15 +154,27 @@ class LineageRecorder:
     logged_versions: dict[int, str] = field(default_factory=dict)
     """Weight version -> LoggedModel id."""
     metrics_by_step: dict[int, dict[str, float]] = field(default_factory=dict)
+    follow_evaluations: bool = False
+    """Log the evaluator's records (evaluation during training) too."""
+    evaluations: dict[int, EvalResult] = field(default_factory=dict)
+    """Weight version -> its held-out result evaluated during training."""
     _metrics_offset: int = 0
     """Bytes of the metrics file already read (whole lines only)."""
     _follower: VersionFollower | None = None
+    _evaluated_after: int = -1
+    """Newest version whose record has been read."""
+    _evaluations_in_mlflow: set[int] = field(default_factory=set)
+    """Versions whose ``eval/`` metrics the MLflow run held when this recorder started."""
+    _evaluation_error: str = ""
+    """The last error reading the records (logged once until it changes)."""
 
     def adopt_logged_versions(self) -> None:
         """Count the versions this MLflow run already holds as logged (a resumed run): the
         follower goes on after the newest of them."""
         self.logged_versions.update(self.lineage.logged_versions())
         self.follower.after = max(self.follower.after, max(self.logged_versions, default=-1))
+        if self.follow_evaluations:
+            self._evaluations_in_mlflow = self.lineage.metric_steps(f"{EVAL_PREFIX}pass_at_1")
 
     @property
     def follower(self) -> VersionFollower:
@@ -161,11 +183,31 @@ class LineageRecorder:
         return self._follower
 
     def poll(self) -> None:
-        """Log new metric lines, then every newly published version."""
+        """Log new metric lines, then every newly published version, then new evaluations."""
         self._log_new_metrics()
         for version in self.follower.new_versions():
             if version not in self.logged_versions:
                 self._log_version(version)
+        if self.follow_evaluations:
+            try:
+                self._log_new_evaluations()
+            except (OSError, ValueError) as exc:  # training goes on; the next poll reads again
+                if repr(exc) != self._evaluation_error:
+                    LOG.warning("evaluation records not read (retried at the next poll): %r", exc)
+                self._evaluation_error = repr(exc)
+
+    def _log_new_evaluations(self) -> None:
+        """The records written since the last look, once the evaluator's state says there are
+        any; a version the MLflow run already holds (a resumed run) is not logged again."""
+        state = EvaluationStore(self.root).state()
+        if state is None or state.done <= self._evaluated_after:
+            return
+        for version, result in read_evaluations(self.root, after=self._evaluated_after).items():
+            self.evaluations[version] = result
+            if version not in self._evaluations_in_mlflow:
+                self.lineage.log_metrics(version, result.metrics(EVAL_PREFIX))
+            self._evaluated_after = max(self._evaluated_after, version)
+        self._evaluation_error = ""
 
     def _log_new_metrics(self) -> None:
         """Log the whole lines appended since the last poll (a torn last line waits; a line
@@ -214,6 +256,11 @@ class LineageRecorder:
         model_id = self.lineage.log_version(version, weights_uri, manifest, metrics, parent_model_id=parent_model_id)
         self.logged_versions[version] = model_id
         LOG.info("MLflow: weight version %d -> LoggedModel %s (%d shards)", version, model_id, len(manifest["shards"]))
+
+
+def read_evaluations(root: RunRoot, after: int = -1) -> dict[int, EvalResult]:
+    """The results the evaluator recorded in the run root for versions above ``after``."""
+    return {v: EvalResult.from_json(record) for v, record in EvaluationStore(root).records_after(after).items()}
 
 
 class BackgroundPoller:

@@ -3,12 +3,19 @@ reward service, trainer, scheduler) under its own :func:`~asyncrl.tasks.run.supe
 started through a :class:`ComponentRunner` — plain threads here and in `asyncrl chaos`, one
 Prefect task run each (the scheduler as a child flow run) in the `train` flow.
 
+With ``pipeline.eval_every`` the run also has an evaluator (evaluation during training,
+:mod:`asyncrl.tasks.evaluator`), started last.
+
 The run ends when the trainer has trained ``trainer.max_steps`` steps (and, with
-``drain``, the scheduler has written every admitted group); then every component is
-stopped. The first component that fails past its restart budget stops all the others and
-its :class:`~asyncrl.tasks.run.supervisor.ComponentFailed` is raised; so is any exception
-(a cancel's ``TerminationSignal`` included) that reaches :func:`run_rl`: every process group
-is killed on the way out.
+``drain``, the scheduler has written every admitted group, and the evaluator has evaluated
+its last version or ``pipeline.training_eval.finish_timeout_s`` has passed); then every
+component is stopped. The first component that fails past its restart budget stops all the
+others and its :class:`~asyncrl.tasks.run.supervisor.ComponentFailed` is raised; so is any
+exception (a cancel's ``TerminationSignal`` included) that reaches :func:`run_rl`: every
+process group is killed on the way out. The evaluator is the exception (:data:`OPTIONAL`):
+training is not lost because evaluation failed, so past its restarts its failure is a
+warning (its own run Failed, the component's failure event, the reason in the result) and
+the run goes on without it.
 """
 
 from __future__ import annotations
@@ -21,27 +28,33 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, cast
 
 from asyncrl.configs.run_config import RunConfig
+from asyncrl.storage.evaluations import EvaluationStore
 from asyncrl.tasks.data.loader import dataset_files, load_prompts
 from asyncrl.tasks.process_group import group_alive
 from asyncrl.tasks.reward.registry import TOKEN_ENV
 from asyncrl.tasks.run.components import (
     Component,
+    evaluator_component,
     reward_component,
     run_rollout_component,
     scheduler_component,
     sigkill_group,
     trainer_component,
 )
+from asyncrl.tasks.run.bound_watch import METRIC as BOUND_METRIC
+from asyncrl.tasks.run.bound_watch import EffectiveBoundWatch
+from asyncrl.tasks.run.canary import CanaryAlarm, MismatchCanary, log_alarm
 from asyncrl.tasks.run.components_setup import rl_trainer_launch
 from asyncrl.tasks.run.context import RunContext, RunPaths, open_run_context
 from asyncrl.tasks.run.kinds import ComponentKind, component_name
 from asyncrl.tasks.run.remote_component import REMOTE_FLOW_RUNS_FILE, RemoteComponent, RemoteFlowRunFile
-from asyncrl.tasks.run.lineage_recorder import BackgroundPoller, LineageRecorder, file_ref
+from asyncrl.tasks.run.evaluation import EvalResult
+from asyncrl.tasks.run.lineage_recorder import BackgroundPoller, LineageRecorder, file_ref, read_evaluations
 from asyncrl.tasks.run.supervisor import (
     ComponentEvent,
     ComponentFailed,
@@ -54,6 +67,10 @@ from asyncrl.tasks.scheduler.main import CYCLE_STATS_FILE, combine_cycle_stats, 
 
 LOG = logging.getLogger("asyncrl.run")
 PROCESS_GROUPS_FILE = "process-groups.json"
+OPTIONAL = frozenset({"evaluator"})
+"""Components whose failure past their restart budget does not fail the run."""
+ENDS_ON_ITS_OWN = frozenset({"trainer", "scheduler", "evaluator"})
+"""Components whose supervision may end before the run does (their normal end)."""
 
 
 class RunStop:
@@ -138,6 +155,10 @@ class TrainResult:
     ready_at: float = 0.0
     """Unix time at which every rollout server was ready: the start of the RL phase (the step
     metrics' ``time`` is on the same clock)."""
+    evaluations: dict[int, EvalResult] = field(default_factory=dict)
+    """Evaluation during training: weight version -> its held-out result (``evaluations/``)."""
+    optional_failures: dict[str, str] = field(default_factory=dict)
+    """Optional components (:data:`OPTIONAL`) that failed past their restarts -> why."""
 
 
 @dataclass
@@ -185,6 +206,8 @@ def run_components(
         ("scheduler", remote_component(config, paths, "scheduler", 0, drain, stop, runs_file) if remote_scheduler
          else scheduler_component(config, paths, drain=drain, reward_token=token))
     )  # fmt: skip
+    if config.pipeline.eval_every:
+        components.append(("evaluator", evaluator_component(config, paths)))  # always local, on its own server
     return components
 
 
@@ -212,10 +235,16 @@ def run_rl(
     on_event: Callable[[ComponentEvent], None] | None = None,
     progress: Callable[[int, int, dict[str, float]], None] | None = None,
     tick: Callable[[dict[str, ComponentStatus]], None] | None = None,
+    on_canary: Callable[[CanaryAlarm], None] = log_alarm,
+    run_logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
 ) -> TrainResult:
     """The RL phase (see the module docstring). ``context`` gives the MLflow run that the
     steps, versions and restarts are logged to (None: no MLflow, as in chaos); ``tick`` is
-    called each poll with the components' statuses (the chaos kill plan)."""
+    called each poll with the components' statuses (the chaos kill plan); ``on_canary``
+    gets the mismatch canary's alarms (:mod:`~asyncrl.tasks.run.canary`; checked on the
+    steps the MLflow recorder reads, so not without ``context``); ``run_logger`` (the flow
+    run's logger; default this module's) gets the changes of an adaptive staleness bound
+    (:mod:`~asyncrl.tasks.run.bound_watch`, also logged to MLflow, so not without ``context``)."""
     started = time.monotonic()
     # a bad data file fails before anything starts
     prompts = load_prompts(config.data.train_path, plugins=config.reward.plugins)
@@ -226,7 +255,8 @@ def run_rl(
         datasets = [file_ref(f, Path(f).name) for f in dataset_files(config.data.train_path)]  # a mixture and its sources
         for ref in datasets:
             context.lineage.log_dataset(ref)
-        recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / "trainer-metrics.jsonl", datasets)
+        recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / "trainer-metrics.jsonl", datasets,
+                                   follow_evaluations=config.pipeline.eval_every > 0)  # fmt: skip
         recorder.adopt_logged_versions()
     if final_step_published(paths.root, config.trainer.max_steps):
         # A re-run of a finished run: nothing to train, no component to start.
@@ -236,6 +266,7 @@ def run_rl(
         return _result(config, paths, recorder, {}, started, 0.0)
     groups = ProcessGroupFile(paths.work_dir / PROCESS_GROUPS_FILE)
     stop = RunStop()
+    failures: dict[str, str] = {}
     statuses: dict[str, ComponentStatus] = {}
     futures: dict[str, Future[ComponentOutcome]] = {}
 
@@ -251,14 +282,24 @@ def run_rl(
         futures[component.name] = _launch(runner, kind, component, stop, settings.policy, handle, statuses)
     ready_at = 0.0
     reported = 0
+    canary = MismatchCanary(config.tracking.mismatch_canary, on_canary)
+    bound_watch = None
+    if context is not None and config.rollout.adaptive_staleness is not None:
+        lineage = context.lineage
+        bound_watch = EffectiveBoundWatch(paths.root, config.rollout.eta,
+                                          lambda step, value: lineage.log_metrics(step, {BOUND_METRIC: value}),
+                                          logger=run_logger or LOG)  # fmt: skip
     poller = BackgroundPoller(recorder.poll, settings.poll_s) if recorder is not None else None
     try:
         while True:
-            _raise_first_failure(futures, stop)
+            _raise_first_failure(futures, stop, failures)
             if not ready_at and all(s.ready for n, s in statuses.items() if n.startswith("rollout-server")):
                 ready_at = time.time()
-            if poller is not None:
+            if recorder is not None and poller is not None:
                 poller.check()
+                canary.observe_new(recorder.metrics_by_step)
+            if bound_watch is not None:
+                bound_watch.check()
             if progress is not None:
                 step, metrics = _last_step(paths.work_dir / "trainer-metrics.jsonl", recorder)
                 if step > reported:
@@ -267,13 +308,18 @@ def run_rl(
             if tick is not None:
                 tick(statuses)
             if futures["trainer"].done():
-                _raise_first_failure(futures, stop)  # the trainer may have failed since the check above
+                _raise_first_failure(futures, stop, failures)  # the trainer may have failed since the check above
                 if settings.drain:
-                    _wait_drained(futures, settings, stop)
+                    _wait_drained(futures, settings, stop, failures)
+                _wait_evaluator(futures, config.pipeline.training_eval.finish_timeout_s, settings.poll_s, stop, failures,
+                                paths)  # fmt: skip
                 break
             wait(list(futures.values()), timeout=settings.poll_s, return_when=FIRST_EXCEPTION)
-        if poller is not None:
+        if recorder is not None and poller is not None:
             poller.finish()  # the last step's metrics and version
+            canary.observe_new(recorder.metrics_by_step)
+        if bound_watch is not None:
+            bound_watch.check(force=True)
     except BaseException as exc:
         stop.request("cancelled" if not isinstance(exc, Exception) else f"failed: {exc}")
         raise
@@ -285,7 +331,7 @@ def run_rl(
     restarts = {name: s.restarts for name, s in statuses.items()}
     if context is not None:
         context.lineage.log_metrics(config.trainer.max_steps, {f"restarts/{k}": float(v) for k, v in restarts.items()})
-    return _result(config, paths, recorder, restarts, started, ready_at)
+    return _result(config, paths, recorder, restarts, started, ready_at, failures)
 
 
 def _result(
@@ -295,9 +341,11 @@ def _result(
     restarts: dict[str, int],
     started: float,
     ready_at: float,
+    failures: dict[str, str] | None = None,
 ) -> TrainResult:
-    """The run's result from what it left: the recorder's versions and metrics, the
-    scheduler's cycle figures (logged to MLflow with the run's last step)."""
+    """The run's result from what it left: the recorder's versions, metrics and evaluations
+    (without a recorder, the evaluations in the run root), the scheduler's cycle figures
+    (logged to MLflow with the run's last step)."""
     scheduler_stats = combine_cycle_stats(read_cycle_stats(paths.work_dir / CYCLE_STATS_FILE))
     if not scheduler_stats:
         LOG.warning("the scheduler recorded no cycle figures in %s", paths.work_dir / CYCLE_STATS_FILE)
@@ -305,6 +353,10 @@ def _result(
         recorder.lineage.log_metrics(config.trainer.max_steps, {f"rollout_{k}": v for k, v in scheduler_stats.items()})
     logged = dict(recorder.logged_versions) if recorder is not None else {}
     metrics = dict(recorder.metrics_by_step) if recorder is not None else {}
+    if recorder is not None:
+        evaluations = dict(recorder.evaluations)
+    else:
+        evaluations = read_evaluations(paths.root) if config.pipeline.eval_every else {}
     return TrainResult(
         steps=max(metrics) if metrics else _last_step(paths.work_dir / "trainer-metrics.jsonl", None)[0],
         final_version=max(logged) if logged else _latest_version(paths),
@@ -315,6 +367,8 @@ def _result(
         step_metrics=metrics,
         restarts=restarts,
         ready_at=ready_at,
+        evaluations=evaluations,
+        optional_failures=dict(failures or {}),
     )
 
 
@@ -359,29 +413,66 @@ def _launch(
     return future
 
 
-def _raise_first_failure(futures: dict[str, Future[ComponentOutcome]], stop: RunStop) -> None:
-    for name, future in futures.items():
+def _raise_first_failure(
+    futures: dict[str, Future[ComponentOutcome]], stop: RunStop, failures: dict[str, str]
+) -> None:
+    """Raise the first component failure, except an optional component's (:data:`OPTIONAL`):
+    that one is logged, kept in ``failures`` (name -> first line of the reason) and its
+    future dropped, and the run goes on."""
+    for name, future in list(futures.items()):
         if future.done() and future.exception() is not None:
             error = future.exception()
+            if name in OPTIONAL:
+                del futures[name]
+                failures[name] = str(error).splitlines()[0]
+                LOG.warning("%s failed; the run goes on without it: %s", name, error)
+                continue
             if isinstance(error, ComponentFailed):
                 raise error
             raise ComponentFailed(name, f"its supervisor raised {error!r}", 0, "") from error
-        if future.done() and name != "trainer" and name != "scheduler" and not stop.event.is_set():
+        if future.done() and name not in ENDS_ON_ITS_OWN and not stop.event.is_set():
             raise ComponentFailed(name, "its supervisor ended while the run was going on", 0, "")
 
 
-def _wait_drained(futures: dict[str, Future[ComponentOutcome]], settings: RLRunSettings, stop: RunStop) -> None:
+def _wait_drained(
+    futures: dict[str, Future[ComponentOutcome]], settings: RLRunSettings, stop: RunStop, failures: dict[str, str]
+) -> None:
     """The trainer is done: wait (bounded) for the scheduler to write every admitted group."""
     scheduler = futures["scheduler"]
     deadline = time.monotonic() + settings.drain_timeout_s
     while not scheduler.done():
-        _raise_first_failure(futures, stop)
+        _raise_first_failure(futures, stop, failures)
         if time.monotonic() > deadline:
             raise ComponentFailed(
                 "scheduler", f"did not drain within {settings.drain_timeout_s:.0f} s after the trainer finished", 0, ""
             )
         wait([scheduler], timeout=settings.poll_s)
-    _raise_first_failure(futures, stop)
+    _raise_first_failure(futures, stop, failures)
+
+
+def _wait_evaluator(
+    futures: dict[str, Future[ComponentOutcome]],
+    timeout_s: float,
+    poll_s: float,
+    stop: RunStop,
+    failures: dict[str, str],
+    paths: RunPaths,
+) -> None:
+    """The trainer is done: give the evaluator (if any, and alive) up to ``timeout_s`` to
+    evaluate its last version and end on its own; past that the run stops it with the others,
+    and a version it is evaluating then is abandoned (said here, from its state)."""
+    deadline = time.monotonic() + timeout_s
+    while "evaluator" in futures and not futures["evaluator"].done() and time.monotonic() < deadline:
+        wait([futures["evaluator"]], timeout=min(poll_s, max(0.0, deadline - time.monotonic())))
+        _raise_first_failure(futures, stop, failures)
+    if "evaluator" not in futures or futures["evaluator"].done():
+        return
+    state = EvaluationStore(paths.root).state()
+    if state is not None and state.current is not None:
+        LOG.warning("the evaluator is stopped %.0f s after the last step (pipeline.training_eval.finish_timeout_s): "
+                    "its evaluation of version %d is abandoned", timeout_s, state.current)  # fmt: skip
+    else:
+        LOG.info("the evaluator is stopped with the run: it was evaluating no version")
 
 
 def _last_step(metrics_file: Path, recorder: LineageRecorder | None) -> tuple[int, dict[str, float]]:

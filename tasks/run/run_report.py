@@ -16,6 +16,7 @@ from typing import Any
 
 from asyncrl.configs.secrets import redact
 from asyncrl.storage.lineage import RunLineage
+from asyncrl.tasks.run.lineage_recorder import EVAL_PREFIX
 
 PLOTS_DIR = "plots"
 SUMMARY_ARTIFACT = "summary.json"
@@ -23,17 +24,21 @@ REWARD_PNG = "reward.png"
 PASS_AT_1_PNG = "pass_at_1.png"
 STALENESS_PNG = "staleness.png"
 _STALENESS_KEY = re.compile(r"^staleness/count_(\d+)$")
+DURING_TRAINING_KEY = f"{EVAL_PREFIX}pass_at_1"
+"""Held-out pass@1 evaluated during training (step = weight version; ``lineage_recorder``)."""
 
 
 @dataclass
 class RunCurves:
     """The series the plots draw: per step the mean reward and the trained pass@1 of each task;
     held-out pass@1 per evaluated weight version (overall under ``"all"``, then per task);
+    held-out pass@1 evaluated during training (``eval/pass_at_1`` per weight version);
     trained samples per staleness (in updates) summed over all steps."""
 
     reward: dict[int, float] = field(default_factory=dict)
     train_pass_at_1: dict[str, dict[int, float]] = field(default_factory=dict)
     eval_pass_at_1: dict[str, dict[int, float]] = field(default_factory=dict)
+    during_training_pass_at_1: dict[int, float] = field(default_factory=dict)
     staleness: dict[int, float] = field(default_factory=dict)
 
 
@@ -49,7 +54,10 @@ def read_curves(lineage: RunLineage, evaluations: Mapping[int, Mapping[str, Any]
     ``evaluations`` (weight version -> an evaluation result as JSON: ``pass_at_1`` and
     ``by_task``)."""
     keys = lineage.client.get_run(lineage.run_id).data.metrics.keys()
-    curves = RunCurves(reward=_by_step(lineage, "reward_mean") if "reward_mean" in keys else {})
+    curves = RunCurves(
+        reward=_by_step(lineage, "reward_mean") if "reward_mean" in keys else {},
+        during_training_pass_at_1=_by_step(lineage, DURING_TRAINING_KEY) if DURING_TRAINING_KEY in keys else {},
+    )
     for key in sorted(keys):
         if key.startswith("pass_at_1/"):
             curves.train_pass_at_1[key.removeprefix("pass_at_1/")] = _by_step(lineage, key)
@@ -99,7 +107,12 @@ def write_plots(curves: RunCurves, out_dir: Path, title: str) -> list[Path]:
         versions = sorted(series)
         axis.plot(versions, [series[v] for v in versions], marker="o", linestyle="--",
                   label=f"held-out, {task} (x = weight version)")  # fmt: skip
-    if not curves.train_pass_at_1 and not curves.eval_pass_at_1:
+    if curves.during_training_pass_at_1:
+        series = curves.during_training_pass_at_1
+        versions = sorted(series)
+        axis.plot(versions, [series[v] for v in versions], marker="s", linestyle=":",
+                  label="held-out subset during training (x = weight version)")  # fmt: skip
+    if not curves.train_pass_at_1 and not curves.eval_pass_at_1 and not curves.during_training_pass_at_1:
         axis.text(0.5, 0.5, "no pass@1 recorded", ha="center", transform=axis.transAxes)
     else:
         axis.legend(fontsize=8)

@@ -20,11 +20,10 @@ from asyncrl.storage.lineage import RunLineage
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import dataset_files, load_prompts
-from asyncrl.tasks.data.prompting import render_prompt
-from asyncrl.tasks.run.components_setup import load_codec, server_config
+from asyncrl.tasks.run.components_setup import server_config
 from asyncrl.tasks.run.context import RunPaths
 from asyncrl.tasks.run.devices import detect_machine, trainer_placement
-from asyncrl.tasks.run.evaluation import EvalResult, evaluate
+from asyncrl.tasks.run.evaluation import EvalResult, held_out_task
 from asyncrl.tasks.run.lineage_recorder import file_ref
 from asyncrl.tasks.run.progress import StageProgress
 from asyncrl.tasks.run.stage_cache import content_digest, stage_key
@@ -279,16 +278,14 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
 
     if not config.data.eval_path or not versions:
         return {}
-    prompts = load_prompts(config.data.eval_path, plugins=config.reward.plugins)
-    prompts = prompts[: config.pipeline.eval_prompts]
     store = WeightStore(run_paths.root)
     first = run_paths.work_dir / "eval" / f"v{versions[0]}"
     if not (first / "config.json").exists():
         store.download(versions[0], first)
-    codec, stop_ids = load_codec(str(first))
+    task = held_out_task(config, first, config.pipeline.eval_prompts, config.pipeline.eval_samples)
     # Rollout server 0's devices, dtype and parallelism, on a port of its own.
     eval_server = replace(server_config(config, run_paths, first, 0), port=0, log_path=run_paths.log("eval-server.log"))
-    progress = StageProgress(run_paths.work_dir, config.name, "evaluate", len(prompts) * len(versions), "prompts")
+    progress = StageProgress(run_paths.work_dir, config.name, "evaluate", len(task.prompts) * len(versions), "prompts")
     done = [0]
 
     def prompt_done() -> None:
@@ -306,17 +303,7 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
                 for version in versions:
                     if version != client.current_version:
                         await client.update_weights(version, loader.for_version(version))
-                    results[version] = await evaluate(
-                        client, version, prompts,
-                        lambda record: render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer),
-                        codec, pool,
-                        samples_per_prompt=config.pipeline.eval_samples,
-                        max_new_tokens=config.rollout.max_new_tokens,
-                        temperature=config.rollout.temperature,
-                        stop_token_ids=stop_ids,
-                        on_prompt_done=prompt_done,
-                        pass_k=config.tracking.pass_k,
-                    )
+                    results[version] = await task.run(client, version, pool, on_prompt_done=prompt_done)
 
     with RolloutServer(eval_server) as server:
         asyncio.run(run_all(server))
@@ -329,7 +316,7 @@ def eval_results_to_json(results: dict[int, EvalResult]) -> dict[str, dict[str, 
 
 
 def eval_results_from_json(raw: dict[str, dict[str, Any]]) -> dict[int, EvalResult]:
-    return {int(v): EvalResult(**r) for v, r in raw.items()}
+    return {int(v): EvalResult.from_json(r) for v, r in raw.items()}
 
 
 # ----- register -----

@@ -15,6 +15,44 @@ so neither the staleness bound nor the exactly-once rule can break.
 Which groups some shard holds is kept in a small index, ``scheduler/written.json``
 (:class:`WrittenGroups`), saved after every shard the controller writes, so a cycle
 never lists or reads shards: see :func:`load_written_groups` for why it is restart-safe.
+
+Every trained sample within the bound: groups are written in admission order. The gate
+admits group k (counting from 0; with dynamic filtering, kept groups only) only while
+floor(k / B) <= i + eta, so the first token of every sample of group k is sampled by
+weights with at least floor(k / B) - eta steps (a trainer rollback aside, see
+:class:`_GeneratorUpdates`);
+the trainer, taking B groups per step oldest-written first, trains group k at its step
+floor(k / B) (U_trainer = floor(k / B)), hence staleness <= eta. That holds only if the
+trainer's step boundaries are the admission batches: were groups written as they finish,
+a long-tailed group of batch b lands behind groups of batches b + 1, b + 2, ... and is
+trained several steps late, then dropped by ``trainer.max_staleness`` (generated for
+nothing). So a finished group waits in memory until every group admitted before it is
+written (head-of-line blocking, bounded: the gate keeps at most eta + 1 batches in
+flight), and shards never straddle a batch boundary: a piece that completes a batch is
+written at once, a partial one when it holds ``shard_groups`` groups or its oldest group
+waited ``shard_seconds`` (so a trainer taking whole shards until it holds B groups gets
+exactly one batch). Alternatives weighed: interrupting and resubmitting groups at risk
+throws their tokens away, and letting the trainer pick single groups would have the
+ledger record groups instead of shards; in-order writing costs neither waste nor a
+storage contract, only the wait for a batch's slowest group, which the trainer needs
+before that step anyway (the feed takes shards in written order,
+:mod:`asyncrl.tasks.trainer.feed`). Restart: the written groups stay a prefix of the
+admitted ones, so a restarted controller re-dispatches exactly the groups after it.
+What a stop costs: finished groups behind a group still generating are not written
+(they would break the order); like the cut groups, they are generated again by the
+next run and counted in ``wasted_tokens``.
+
+Dynamic filtering (``dynamic_filter``, DAPO style): a group whose rewards are all equal
+has no advantage signal and is not trained. It is recorded in
+``scheduler/filtered/g{k:08d}.json`` (:func:`save_filtered`) and only then released from
+the gate (:meth:`StalenessGate.release`), so the gate's Nr counts the kept groups alone
+and the rule holds for them (proof in the gate's docstring). In the write order a
+filtered group is skipped: it counts as done in the written-groups index (its
+``filtered`` count), never in a shard, and shards line up with batches of kept groups.
+A restart counts the filtered groups again from the index and the records of the
+unwritten admitted groups (one existence check each), releases them, and does not
+generate them again; the run audit reads the records
+(:mod:`asyncrl.tasks.run.audit`, rule (a)).
 """
 
 from __future__ import annotations
@@ -24,17 +62,19 @@ import json
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from asyncrl.tasks.scheduler.adaptive_eta import AdaptiveEta, AdaptiveState, AdaptiveStalenessConfig
 from asyncrl.tasks.scheduler.staleness_gate import GateState, StalenessGate
 from asyncrl.storage import fs, paths
 from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardReader, ShardWriter, read_claims
-from asyncrl.storage.weight_lineage import VersionUpdates
+from asyncrl.storage.weight_lineage import VersionUpdates, read_lineage
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.reward.types import RewardRequest, RewardResult
@@ -96,7 +136,13 @@ class ControllerSettings:
     admit_poll_seconds: float = 0.05
     seed: int = 0
     max_groups: int | None = None
-    """Admit at most this many groups in total (None: until stopped)."""
+    """Admit at most this many groups in total (None: until stopped); with ``dynamic_filter``,
+    filtered groups do not count, so the run still produces this many kept groups."""
+    dynamic_filter: bool = False
+    """Leave out (and release from the gate) groups whose rewards are all equal (module docstring)."""
+    adaptive_staleness: AdaptiveStalenessConfig | None = None
+    """Move the gate's effective bound with the drift each step measured (None: always ``eta``;
+    :mod:`~asyncrl.tasks.scheduler.adaptive_eta`)."""
 
 
 def group_id(index: int) -> str:
@@ -147,9 +193,74 @@ def load_gate_state(root: RunRoot) -> GateState | None:
         raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
 
 
-def save_gate_state(root: RunRoot, state: GateState) -> None:
-    payload = {"gate": json.loads(state.to_json()), "saved_at": time.time()}
+def load_adaptive_state(root: RunRoot) -> AdaptiveState | None:
+    """The adaptive staleness state saved beside the gate's (None: none saved)."""
+    try:
+        raw = json.loads(fs.read_bytes(root, paths.SCHEDULER_STATE))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("adaptive") is None:
+        return None
+    try:
+        return AdaptiveState.from_dict(raw["adaptive"])
+    except ValueError as exc:
+        raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
+
+
+def save_gate_state(root: RunRoot, state: GateState, adaptive: AdaptiveState | None = None) -> None:
+    payload: dict[str, Any] = {"gate": json.loads(state.to_json()), "saved_at": time.time()}
+    if adaptive is not None:
+        payload["adaptive"] = adaptive.to_dict()
     fs.put_atomic_replace(root, paths.SCHEDULER_STATE, json.dumps(payload).encode())
+
+
+FILTERED_DIR = f"{paths.SCHEDULER_DIR}/filtered"
+
+
+def filtered_record_path(index: int) -> str:
+    """Where the record of filtered group ``index`` lies: ``scheduler/filtered/g{index:08d}.json``."""
+    return f"{FILTERED_DIR}/{group_id(index)}.json"
+
+
+def save_filtered(root: RunRoot, samples: Sequence[Sample]) -> None:
+    """Record that the group of ``samples`` was left out by dynamic filtering (one PUT)."""
+    record = {
+        "group_id": samples[0].group_id,
+        "prompt_id": samples[0].prompt_id,
+        "reward": float(samples[0].reward),
+        "samples": len(samples),
+        "output_tokens": sum(len(s.output_token_ids) for s in samples),
+        "filtered_at": time.time(),
+    }
+    fs.put_atomic_replace(root, filtered_record_path(group_index(samples[0].group_id)), json.dumps(record).encode())
+
+
+def filtered_groups(root: RunRoot) -> list[int]:
+    """Indices of every group dynamic filtering left out, ascending: one listing, O(filtered
+    groups) (for audits; the controller checks single records, :func:`count_filtered`)."""
+    found = []
+    for name in fs.list_dir(root, FILTERED_DIR):
+        stem = name.removesuffix(".json")
+        if name.endswith(".json") and stem.startswith("g") and stem[1:].isdigit():
+            found.append(group_index(stem))
+    return sorted(found)
+
+
+def count_filtered(root: RunRoot, written: WrittenGroups, admitted: int) -> int:
+    """Count in ``written`` the admitted groups it lacks that have a filtered record (recorded
+    after the index was last saved); returns how many. One existence check per admitted
+    group no shard holds: O(groups in flight)."""
+    found = [k for k in written.missing_below(admitted) if fs.exists(root, filtered_record_path(k))]
+    written.add(found)
+    written.filtered += len(found)
+    return len(found)
+
+
+def all_equal_rewards(samples: Sequence[Sample]) -> bool:
+    """The group has no advantage signal: every reward the same (what dynamic filtering leaves out)."""
+    return len({float(s.reward) for s in samples}) == 1
 
 
 WRITTEN_FORMAT = 1
@@ -157,7 +268,8 @@ WRITTEN_FORMAT = 1
 
 @dataclass
 class WrittenGroups:
-    """Group indices some published shard holds, as a dense prefix plus the rest.
+    """Group indices some published shard holds, or that dynamic filtering left out
+    (``filtered`` of them), as a dense prefix plus the rest.
 
     Every k < ``prefix`` is written, and so is every k in ``extra`` (all >= ``prefix``);
     ``next_seq`` says which shards are counted: the groups of every shard published with
@@ -169,6 +281,8 @@ class WrittenGroups:
     next_seq: int = 0
     prefix: int = 0
     extra: set[int] = field(default_factory=set)
+    filtered: int = 0
+    """How many of the groups counted were left out by dynamic filtering (in no shard)."""
 
     def add(self, indices: Iterable[int]) -> None:
         """Count ``indices`` as written (amortised O(1) each)."""
@@ -184,8 +298,13 @@ class WrittenGroups:
 
     @property
     def total(self) -> int:
-        """How many groups are written."""
+        """How many groups are written or filtered."""
         return self.prefix + len(self.extra)
+
+    @property
+    def in_shards(self) -> int:
+        """How many groups some shard holds (the kept groups)."""
+        return self.total - self.filtered
 
     def count_below(self, limit: int) -> int:
         """How many of the groups 0 .. limit-1 are written: O(|extra|)."""
@@ -198,7 +317,7 @@ class WrittenGroups:
     def to_json(self) -> str:
         return json.dumps(
             {"format": WRITTEN_FORMAT, "next_seq": self.next_seq, "prefix": self.prefix,
-             "extra": sorted(self.extra), "saved_at": time.time()}
+             "extra": sorted(self.extra), "filtered": self.filtered, "saved_at": time.time()}
         )  # fmt: skip
 
     @staticmethod
@@ -206,10 +325,12 @@ class WrittenGroups:
         """Parse a saved index; ``ValueError`` names ``source`` if it is not one."""
         try:
             content = json.loads(raw)
-            written = WrittenGroups(int(content["next_seq"]), int(content["prefix"]), {int(k) for k in content["extra"]})
-        except (ValueError, KeyError, TypeError) as exc:
+            written = WrittenGroups(int(content["next_seq"]), int(content["prefix"]), {int(k) for k in content["extra"]},
+                                    int(content.get("filtered", 0)))  # fmt: skip
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{source}: corrupt written-groups index ({exc})") from None
-        if written.next_seq < 0 or written.prefix < 0 or any(k < written.prefix for k in written.extra):
+        if (written.next_seq < 0 or written.prefix < 0 or any(k < written.prefix for k in written.extra)
+                or not 0 <= written.filtered <= written.total):  # fmt: skip
             raise ValueError(f"{source}: inconsistent written-groups index {content!r}")
         return written
 
@@ -302,13 +423,32 @@ class ControllerStats:
     reward service scores one group while others generate)."""
     updates: list[UpdateStats] = field(default_factory=list)
     skipped_prompts: int = 0
+    filtered_groups: int = 0
+    """Groups left out by dynamic filtering (all rewards equal), released from the gate."""
+    filtered_tokens: int = 0
+    """Output tokens of those groups."""
+    written_tokens: int = 0
+    """Output tokens of the groups written to shards."""
+    discarded_tokens: int = 0
+    """Output tokens of groups finished but not written when the controller stopped (behind a
+    group still generating, see the module docstring): the next run generates them again."""
     streamed_tokens: int = 0
     """Output tokens the servers streamed during the controller's life, including those of
     groups cut by the stop (server work), set when it stops."""
+    adaptive: dict[str, float] = field(default_factory=dict)
+    """The adaptive bound's figures (:meth:`AdaptiveEta.summary`; empty without it)."""
     started_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     """When the controller stopped (None while it runs): rates are over its lifetime only,
     not the shutdown of the servers that follows."""
+
+    @property
+    def wasted_tokens(self) -> int:
+        """Tokens generated and thrown away: those of groups cut in flight by the stop
+        (streamed_tokens - output_tokens, known once the controller stopped) plus
+        ``discarded_tokens``. Nothing else is discarded: no group is aborted and restarted,
+        and no written sample is staler than the bound (module docstring)."""
+        return max(0, self.streamed_tokens - self.output_tokens) + self.discarded_tokens
 
     def summary(self) -> dict[str, float]:
         """Counts and rates over elapsed = finished_at (or now) - started_at:
@@ -330,12 +470,17 @@ class ControllerStats:
             "gen_tokens_per_s": self.output_tokens / elapsed,
             "streamed_tokens": self.streamed_tokens,
             "streamed_tokens_per_s": self.streamed_tokens / elapsed,
+            "written_tokens": self.written_tokens,
+            "filtered_groups": self.filtered_groups,
+            "filtered_tokens": self.filtered_tokens,
+            "wasted_tokens": self.wasted_tokens,
             "reward_mean": self.reward_sum / self.samples if self.samples else 0.0,
             "weight_updates": len(self.updates),
             "weight_sync_stall_s": stall,
             "weight_sync_stall_fraction": stall / elapsed,
             "skipped_prompts": self.skipped_prompts,
             "reward_wait_s": self.reward_wait_s,
+            **self.adaptive,
             **{f"samples/{task}": float(n) for task, n in self.task_samples.items()},
             **{f"reward_sum/{task}": total for task, total in self.task_reward_sum.items()},
             **{f"reward_mean/{task}": self.task_reward_sum[task] / n for task, n in self.task_samples.items() if n},
@@ -378,11 +523,16 @@ class RolloutController:
             _GeneratorUpdates(generator, self.version_updates),
             state=load_gate_state(root),
         )
-        self._finished: list[list[Sample]] = []
-        self._oldest_finished_at: float | None = None
+        self.adaptive: AdaptiveEta | None = None
+        """The effective bound's controller (``settings.adaptive_staleness``); its state is
+        loaded when :meth:`run` starts."""
+        self._order: deque[int] = deque()
+        """Dispatched groups not yet written, in admission order: the order they are written in."""
+        self._done: dict[int, list[Sample] | None] = {}
+        """Finished groups waiting for their turn to be written, by index (None: filtered)."""
+        self._done_at: dict[int, float] = {}
+        """When each group of ``_done`` finished (the shard timer)."""
         self._failure: BaseException | None = None
-        self._trainer_steps = 0
-        """Training steps of the newest published version seen (the trainer has done at least these)."""
         self._version_changed = asyncio.Event()
         """Set when the servers move to a new version: the gate may admit again."""
         self._shards_bell = Doorbell(root, SHARDS_TOPIC)
@@ -391,8 +541,9 @@ class RolloutController:
     async def run(self, stop: asyncio.Event) -> ControllerStats:
         """Work until `stop` is set (or `max_groups` are admitted and produced).
 
-        On stop, finished groups are written and groups still generating are cancelled:
-        no shard holds them, so a later run of the same root regenerates them."""
+        On stop, the finished groups at the head of the admission order are written and
+        groups still generating are cancelled; they and the finished groups behind them are
+        in no shard, so a later run of the same root regenerates them (``wasted_tokens``)."""
         in_flight: set[asyncio.Task[None]] = set()
         streamed_before = sum(self.generator.streamed_tokens().values())
         self._weights_listener = await asyncio.to_thread(DoorbellListener, self.root, WEIGHTS_TOPIC)
@@ -400,6 +551,10 @@ class RolloutController:
         flusher = self._start(self._flush_periodically(stop), "shard-flusher")
         try:
             self.written = await asyncio.to_thread(load_written_groups, self.root, self.settings.run_id)
+            await self._start_adaptive()
+            if await asyncio.to_thread(count_filtered, self.root, self.written, self.gate.stats().admitted):
+                await asyncio.to_thread(save_written_groups, self.root, self.written)
+            self.gate.release(self.written.filtered)  # durable records: see the module docstring
             for index in self._unwritten_admitted():
                 self.stats.resubmitted_after_restart += 1
                 self._dispatch(index, in_flight)
@@ -410,9 +565,12 @@ class RolloutController:
                 self._raise_failure()
                 await asyncio.wait(set(in_flight), timeout=0.5)
             self._raise_failure()
-            await self._flush()
+            await self._flush(partial=True)
         finally:
             self.stats.finished_at = time.monotonic()
+            # Finished but behind a group that was still generating: not written (see the
+            # module docstring), generated again by the next run.
+            self.stats.discarded_tokens += sum(len(s.output_token_ids) for g in self._done.values() if g for s in g)
             self.stats.streamed_tokens = sum(self.generator.streamed_tokens().values()) - streamed_before
             stop.set()
             for task in (*in_flight, watcher, flusher):
@@ -423,14 +581,60 @@ class RolloutController:
         self._raise_failure()
         return self.stats
 
+    def _save_state(self) -> None:
+        save_gate_state(self.root, self.gate.state(), None if self.adaptive is None else self.adaptive.state())
+
+    async def _start_adaptive(self) -> None:
+        """Go on from the saved effective bound, else start at eta reading from the servers' version."""
+        config = self.settings.adaptive_staleness
+        if config is None:
+            return
+        saved = await asyncio.to_thread(load_adaptive_state, self.root)
+        if saved is None:
+            saved = AdaptiveState(self.settings.eta, self.generator.current_version, 0)
+        self.adaptive = AdaptiveEta(config, self.settings.eta, saved)
+        self.gate.set_eta(self.adaptive.eta)
+        self.stats.adaptive = self.adaptive.summary()
+
+    async def _read_drift(self, latest: int) -> None:
+        """Feed the adaptive bound the step figures of the versions published since the last
+        one read, in order (their lineage; a version without figures counts as a step
+        without drift measured), and apply its bound to the gate."""
+        adaptive = self.adaptive
+        if adaptive is None or latest <= adaptive.version:
+            return
+        before = adaptive.eta
+        for version in range(adaptive.version + 1, latest + 1):
+            lineage = await asyncio.to_thread(read_lineage, self.root, version)
+            if lineage is None:
+                continue  # not published by the trainer (or not kept): nothing measured
+            metrics = lineage.get("metrics")
+            step = lineage.get("step")
+            adaptive.observe(version, step if isinstance(step, int) else 0, metrics if isinstance(metrics, dict) else {})
+        adaptive.version = max(adaptive.version, latest)
+        self.stats.adaptive = adaptive.summary()
+        if adaptive.eta != before:
+            self.gate.set_eta(adaptive.eta)
+            self._save_state()
+            if adaptive.eta > before:
+                self._version_changed.set()  # the gate may admit again
+
     def _unwritten_admitted(self) -> list[int]:
         assert self.written is not None
         return self.written.missing_below(self.gate.stats().admitted)
 
     async def _admit_loop(self, stop: asyncio.Event, in_flight: set[asyncio.Task[None]]) -> None:
         limit = self.settings.max_groups
-        while not stop.is_set() and (limit is None or self.gate.stats().admitted < limit):
+        while not stop.is_set():
             self._raise_failure()
+            if limit is not None:
+                stats = self.gate.stats()
+                if stats.admitted - stats.released >= limit:
+                    if not in_flight:
+                        return
+                    # A group in flight may yet be filtered out and another admitted instead.
+                    await asyncio.wait(set(in_flight), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                    continue
             if not self.gate.try_admit():
                 # Woken by the next weight update (the only thing that opens the gate);
                 # the poll interval is a fallback.
@@ -439,11 +643,14 @@ class RolloutController:
                     await _wait_either(stop, self._version_changed, self.settings.admit_poll_seconds)
                     continue
             index = self.gate.stats().admitted - 1
-            save_gate_state(self.root, self.gate.state())  # before dispatch: see module docstring
+            self._save_state()  # before dispatch: see module docstring
             self.stats.admitted += 1
             self._dispatch(index, in_flight)
 
     def _dispatch(self, index: int, in_flight: set[asyncio.Task[None]]) -> None:
+        if self._order and index <= self._order[-1]:
+            raise RuntimeError(f"group {index} dispatched after group {self._order[-1]}: groups go out in admission order")
+        self._order.append(index)
         task = self._start(self._produce_group(index), f"group-{index}")
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
@@ -507,54 +714,89 @@ class RolloutController:
             self.stats.task_reward_sum[record.task] = self.stats.task_reward_sum.get(record.task, 0.0) + result.reward
             reason = f"{record.task}/{result.reason}"
             self.stats.reward_reasons[reason] = self.stats.reward_reasons.get(reason, 0) + 1
-        self._finished.append(samples)
-        if self._oldest_finished_at is None:
-            self._oldest_finished_at = time.monotonic()
-        if len(self._finished) >= self.settings.shard_groups or self._completes_next_batch():
-            await self._flush()
+        if self.settings.dynamic_filter and all_equal_rewards(samples):
+            await asyncio.to_thread(save_filtered, self.root, samples)  # durable before it is released
+            self.gate.release()
+            self.stats.filtered_groups += 1
+            self.stats.filtered_tokens += sum(len(s.output_token_ids) for s in samples)
+            self._version_changed.set()  # the gate may admit again
+            self._done[index] = None
+            LOG.info("group %s left out by dynamic filtering: all %d rewards are %g", group_id(index), len(samples),
+                     samples[0].reward)  # fmt: skip
+        else:
+            self._done[index] = samples
+        self._done_at[index] = time.monotonic()
+        await self._flush()
 
-    def _completes_next_batch(self) -> bool:
-        """Whether the finished groups complete the batch the trainer waits for: with s the
-        training steps of the newest published version, W the groups written and F the
-        finished ones not yet written, W < B * (s + 1) <= W + F. Holding them back for
-        ``shard_groups`` or ``shard_seconds`` would only keep the trainer waiting."""
-        written = self.written
-        if written is None:
-            return False
-        need = self.settings.batch_groups * (self._trainer_steps + 1)
-        return written.total < need <= written.total + len(self._finished)
+    def _take_writable(self, partial: bool) -> list[tuple[list[list[Sample]], list[int]]]:
+        """Take the shards to write now off the buffer, each as (its groups, the filtered
+        groups before them): the finished groups at the head of the admission order, cut
+        after every kept group that completes a batch (the groups in shards reach a multiple
+        of B), so no shard straddles two of the trainer's steps. Whole batches are taken at
+        once; the rest of the head only with ``partial``, when it holds ``shard_groups`` kept
+        groups, or when it holds filtered groups alone (nothing to write but the index)."""
+        assert self.written is not None
+        batch = self.settings.batch_groups
+        kept = self.written.in_shards
+        pieces: list[list[int]] = []
+        piece: list[int] = []
+        for index in self._order:
+            if index not in self._done:
+                break  # the head of the line is still generating
+            piece.append(index)
+            if self._done[index] is None:
+                continue  # filtered: in no shard
+            kept += 1
+            if kept % batch == 0:
+                pieces.append(piece)
+                piece = []
+        piece_kept = sum(1 for k in piece if self._done[k] is not None)
+        if piece and (partial or piece_kept == 0 or piece_kept >= self.settings.shard_groups):
+            pieces.append(piece)
+        for _ in range(sum(len(p) for p in pieces)):
+            self._order.popleft()
+        taken = []
+        for p in pieces:
+            groups = [self._done.pop(k) for k in p]
+            for k in p:
+                self._done_at.pop(k, None)
+            taken.append(([g for g in groups if g is not None], [k for k, g in zip(p, groups) if g is None]))
+        return taken
 
-    async def _flush(self) -> None:
-        """Write every finished group as one shard (groups are never split).
+    async def _flush(self, partial: bool = False) -> None:
+        """Write the finished groups whose turn has come (:meth:`_take_writable`), one shard per
+        piece (groups are never split).
 
-        The groups are taken from the buffer before the write (in a thread, so the
-        event loop keeps streaming tokens); if the write fails the controller fails and
-        a restart regenerates them, since no shard holds them. Writes take turns, and
-        each is followed by saving the written-groups index (see :func:`load_written_groups`):
-        three PUTs per shard (claim, shard, index). The trainer's doorbell is rung as soon as
-        the shard is published."""
-        if not self._finished:
-            return
-        groups, self._finished, self._oldest_finished_at = self._finished, [], None
+        Pieces are taken inside the write lock, so shards are published in admission order
+        (the write runs in a thread, so the event loop keeps streaming tokens); if a write
+        fails the controller fails and a restart regenerates its groups, since no shard holds
+        them. Each write is followed by saving the written-groups index (see
+        :func:`load_written_groups`): three PUTs per shard (claim, shard, index). The
+        trainer's doorbell is rung as soon as a shard is published."""
         async with self._write_lock:
-            shard = await asyncio.to_thread(self.writer.write_groups, groups)
-            self.stats.groups_written += len(groups)
-            self.stats.shards_written += 1
             written = self.written
-            if written is not None:
-                written.add({group_index(group[0].group_id) for group in groups})
-                written.next_seq = max(written.next_seq, shard.seq + 1)
-            await asyncio.to_thread(self._shards_bell.ring)  # the trainer looks at once
-            if written is not None:
+            if written is None:
+                return
+            for groups, filtered in self._take_writable(partial):
+                written.add(filtered)  # their records are durable (written when they were filtered)
+                written.filtered += len(filtered)
+                if groups:
+                    shard = await asyncio.to_thread(self.writer.write_groups, groups)
+                    self.stats.groups_written += len(groups)
+                    self.stats.shards_written += 1
+                    self.stats.written_tokens += sum(len(s.output_token_ids) for g in groups for s in g)
+                    written.add({group_index(group[0].group_id) for group in groups})
+                    written.next_seq = max(written.next_seq, shard.seq + 1)
+                    await asyncio.to_thread(self._shards_bell.ring)  # the trainer looks at once
+                    LOG.info("wrote %s (%d groups)", shard.name, len(groups))
                 await asyncio.to_thread(save_written_groups, self.root, written)
-        LOG.info("wrote %s (%d groups)", shard.name, len(groups))
 
     async def _flush_periodically(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await _wait(stop, min(1.0, self.settings.shard_seconds))
-            oldest = self._oldest_finished_at
+            oldest = min(self._done_at.values(), default=None)
             if oldest is not None and time.monotonic() - oldest >= self.settings.shard_seconds:
-                await self._flush()
+                await self._flush(partial=True)
 
     async def _watch_weights(self, stop: asyncio.Event) -> None:
         """Push each newly published version to every server (pause, load, resume), as soon
@@ -563,15 +805,14 @@ class RolloutController:
             latest = await asyncio.to_thread(self.weights.latest)
             if latest is not None:
                 # Its update count (lineage; cached per version), read off the event loop: the
-                # gate asks for it next, and the flush rule needs the trainer's steps.
-                self._trainer_steps = max(self._trainer_steps, await asyncio.to_thread(self.version_updates, latest))
+                # gate asks for it next.
+                await asyncio.to_thread(self.version_updates, latest)
             if latest is not None and latest > self.generator.current_version:
                 stats = await self.generator.update_weights(latest, self.weight_loader(latest))
+                await self._read_drift(latest)
                 self._version_changed.set()
                 self.stats.updates.append(stats)
                 LOG.info("rollout now on weight version %d (stall %.2fs)", latest, stats.stall_s)
-                if self._finished and self._completes_next_batch():
-                    await self._flush()
                 continue  # a version published during the update is loaded at once
             if stop.is_set():
                 break

@@ -268,13 +268,18 @@ def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
     """The figures of all cycles: counts and seconds are summed; rates are recomputed over the
     summed controller time E = sum(elapsed_s): gen_tokens_per_s = output_tokens / E,
     streamed_tokens_per_s = streamed_tokens / E, weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples,
-    reward_mean/<task> = sum reward_sum/<task> / sum samples/<task>."""
+    reward_mean/<task> = sum reward_sum/<task> / sum samples/<task>; the adaptive bound's
+    ``effective_eta`` is the last cycle's and ``effective_eta_min`` the lowest of any cycle."""
     if not lines:
         return {}
     total: dict[str, float] = {}
     for line in lines:
         for key, value in line.items():
-            if key not in RATE_KEYS and not key.startswith(TASK_MEAN_PREFIX):
+            if key == "effective_eta":
+                total[key] = float(value)
+            elif key == "effective_eta_min":
+                total[key] = min(total.get(key, float(value)), float(value))
+            elif key not in RATE_KEYS and not key.startswith(TASK_MEAN_PREFIX):
                 total[key] = total.get(key, 0.0) + float(value)
     elapsed = max(total.get("elapsed_s", 0.0), 1e-9)
     samples = total.get("samples", 0.0)

@@ -86,6 +86,10 @@ class GateStats:
     capacity: int
     eta: int
     batch_groups: int
+    released: int = 0
+    """Admitted groups released because they will not be trained (dynamic filtering)."""
+    eta_limit: int | None = None
+    """The configured bound; ``eta`` is the effective one (:meth:`StalenessGate.set_eta`)."""
 
 
 class StalenessGate:
@@ -96,9 +100,30 @@ class StalenessGate:
     if ``floor((Nr - 1) / B) <= i + eta``; equivalently the admitted total never
     exceeds ``capacity(i) = (i + eta + 1) * B``.  eta = 0 is synchronous RL.
 
+    Released admissions (dynamic filtering, DAPO style): a group that is not trained
+    (its rewards are all equal) is released (:meth:`release`) and no longer counts: Nr is
+    then admitted - released + 1 for the new group, so it counts only the groups that may
+    be trained, as AReaL counts rejected rollouts. The rule still holds for every trained
+    group: let group k (admission order, from 0) be the j-th trained group, j = k minus
+    the groups before k that are released in the end. When k was admitted, only groups
+    before it could have been released, so Nr - 1 = k - (released so far) >= j and
+    floor(j / B) <= floor((Nr - 1) / B) <= i + eta; the trainer trains it at step
+    floor(j / B) (trained groups are written in admission order, B per step), at most eta
+    steps after i. A release must be made durable by the caller before it is counted (the
+    controller records the filtered group first), so a restart never counts a group as
+    released that it then trains.
+
+    Effective bound (adaptive staleness, :mod:`~asyncrl.tasks.scheduler.adaptive_eta`):
+    :meth:`set_eta` sets e with 0 <= e <= eta and the rule admits against e,
+    floor((Nr - 1) / B) <= i + e. Every admission satisfies it with some e <= eta, so the
+    bound eta holds for every group whatever e did; lowering e withdraws nothing already
+    admitted. GateState keeps the configured eta; the controller saves e beside it.
+
     The count is part of :class:`GateState`; a gate restored from a saved state
     keeps counting from the saved total, so a restart cannot reopen capacity that
-    was already used (staleness stays <= eta across checkpoint recovery).
+    was already used (staleness stays <= eta across checkpoint recovery). Releases
+    are not in the state: the controller counts them again from its durable records
+    when it starts.
     """
 
     def __init__(
@@ -121,22 +146,42 @@ class StalenessGate:
             admitted = state.admitted
         self._batch_groups = batch_groups
         self._eta = eta
+        self._effective_eta = eta
         self._source = version_source
         self._admitted = admitted
+        self._released = 0
         self._lock = threading.Lock()
 
     def capacity(self, version: int) -> int:
-        """Total admissions allowed at ``version``: (version + eta + 1) * B."""
-        return max_admissions(version, self._batch_groups, self._eta)
+        """Total admissions allowed at ``version``: (version + e + 1) * B, e the effective bound."""
+        return max_admissions(version, self._batch_groups, self._effective_eta)
+
+    def set_eta(self, eta: int) -> None:
+        """Admit against the effective bound ``eta`` from now on (0 <= eta <= the configured one)."""
+        if isinstance(eta, bool) or not isinstance(eta, int) or not 0 <= eta <= self._eta:
+            raise ValueError(f"effective eta must be an int in [0, {self._eta}] (the configured bound), got {eta!r}")
+        with self._lock:
+            self._effective_eta = eta
 
     def try_admit(self) -> bool:
         """Admit one prompt group if the rule allows it (atomic check-and-increment)."""
         with self._lock:
             version = self._read_version()
-            if self._admitted + 1 > self.capacity(version):
+            if self._admitted - self._released + 1 > self.capacity(version):
                 return False
             self._admitted += 1
             return True
+
+    def release(self, count: int = 1) -> None:
+        """Stop counting ``count`` admitted groups that will not be trained (see the class docstring)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"release count must be an int >= 0, got {count!r}")
+        with self._lock:
+            if self._released + count > self._admitted:
+                raise ValueError(
+                    f"cannot release {count} more groups: {self._released} of {self._admitted} admitted are released"
+                )
+            self._released += count
 
     def wait_admit(self, timeout: float | None = None, poll_interval: float = 0.05) -> bool:
         """Block until one group is admitted (True) or ``timeout`` seconds pass (False).
@@ -167,8 +212,10 @@ class StalenessGate:
                 admitted=self._admitted,
                 version=version,
                 capacity=self.capacity(version),
-                eta=self._eta,
+                eta=self._effective_eta,
                 batch_groups=self._batch_groups,
+                released=self._released,
+                eta_limit=self._eta,
             )
 
     def state(self) -> GateState:

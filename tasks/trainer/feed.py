@@ -1,8 +1,16 @@
-"""The trainer's input: whole trajectory shards, oldest policy first, checked before use.
+"""The trainer's input: whole trajectory shards, in the order they were written, checked before use.
 
-A training step consumes whole shards (the ledger records shard names), taken in the
-order :meth:`ShardReader.list_pending` gives (min policy version, then sequence number)
-until they hold at least B prompt groups. Consumed shards are moved out of
+A training step consumes whole shards (the ledger records shard names), taken in
+sequence-number order (the order they were written) until they hold at least B prompt
+groups. The rollout controller writes groups in admission order and never lets a shard
+straddle a batch boundary (:mod:`asyncrl.tasks.scheduler.controller`), so step s takes
+exactly the s-th admission batch: the batch the staleness gate admitted against weights
+with at least s - eta steps, and no sample of it is staler than eta. Taking shards by
+their oldest policy version instead (what this feed once did) lets a later batch whose
+first tokens happen to be older overtake an earlier one, which is then trained a step
+late. On a root whose shards do not line up with batches (written by an older
+scheduler, or after a shard was quarantined) a step takes more than B groups, never
+fewer, so every group is still trained no later than its batch's step. Consumed shards are moved out of
 ``trajectories/`` (:meth:`ShardReader.retire`), so a poll lists only the shards still
 waiting: O(waiting shards) names per poll, never O(run). Every shard is validated by the
 storage reader (a bad one is quarantined there) and then checked against the model:
@@ -89,20 +97,25 @@ class ShardFeed:
             self._cache[info.name] = cached
         return cached
 
+    def waiting(self, consumed: Collection[str] = ()) -> list[ShardInfo]:
+        """The waiting shards not named in ``consumed``, in the order they were written (sequence number)."""
+        return sorted(self._reader.list_unconsumed(consumed), key=lambda info: info.seq)
+
     def available_groups(self, consumed: Collection[str] = ()) -> int:
         """Prompt groups in all waiting shards not named in ``consumed`` (reads and checks them)."""
-        return sum(len(self._groups(info)) for info in self._reader.list_unconsumed(consumed))
+        return sum(len(self._groups(info)) for info in self.waiting(consumed))
 
     def take(self, batch_groups: int, consumed: Collection[str] = ()) -> StepInput | None:
-        """The oldest waiting shards (not named in ``consumed``) holding >= ``batch_groups``
-        groups, or None if there are not enough yet. Shards are whole, so a step may get more
-        than ``batch_groups`` groups. Work: one listing of the waiting shards, and a read of
+        """The first-written waiting shards (not named in ``consumed``) holding >= ``batch_groups``
+        groups, or None if there are not enough yet. Shards are whole: a step gets exactly
+        ``batch_groups`` groups from shards that line up with batches (what the rollout
+        controller writes), more otherwise. Work: one listing of the waiting shards, and a read of
         each shard not seen before (checked shards are cached until :meth:`forget`)."""
         if batch_groups < 1:
             raise ValueError(f"batch_groups must be >= 1, got {batch_groups}")
         names: list[str] = []
         groups: list[tuple[Sample, ...]] = []
-        for info in self._reader.list_unconsumed(consumed):
+        for info in self.waiting(consumed):
             names.append(info.name)
             groups.extend(self._groups(info))
             if len(groups) >= batch_groups:

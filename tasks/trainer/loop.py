@@ -2,15 +2,17 @@
 
 Per step k (1-based; ledger entry ``step-k``):
 
-1. take the oldest unconsumed shards holding >= B prompt groups (checked; bad input
-   raises before anything is written);
+1. take the first-written unconsumed shards holding >= B prompt groups (checked; bad input
+   raises before anything is written): exactly the next admission batch, see
+   :mod:`asyncrl.tasks.trainer.feed`;
 2. record them in the ledger as step k, before anything is published, then move them
    from ``trajectories/`` to ``consumed/`` (:meth:`ShardReader.retire`), so the next poll
    lists only the shards still waiting;
 3. run the RL step (:func:`run_rl_step`); staleness is measured in training steps,
    against the k - 1 steps the trainer's weights have received, with each token's version
    counted by the steps its weights received (its lineage's ``step``, see
-   :func:`asyncrl.tasks.trainer.step.sample_staleness`);
+   :func:`asyncrl.tasks.trainer.step.sample_staleness`); the step's figures add
+   ``wasted_tokens``, the output tokens of the samples it drops as too stale (:func:`stale_tokens`);
 4. publish the new weights as version i + 1 through the :class:`WeightStore` (HF files
    plus ``asyncrl_lineage.json``: parent version, step, shards, the step's metrics);
 5. every ``checkpoint_every`` steps, save a checkpoint (step k, version i + 1).
@@ -68,9 +70,24 @@ from asyncrl.tasks.trainer.engine import TrainEngine, save_hf_weights
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
 from asyncrl.tasks.trainer.metrics import MetricsSink
 from asyncrl.tasks.trainer.retention import prune_after_publish
-from asyncrl.tasks.trainer.step import RLSettings, run_rl_step
+from asyncrl.tasks.trainer.step import RLSettings, UpdateCount, run_rl_step, sample_staleness
 
 logger = logging.getLogger(__name__)
+
+
+def stale_tokens(step_input: StepInput, max_staleness: int | None, trainer_updates: int, updates_of: UpdateCount) -> int:
+    """Output tokens of the samples the step drops as staler than ``max_staleness`` (the rule of
+    :func:`asyncrl.tasks.trainer.step.prepare_step`): generated, then thrown away. None in a
+    healthy run, where the scheduler's write order keeps every sample within the bound
+    (:mod:`asyncrl.tasks.scheduler.controller`); a restart can still cause some."""
+    if max_staleness is None:
+        return 0
+    return sum(
+        len(sample.output_token_ids)
+        for group in step_input.groups
+        for sample in group
+        if sample_staleness(sample, trainer_updates, updates_of) > max_staleness
+    )
 
 
 class TrainerWaitTimeout(TimeoutError):
@@ -232,6 +249,7 @@ class RLTrainer:
             **result.metrics(self._rl.pass_k),
             "version": float(version),
             "shards": float(len(step_input.shards)),
+            "wasted_tokens": float(stale_tokens(step_input, self._rl.max_staleness, state.step, self._updates)),
             "learning_rate": self._engine.learning_rate(),
         }
         publish_started = time.perf_counter()

@@ -7,12 +7,19 @@ padding tokens included, excluded from the objective by ``loss_mask``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 
-BehavCapMode = Literal["clamp", "mask"]
-BEHAV_CAP_MODES: tuple[str, ...] = get_args(BehavCapMode)
+from asyncrl.tasks.trainer.corrections import (
+    BEHAV_CAP_MODES,
+    BEHAV_WEIGHT_LEVELS,
+    BehavCapMode,
+    BehavWeightLevel,
+    correct_behaviour_weight,
+    token_log_weight,
+)
+
+__all__ = ["BEHAV_CAP_MODES", "BehavCapMode", "BehavWeightLevel", "PPOLossStats", "decoupled_ppo_loss"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +36,9 @@ class PPOLossStats:
       (``clip(u)*A < u*A``, i.e. the token gets no gradient).
     - ``behav_weight_mean`` / ``behav_weight_max``: w = pi_prox / pi_behav over
       ``loss_mask`` tokens, before clamping or masking (1 for standard PPO).
-    - ``behav_capped_fraction``: fraction of ``loss_mask`` tokens with w > cap
-      (masked out in "mask" mode, clamped in "clamp" mode; 0 without a cap).
+    - ``behav_capped_fraction``: fraction of ``loss_mask`` tokens whose corrected-level
+      weight rho is outside [floor, cap] (masked out in "mask" mode, truncated in "clamp"
+      mode; 0 without bounds; see :mod:`.corrections`).
     - ``approx_kl``: mean over ``loss_mask`` tokens of logp_ref - logp_theta,
       ref = proximal policy if decoupled else behaviour policy.
     """
@@ -58,6 +66,9 @@ def decoupled_ppo_loss(
     eps_clip_high: float | None = None,
     behav_weight_cap: float | None = None,
     behav_cap_mode: BehavCapMode = "mask",
+    behav_weight_floor: float | None = None,
+    behav_weight_level: BehavWeightLevel = "token",
+    sequence_index: torch.Tensor | None = None,
     decoupled: bool = True,
     token_normaliser: float | None = None,
 ) -> tuple[torch.Tensor, PPOLossStats]:
@@ -69,27 +80,36 @@ def decoupled_ppo_loss(
     trainer's parameters before this update step, recomputed by a forward pass)
     and ``logp_behav`` from pi_behav (the rollout weights that sampled each token).
 
-        J    = sum_t m_t * w_t * min(u_t * A_t, clip(u_t, 1 - eps_low, 1 + eps_high) * A_t) / N
-        loss = -J
-        u_t  = exp(logp_theta_t - logp_prox_t)
-        w_t  = exp(logp_prox_t - logp_behav_t)        (a constant: no gradient)
+        J     = sum_t m'_t * rho'_t * min(u_t * A_t, clip(u_t, 1 - eps_low, 1 + eps_high) * A_t) / N
+        loss  = -J
+        u_t   = exp(logp_theta_t - logp_prox_t)
+        w_t   = exp(logp_prox_t - logp_behav_t)       (a constant: no gradient)
+        rho'_t, m'_t = the corrected behaviour weight and mask (:mod:`.corrections`)
 
     eps_low = ``eps_clip``, eps_high = ``eps_clip_high`` (defaults to eps_clip).
-    m_t = ``loss_mask``.  With ``behav_weight_cap`` set, mode "clamp" uses
-    w_t = min(w_t, cap) and mode "mask" sets m_t = 0 where w_t > cap.
+    m_t = ``loss_mask``.  The correction: rho_t = w_t (``behav_weight_level`` "token"),
+    or the sample's product W_s = prod_{k in s} w_k ("sequence_product") or geometric
+    mean G_s = exp(mean_{k in s} log w_k) ("sequence_geo_mean"), over its output tokens
+    (``sequence_index`` gives each position's sample, :func:`.corrections.sequence_index`);
+    bounds [low, high] = [``behav_weight_floor`` or 0, ``behav_weight_cap`` or inf];
+    mode "clamp" (truncate) uses rho'_t = min(max(rho_t, low), high) and m'_t = m_t;
+    mode "mask" uses rho'_t = rho_t and m'_t = 0 where rho_t is outside the bounds. The
+    defaults (token level, no floor) with cap 5 in mode "mask" are AReaL's.
     N = ``token_normaliser`` if given (e.g. the mask count of a whole mini-batch
     split into micro-batches), else the number of ``loss_mask`` tokens before cap
     masking; with N = 0 the loss is 0.
 
     ``decoupled=False`` is standard PPO: u_t = exp(logp_theta_t - logp_behav_t),
-    w_t = 1, no cap (``logp_prox`` may then be None and ``behav_weight_cap`` is
-    ignored).  ``logp_prox``, ``logp_behav`` and ``advantages`` are detached.
-    Computation is in at least float32.
+    rho'_t = 1, no correction (``logp_prox`` may then be None and the correction
+    arguments are ignored).  ``logp_prox``, ``logp_behav`` and ``advantages`` are
+    detached.  Computation is in at least float32.
     """
     if behav_cap_mode not in BEHAV_CAP_MODES:
         raise ValueError(f"behav_cap_mode must be one of {list(BEHAV_CAP_MODES)}, got {behav_cap_mode!r}")
+    if behav_weight_level not in BEHAV_WEIGHT_LEVELS:
+        raise ValueError(f"behav_weight_level must be one of {list(BEHAV_WEIGHT_LEVELS)}, got {behav_weight_level!r}")
     eps_high = eps_clip if eps_clip_high is None else eps_clip_high
-    _check_hyperparameters(eps_clip, eps_high, behav_weight_cap, token_normaliser)
+    _check_hyperparameters(eps_clip, eps_high, behav_weight_cap, token_normaliser, behav_weight_floor)
     if decoupled and logp_prox is None:
         raise ValueError("logp_prox is required when decoupled=True")
     _check_shapes(logp_theta, logp_prox, logp_behav, advantages, loss_mask)
@@ -104,18 +124,22 @@ def decoupled_ppo_loss(
     if decoupled:
         # Padding tokens may hold arbitrary log-probs; zero their log-ratio so
         # exp() cannot overflow there and poison the backward pass with 0 * inf.
-        weight = torch.exp(torch.where(mask, ref - behav, zero))  # (T,)
+        log_w = token_log_weight(ref, behav, mask)  # (T,)
+        weight = torch.exp(log_w)  # (T,) raw token weights w_t, for the stats
+        weight_used, active, capped = correct_behaviour_weight(
+            log_w,
+            mask,
+            level=behav_weight_level,
+            low=behav_weight_floor,
+            high=behav_weight_cap,
+            mode=behav_cap_mode,
+            index=sequence_index,
+        )
     else:
         weight = torch.ones_like(theta)
-    capped = torch.zeros_like(mask)
-    if decoupled and behav_weight_cap is not None:
-        capped = mask & (weight > behav_weight_cap)
-    active = mask & ~capped if behav_cap_mode == "mask" else mask
-    if decoupled and behav_weight_cap is not None and behav_cap_mode == "clamp":
-        weight_used = torch.clamp(weight, max=behav_weight_cap)
-    else:
-        weight_used = weight
-    weight_used = torch.where(active, weight_used, zero)
+        capped = torch.zeros_like(mask)
+        active = mask
+        weight_used = torch.where(active, weight, zero)
 
     adv = torch.where(active, advantages.detach().to(dtype), zero)
     ratio = torch.exp(torch.where(active, theta - ref, zero))  # u, (T,)
@@ -144,13 +168,17 @@ def decoupled_ppo_loss(
     return loss, stats
 
 
-def _check_hyperparameters(eps_clip: float, eps_high: float, cap: float | None, token_normaliser: float | None) -> None:
+def _check_hyperparameters(
+    eps_clip: float, eps_high: float, cap: float | None, token_normaliser: float | None, floor: float | None = None
+) -> None:
     if not 0.0 < eps_clip < 1.0:
         raise ValueError(f"eps_clip must be in (0, 1), got {eps_clip}")
     if not eps_high > 0.0:
         raise ValueError(f"eps_clip_high must be > 0, got {eps_high}")
     if cap is not None and not cap > 0.0:
         raise ValueError(f"behav_weight_cap must be > 0 or None, got {cap}")
+    if floor is not None and not (floor > 0.0 and (cap is None or floor < cap)):
+        raise ValueError(f"behav_weight_floor must be > 0 and below behav_weight_cap ({cap}), or None, got {floor}")
     if token_normaliser is not None and not token_normaliser > 0.0:
         raise ValueError(f"token_normaliser must be > 0 or None, got {token_normaliser}")
 

@@ -17,7 +17,12 @@ version v of the store is kept iff at least one holds:
    stays the lowest;
 4. v is the version of a complete checkpoint (a restarted trainer resumes from it);
 5. v is pinned (``weights/_pins/``, written when the register stage registers it);
-6. v is one of the K newest complete versions besides C.
+6. v is one of the K newest complete versions besides C;
+7. v is a version the run's evaluator (evaluation during training, ``evaluations/state.json``)
+   may still load: the one it is evaluating, and the newest multiple of its period that it
+   has no record of yet (:meth:`~asyncrl.storage.evaluations.EvaluatorState.needed`), so a
+   slow evaluator does not find its next version pruned. Older pending multiples are
+   skipped by the evaluator anyway.
 
 Every other version is deleted by :meth:`WeightStore.prune` (manifest first, then its
 files except the lineage file, which staleness and the audit still read). A trainer
@@ -43,6 +48,7 @@ from dataclasses import dataclass
 import yaml
 
 from asyncrl.storage import fs, paths
+from asyncrl.storage.evaluations import EvaluationStore
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weight_lineage import VersionUpdates
 from asyncrl.storage.weights import WeightStore
@@ -117,7 +123,7 @@ def versions_to_keep(
     checkpointed: Collection[int] = (),
 ) -> set[int]:
     """Rules 1-4 and 6 of the module docstring over the ``complete`` versions (pins, rule 5,
-    are applied by :meth:`WeightStore.prune` itself)."""
+    are applied by :meth:`WeightStore.prune` itself; rule 7 by :func:`prune_weights`)."""
     ordered = sorted(complete)
     keep = {v for v in ordered if v >= current}
     floor = updates_of(current) - (policy.max_staleness + 1)
@@ -141,6 +147,9 @@ def prune_weights(store: WeightStore, current: int, policy: RetentionPolicy) -> 
         return RetentionReport(kept=tuple(store.list_versions()), deleted=(), aborted_uploads=())
     complete = store.list_versions()
     keep = versions_to_keep(complete, current, policy, VersionUpdates(root), checkpointed)
+    evaluator = EvaluationStore(root).state()
+    if evaluator is not None:
+        keep.update(evaluator.needed(current))
     deleted = store.prune(keep_latest=0, referenced=keep)
     if deleted:
         logger.info("weight retention at version %d: deleted versions %s", current, deleted)

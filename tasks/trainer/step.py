@@ -9,7 +9,8 @@ Phases, in order:
    (:func:`sample_staleness`); samples with s > max_staleness are dropped (counted and
    warned about, never trained);
 3. proximal log-probs log pi_prox of every kept output token, with the parameters as
-   they are at the start of the step, without gradient (decoupled objective only);
+   they are at the start of the step, without gradient (decoupled objective only); with
+   them, the train/inference mismatch figures of the step (:func:`step_mismatch`);
 4. the groups are split into ``mini_batches`` contiguous mini-batches; each is packed
    into token-budget micro-batches, whose losses are accumulated (one backward each)
    and normalised by the output-token count N of the whole mini-batch; then one
@@ -47,7 +48,9 @@ from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build
 from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_partition
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
-from asyncrl.tasks.trainer.loss import BehavCapMode, decoupled_ppo_loss
+from asyncrl.tasks.trainer.corrections import BehavCapMode, BehavWeightLevel, sequence_index
+from asyncrl.tasks.trainer.loss import decoupled_ppo_loss
+from asyncrl.tasks.trainer.mismatch import all_gather_mismatch, local_mismatch
 from asyncrl.tasks.trainer.packing import get_packer
 from asyncrl.tasks.reward.pass_at_k import task_figures
 
@@ -66,6 +69,8 @@ class RLSettings:
     eps_clip_high: float | None = None
     behav_weight_cap: float | None = 5.0
     behav_cap_mode: BehavCapMode = "mask"
+    behav_weight_floor: float | None = None
+    behav_weight_level: BehavWeightLevel = "token"
     advantage: AdvantageMethod = "grpo"
     mini_batches: int = 1
     micro_batch_tokens: int = 4096
@@ -83,6 +88,8 @@ class RLSettings:
             eps_clip_high=trainer.eps_clip_high,
             behav_weight_cap=trainer.behav_weight_cap,
             behav_cap_mode=trainer.behav_cap_mode,
+            behav_weight_floor=trainer.behav_weight_floor,
+            behav_weight_level=trainer.behav_weight_level,
             advantage=trainer.advantage,
             mini_batches=trainer.mini_batches,
             micro_batch_tokens=trainer.micro_batch_tokens,
@@ -101,6 +108,10 @@ class TrainItem:
     advantage: float
     group: int
     """Index of its group in the step (mini-batches split by group)."""
+    token_lag: tuple[int, ...] = ()
+    """Per output token t, U_trainer - U(v_t): how many training steps the weights that
+    sampled it lag the trainer's (0: the trainer's current weights; negative: a branch a
+    rollback discarded); empty when unknown (then the mismatch figures skip the sample)."""
 
 
 @dataclass(frozen=True)
@@ -181,10 +192,14 @@ class RLStepResult:
     update_time_s: float
     rank_token_imbalance: float = 1.0
     """Largest rank's sequence tokens over the mean over ranks (1.0: perfectly even, or one rank)."""
+    mismatch: dict[str, float] = field(default_factory=dict)
+    """The step's ``mismatch/*`` metrics over all ranks (:func:`step_mismatch`; empty for the
+    standard objective, which computes no proximal log-probs)."""
 
     def metrics(self, pass_k: Sequence[int] = ()) -> dict[str, float]:
         """Flat metrics of the step: loss, rewards, advantages, clipping, behaviour weights,
-        staleness distribution (``staleness/count_<s>``), throughput, packing efficiency, and
+        staleness distribution (``staleness/count_<s>``), throughput, packing efficiency,
+        train/inference mismatch (``mismatch/*``, :mod:`~asyncrl.tasks.trainer.mismatch`), and
         per task the mean reward, pass@1 and pass@k of the step's groups (:func:`task_figures`)."""
         prepared = self.prepared
         compute_time = self.proximal_time_s + self.update_time_s
@@ -208,6 +223,7 @@ class RLStepResult:
             "update_time_s": self.update_time_s,
             "tokens_per_s": self.sequence_tokens / compute_time if compute_time > 0 else 0.0,
             **task_figures(prepared.group_rewards, pass_k),
+            **self.mismatch,
         }
         for staleness, count in sorted(Counter(prepared.staleness).items()):
             out[f"staleness/count_{staleness}"] = float(count)
@@ -288,6 +304,7 @@ def prepare_step(
     rewards: list[float] = []
     advantages: list[float] = []
     dropped = clamped = 0
+    updates_cache: dict[int, int] = {}
     for g, group in enumerate(groups):
         group_rewards = torch.tensor([[float(s.reward) for s in group]], dtype=torch.float64)  # (1, n)
         group_adv = group_advantages(group_rewards, settings.advantage)[0].tolist()  # (n,)
@@ -307,6 +324,9 @@ def prepare_step(
                     logp_behav=torch.tensor(list(sample.behaviour_logprobs), dtype=torch.float32),
                     advantage=float(advantage),
                     group=g,
+                    token_lag=tuple(
+                        trainer_updates - _cached_updates(updates_cache, updates_of, v) for v in sample.token_versions
+                    ),
                 )
             )
     if dropped:
@@ -336,6 +356,12 @@ def prepare_step(
         clamped=clamped,
         group_rewards=tuple((group[0].task, tuple(float(s.reward) for s in group)) for group in groups if group),
     )
+
+
+def _cached_updates(cache: dict[int, int], updates_of: UpdateCount, version: int) -> int:
+    if version not in cache:
+        cache[version] = updates_of(version)
+    return cache[version]
 
 
 def split_groups(num_groups: int, parts: int) -> list[range]:
@@ -433,6 +459,9 @@ def ppo_update(
                 eps_clip_high=settings.eps_clip_high,
                 behav_weight_cap=settings.behav_weight_cap,
                 behav_cap_mode=settings.behav_cap_mode,
+                behav_weight_floor=settings.behav_weight_floor,
+                behav_weight_level=settings.behav_weight_level,
+                sequence_index=sequence_index(batch.loss_mask, batch.output_lengths).to(device),
                 decoupled=decoupled,
                 token_normaliser=normaliser,
             )
@@ -479,9 +508,12 @@ def run_rl_step(
 
     started = time.perf_counter()
     proximal = None
+    mismatch: dict[str, float] = {}
     if settings.objective == "decoupled":
         proximal = compute_proximal(engine, items, [i for local in plan for i in local], settings)
     proximal_time = time.perf_counter() - started
+    if proximal is not None:
+        mismatch = step_mismatch(items, proximal)
 
     started = time.perf_counter()
     stats = UpdateStats()
@@ -506,8 +538,21 @@ def run_rl_step(
         packing_efficiency=1.0,  # set from the reduced token counts
         proximal_time_s=proximal_time,
         update_time_s=update_time,
+        mismatch=mismatch,
     )
     return all_reduce_step_figures(local, settings.micro_batch_tokens)
+
+
+def step_mismatch(items: Sequence[TrainItem], proximal: dict[int, torch.Tensor]) -> dict[str, float]:
+    """The step's ``mismatch/*`` metrics (:mod:`~asyncrl.tasks.trainer.mismatch`) from the
+    proximal log-probs of this rank's items (keys of ``proximal``; log p_trainer) and their
+    behaviour log-probs and token lags (collective: every rank calls it once per step; the
+    figures are those of all ranks' tokens). Items with unknown token lags are left out."""
+    known = [i for i in sorted(proximal) if len(items[i].token_lag) == len(items[i].logp_behav)]
+    local = local_mismatch(
+        [proximal[i] for i in known], [items[i].logp_behav for i in known], [items[i].token_lag for i in known]
+    )
+    return all_gather_mismatch(local)
 
 
 def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepResult:

@@ -58,6 +58,8 @@ def test_run_summary_measures_the_change_and_the_staleness_reached() -> None:
         ({"objectives": ("ppo",)}, "objectives: must be distinct values of"),
         ({"eval_every": -1}, "eval_every: must be >= 0"),
         ({"smooth": 0}, "smooth: must be >= 1"),
+        ({"adaptive_etas": (0,)}, "adaptive_etas: must be ints >= 1"),
+        ({"adaptive_etas": (8, 8)}, "adaptive_etas: a value repeats"),
     ],
 )
 def test_settings_refuse_bad_values(kwargs: dict[str, object], message: str) -> None:
@@ -77,6 +79,23 @@ def test_variants_differ_only_in_eta_objective_and_where_they_write(tmp_path: Pa
     assert variant.trainer.model_dump(exclude=changed) == base.trainer.model_dump(exclude=changed)
     assert variant.trainer.keep_versions > variant.trainer.max_steps
     assert variant.rollout.model_dump(exclude={"eta"}) == base.rollout.model_dump(exclude={"eta"})
+    assert variant.rollout.adaptive_staleness is None
+
+
+def test_the_adaptive_arm_differs_only_in_its_bound_control(tmp_path: Path) -> None:
+    base = load_config(REPO / "configs" / "demo.yaml")
+    fixed = variant_config(base, tmp_path, tmp_path / "warm", 8, "decoupled")
+    adaptive = variant_config(base, tmp_path, tmp_path / "warm", 8, "decoupled", adaptive=True)
+    assert adaptive.name == "demo-eta8-adaptive-decoupled" and adaptive.storage.root != fixed.storage.root
+    assert adaptive.rollout.adaptive_staleness is not None and adaptive.rollout.eta == 8
+    exclude = {"name", "storage", "rollout"}
+    assert adaptive.model_dump(exclude=exclude) == fixed.model_dump(exclude=exclude)
+    assert adaptive.rollout.model_dump(exclude={"adaptive_staleness"}) == fixed.rollout.model_dump(exclude={"adaptive_staleness"})
+    # the base's own budget is kept when it sets one
+    tuned = base.model_copy(update={"rollout": base.rollout.model_copy(update={"adaptive_staleness": adaptive.rollout.adaptive_staleness.model_copy(update={"max_behav_weight_p99": 1.2})})})
+    assert variant_config(tuned, tmp_path, tmp_path / "warm", 8, "decoupled", adaptive=True).rollout.adaptive_staleness.max_behav_weight_p99 == 1.2
+    settings = AblationSettings(etas=(0, 8), objectives=("decoupled",), adaptive_etas=(8,))
+    assert settings.sweep() == [(0, "decoupled", False), (8, "decoupled", False), (8, "decoupled", True)]
 
 
 def test_table_and_plot(tmp_path: Path) -> None:
@@ -86,9 +105,14 @@ def test_table_and_plot(tmp_path: Path) -> None:
         "config": "demo", "steps": 3, "batch_groups": 2, "n_samples": 4, "eval_prompts": 10, "eval_samples": 2,
         "runs": [ok, {"eta": 4, "objective": "standard", "error": "RuntimeError: boom\nmore"}],
     }  # fmt: skip
+    adaptive = {**run_summary(8, "decoupled", metrics, {0: 0.3, 3: 0.5}, start_version=0,
+                              scheduler={"effective_eta_min": 2.0, "eta_changes": 5.0, "effective_eta": 4.0}),
+                "train_wall_s": 61.2}  # fmt: skip
+    result["runs"].append(adaptive)
     table = format_table(result)
-    assert "| 0 | decoupled | 0.300 | 0.400 | +0.100 | 0 | 0.00 | 0:24 | 0 | 0.100 |" in table
+    assert "| 0 | decoupled | 0.300 | 0.400 | +0.100 | n/a | 0 | 0.00 | 0:24 | 0 | 0.100 |" in table
     assert "| 4 | standard | failed: RuntimeError: boom |" in table
+    assert "| 8 adaptive (min 2, 5 changes) | decoupled | 0.300 | 0.500 | +0.200 | 61 |" in table
     png = plot_curves(result, tmp_path / "out" / "curves.png", smooth=2)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 

@@ -170,6 +170,7 @@ def test_samples_over_the_bound_are_dropped_not_trained(build: RunRootBuilder) -
     report = audit(build, max_staleness=0)
     assert report.ok, report.violations
     assert report.staleness_counts == {0: 3 * N} and report.dropped_stale == N
+    assert report.dropped_tokens == N * 2  # the builder's samples hold 2 output tokens
     with pytest.raises(ValueError, match="max_staleness must be an int >= 0"):
         audit(build, max_staleness=-1)
 
@@ -184,3 +185,29 @@ def test_a_corrupt_scheduler_state_is_reported(build: RunRootBuilder) -> None:
     fs.put_atomic_replace(build.root, paths.SCHEDULER_STATE, b'{"gate": {"admitted": "four"}}')
     violations = audit(build, in_flight_ok=True).violations
     assert any(v.startswith("(a) ") and "corrupt scheduler state" in v for v in violations), violations
+
+
+def _filter(build: RunRootBuilder, index: int) -> None:
+    from asyncrl.storage.schema import Sample
+    from asyncrl.tasks.scheduler.controller import group_id, save_filtered
+
+    save_filtered(build.root, [Sample(f"p{index}", group_id(index), [1], [3, 3], [-0.5] * 2, [0, 0], 1.0, "stop", 1.0, 2.0)])
+
+
+def test_a_filtered_group_counts_as_produced_not_as_missing(build: RunRootBuilder) -> None:
+    build.clean_run()
+    build.admit(5)
+    _filter(build, 4)
+    report = audit(build)
+    assert report.ok, report.violations
+    assert (report.filtered_groups, report.unwritten_groups, report.groups_written) == (1, (), 4)
+
+
+def test_a_filtered_group_in_a_shard_or_never_admitted(build: RunRootBuilder) -> None:
+    first, _ = build.clean_run()
+    _filter(build, 1)
+    assert f"group g00000001 was filtered out but is also in shards {first}" in only_violation(audit(build), "a")
+    _filter(build, 9)
+    violations = audit(build).violations
+    assert any("group g00000009 was filtered out but never admitted: the scheduler admitted 4 groups" in v
+               for v in violations), violations

@@ -1,8 +1,10 @@
 """A short pipeline end to end, as the Prefect flow users run: tiny model, synthetic
 task, SFT warm start, asynchronous RL on a real vLLM server and DeepSpeed, evaluation,
-MLflow registration, with the run root on a real S3 server (SeaweedFS). The Prefect server
-holds one run per stage and per component; a second run of the same config takes data,
-model, SFT and evaluation from the cache."""
+MLflow registration, with the run root on a real S3 server (SeaweedFS); held-out pass@1 is
+also evaluated during training (every version, by the evaluator component) and shows as an
+MLflow curve, in the RL report and in the summary. The Prefect server holds one run per
+stage and per component; a second run of the same config takes data, model, SFT and
+evaluation from the cache."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from mlflow import MlflowClient
 from asyncrl.configs.loading import config_from_dict
 from asyncrl.flows.pipeline import SUMMARY_FILE, pipeline
 from asyncrl.storage import fs, paths
+from asyncrl.storage.evaluations import EvaluationStore
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardReader
@@ -48,7 +51,9 @@ def e2e_config(tmp_path: Path, root_uri: str, options: dict[str, Any]) -> dict[s
         "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": 1,
                     "optimizer": {"lr": 1.0e-4}},
         "pipeline": {"init_tiny_model": True, "synthetic_data": {"n_train": 64, "n_heldout": 6},
-                     "sft_steps": 2, "sft_batch_size": 4, "eval_samples": 2, "registered_model": "e2e-policy"},
+                     "sft_steps": 2, "sft_batch_size": 4, "eval_samples": 2, "registered_model": "e2e-policy",
+                     # nice 0: a loaded test machine starved a nice 10 server for minutes
+                     "eval_every": 1, "training_eval": {"prompts": 3, "samples": 2, "nice": 0}},
         "storage": {"root": root_uri, "options": options},
         "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "e2e"},
     }
@@ -130,6 +135,14 @@ def test_pipeline_on_seaweedfs(
     assert "system/cpu_utilization_percentage" in client.get_run(run.info.run_id).data.metrics
     # (the SQL registry keeps no model id on a version: the version's tag names its LoggedModel)
     assert "eval_pass_at_1" in {m.key for m in client.get_logged_model(registered.tags["asyncrl.model_id"]).metrics}
+    # Evaluation during training: one record per evaluated version (the last step's always: the
+    # run waits for it), each an MLflow point at step = version, listed in the summary.
+    evaluated = EvaluationStore(root).versions()
+    assert STEPS in evaluated and set(evaluated) <= set(range(STEPS + 1)), evaluated
+    curve = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "eval/pass_at_1")}
+    assert sorted(curve) == evaluated
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "eval/pass_at_1/math")} == set(evaluated)
+    assert {int(v): p for v, p in stored["pass_at_1_during_training"].items()} == curve
     # The registered version loads through MLflow and generates.
     mlflow.set_tracking_uri(config.tracking.mlflow_uri)
     try:
@@ -143,6 +156,8 @@ def test_pipeline_on_seaweedfs(
     assert artifacts[f"{RUN}-rl-progress"].type == "progress" and artifacts[f"{RUN}-rl-progress"].data == 100.0
     report = artifacts[f"{RUN}-rl-report"].data
     assert "Reward curve" in report and f"| steps | {STEPS} |" in report
+    assert "## Held-out pass@1 during training" in report
+    assert all(f"| {v} | {100 * curve[v]:.1f}% |" in report for v in evaluated), report
     assert f"{100 * stored['pass_at_1_after']:.1f}%" in artifacts[f"{RUN}-summary"].data
 
     # Secrets (the servers' API key from the config, the store's secret key from the
@@ -165,7 +180,7 @@ def test_pipeline_on_seaweedfs(
     # One Prefect run per stage and per component, read back from the server.
     tree = run_tree(state.state_details.flow_run_id)
     stages = ["prepare-data", "init-model", "sft", "evaluate", "register"]
-    components = ["rollout-server-0", "reward-service", "trainer", "scheduler"]
+    components = ["rollout-server-0", "reward-service", "trainer", "scheduler", "evaluator"]
     assert all(tree.get(name) == "Completed" for name in stages + components), tree
     assert tree[f"flow:{RUN}-train"] == "Completed" and tree[f"flow:{RUN}-scheduler"] == "Completed", tree
     assert summary["stages"] == {"prepare-data": "run", "init-model": "run", "sft": "run", "evaluate": "run"}
@@ -180,5 +195,7 @@ def test_pipeline_on_seaweedfs(
     assert run_tree(again.state_details.flow_run_id)["sft"] == "Cached"
     assert second["mlflow_run_id"] == summary["mlflow_run_id"] and second["final_version"] == STEPS
     assert second["pass_at_1_after"] == summary["pass_at_1_after"]
+    assert second["pass_at_1_during_training"] == summary["pass_at_1_during_training"]
+    assert len(client.get_metric_history(run.info.run_id, "eval/pass_at_1")) == len(evaluated)  # not logged twice
     assert [e.step for e in Ledger(root).entries()] == list(range(1, STEPS + 1))  # nothing trained twice
     assert len(client.search_logged_models(experiment_ids=[run.info.experiment_id])) == STEPS + 1

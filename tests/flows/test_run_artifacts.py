@@ -63,3 +63,29 @@ def test_report_and_summary_show_each_task() -> None:
     markdown = summary_markdown(summary)
     assert "| held-out pass@1 of code | 10.0% -> 25.0% |" in markdown
     assert "| held-out pass@4 of code | 30.0% -> 50.0% |" in markdown
+
+
+def test_report_and_summary_show_the_held_out_curve_evaluated_during_training() -> None:
+    from asyncrl.tasks.run.artifacts import PipelineSummary, summary_markdown
+    from asyncrl.tasks.run.evaluation import EvalResult
+
+    def result(version: int, math: float, code: float) -> EvalResult:
+        return EvalResult(version, (math + code) / 2, 8, 2, 12.0, {"pass_at_1/math": math, "pass_at_1/code": code})
+
+    evaluations = {0: result(0, 0.25, 0.0), 5: result(5, 0.5, 0.25), 10: result(10, 0.75, 0.5)}
+    text = training_report_markdown("run", {1: {"reward_mean": 0.1}}, {}, 1.0, 10, evaluations)
+    assert "## Held-out pass@1 during training" in text
+    assert f"3 versions, 8 held-out prompts x 2 samples each: `{sparkline([0.125, 0.375, 0.625])}`" in text
+    assert "| weight version | held-out pass@1 | code | math |" in text
+    assert "| 0 | 12.5% | 0.0% | 25.0% |" in text and "| 10 | 62.5% | 50.0% | 75.0% |" in text
+    assert "Held-out pass@1 during training" not in training_report_markdown("run", {}, {}, 1.0, 0)
+    failed = training_report_markdown("run", {}, {}, 1.0, 0, {}, "evaluator failed after 3 restart(s): exited with 1")
+    assert "The evaluator failed and the run went on without it: evaluator failed after 3 restart(s)" in failed
+
+    summary = PipelineSummary(
+        run="r", steps=10, final_version=10, pass_at_1_before=0.2, pass_at_1_after=0.4, best_version=10,
+        registered_model=None, registered_model_version=None, wall_s=1.0, train_wall_s=1.0, mlflow_uri="m",
+        mlflow_run_id="x", storage_root="s", restarts={}, stages={},
+        pass_at_1_during_training={v: r.pass_at_1 for v, r in evaluations.items()},
+    )
+    assert "| held-out pass@1 during training (subset), v0 -> v10 | 12.5% -> 62.5% `▁▅█` |" in summary_markdown(summary)

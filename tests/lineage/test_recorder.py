@@ -150,3 +150,55 @@ def test_metrics_of_a_trainer_on_another_machine_come_with_its_versions(tmp_path
     other = FakeLineage()
     LineageRecorder(other, root, local_file).poll()  # type: ignore[arg-type]
     assert other.metrics == [(1, {"reward_mean": 0.5})] and other.versions[0][3] == {"reward_mean": 0.5}
+
+
+def test_evaluations_during_training_are_logged_at_step_version_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each record of ``evaluations/`` becomes ``eval/*`` metrics at step = its version, once
+    the evaluator's state says it is there; a poll with nothing new reads the state only; a
+    resumed recorder logs none that the MLflow run holds already."""
+    from asyncrl.storage.evaluations import EvaluationStore, EvaluatorState
+
+    def result(version: int, pass_at_1: float) -> dict[str, Any]:
+        return {"version": version, "pass_at_1": pass_at_1, "prompts": 4, "samples_per_prompt": 2,
+                "mean_output_tokens": 9.0, "by_task": {"pass_at_1/math": pass_at_1}, "wall_s": 3.0, "skipped": []}
+
+    root = open_root(str(tmp_path / "run"))
+    store = EvaluationStore(root)
+    lineage = FakeLineage()
+    lineage.metric_steps = lambda key: set()  # type: ignore[attr-defined]
+    recorder = LineageRecorder(lineage, root, tmp_path / "none.jsonl", follow_evaluations=True)  # type: ignore[arg-type]
+    recorder.adopt_logged_versions()
+    recorder.poll()
+    assert lineage.metrics == [] and recorder.evaluations == {}
+    store.write(0, result(0, 0.25))  # written, but the state does not say so yet
+    store.set_state(EvaluatorState(every=2, done=-1, current=2))
+    recorder.poll()
+    assert lineage.metrics == []
+    store.set_state(EvaluatorState(every=2, done=0, current=2))
+    store.write(2, result(2, 0.5))
+    store.set_state(EvaluatorState(every=2, done=2, current=None))
+    recorder.poll()
+    assert lineage.metrics == [
+        (0, {"eval/pass_at_1": 0.25, "eval/prompts": 4.0, "eval/mean_output_tokens": 9.0, "eval/pass_at_1/math": 0.25}),
+        (2, {"eval/pass_at_1": 0.5, "eval/prompts": 4.0, "eval/mean_output_tokens": 9.0, "eval/pass_at_1/math": 0.5}),
+    ]
+    assert {v: r.pass_at_1 for v, r in recorder.evaluations.items()} == {0: 0.25, 2: 0.5}
+
+    calls: list[str] = []
+    for name in ("read_bytes", "list_dir"):
+        real = getattr(fs, name)
+        monkeypatch.setattr(fs, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    recorder.poll()
+    assert calls == ["read_bytes", "read_bytes"] and len(lineage.metrics) == 2  # LATEST and the state
+    monkeypatch.undo()
+
+    resumed = FakeLineage()
+    resumed.metric_steps = lambda key: {0, 2} if key == "eval/pass_at_1" else set()  # type: ignore[attr-defined]
+    again = LineageRecorder(resumed, root, tmp_path / "none.jsonl", follow_evaluations=True)  # type: ignore[arg-type]
+    again.adopt_logged_versions()
+    store.write(4, result(4, 0.75))
+    store.set_state(EvaluatorState(every=2, done=4, current=None))
+    again.poll()
+    assert [step for step, _ in resumed.metrics] == [4] and sorted(again.evaluations) == [0, 2, 4]

@@ -25,9 +25,10 @@ from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, Rol
 from asyncrl.tasks.rollout.weight_sync import update_server_weights
 
 API_KEY = "rollout-client-test-key"
-NUM_VERSIONS = 11
-"""Published versions 0..10: each of the two mid-generation update tests uses one (or up to
-5 when its update split no sample and it retries); a failed update uses none."""
+NUM_VERSIONS = 13
+"""Published versions 0..12: each of the two mid-generation update tests uses one (or up to
+5 when its update split no sample and it retries), the idle update one, the canary test two;
+a failed update uses none."""
 PERTURBATION_STD = 0.02
 """Noise added to every tensor of version v >= 1 (the tiny model is initialised with std 0.02)."""
 

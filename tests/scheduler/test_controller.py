@@ -184,20 +184,26 @@ def test_restart_resubmits_unwritten_groups_without_new_admissions(tmp_path: Pat
     asyncio.run(run_for(first, 0.6))  # stopped while group 1 is still in flight
     state = load_gate_state(open_root(str(root_dir)))
     assert state is not None and state.admitted == 4
-    assert 1 not in written_groups(root_dir)
+    # Groups are written in admission order: 2 and 3 finished behind group 1, which was
+    # still generating, so they were not written; their tokens are counted as wasted.
+    assert written_groups(root_dir) == [0]
+    tokens_per_group = 3 * len(schedule.record(2).prompt)
+    assert first.stats.discarded_tokens == tokens_per_group + 3 * len(schedule.record(3).prompt)
+    assert first.stats.summary()["wasted_tokens"] == first.stats.discarded_tokens
 
     second_generator = ScriptedGenerator()
     second = controller(root_dir, second_generator)
     asyncio.run(run_for(second, 0.6))
-    assert second.stats.resubmitted_after_restart == 1
+    assert second.stats.resubmitted_after_restart == 3
     assert second.stats.admitted == 0  # the bound at version 0 was already reached
     assert sorted(written_groups(root_dir)) == [0, 1, 2, 3]  # each exactly once
     # The controller kept its written-groups index up to date with every shard it wrote.
     index = json.loads(fs.read_bytes(open_root(str(root_dir)), paths.SCHEDULER_WRITTEN))
     assert (index["prefix"], index["extra"]) == (4, [])
     assert [call for call in second_generator.calls] == [
-        [ord(c) for c in schedule.record(1).prompt]
+        [ord(c) for c in schedule.record(k).prompt] for k in (1, 2, 3)
     ]
+    assert second.stats.summary()["wasted_tokens"] == 0
 
 
 def test_a_failing_generator_fails_the_run_with_its_error(tmp_path: Path) -> None:

@@ -50,3 +50,13 @@ def test_per_task_reward_means_are_recomputed_over_all_cycles(tmp_path: Path) ->
     assert total["reward_mean/math"] == 1.0 and total["samples/math"] == 4
     assert total["reward_mean/code"] == pytest.approx(2.0 / 8) and total["samples/code"] == 8
     assert total["reward_wait_s"] == 3.0
+
+
+def test_the_adaptive_bound_is_the_last_cycles_and_its_minimum_the_lowest() -> None:
+    cycles = [
+        {"elapsed_s": 10.0, "effective_eta": 2.0, "effective_eta_min": 1.0, "eta_changes": 3.0, "drift_readings": 5.0},
+        {"elapsed_s": 5.0, "effective_eta": 4.0, "effective_eta_min": 2.0, "eta_changes": 1.0, "drift_readings": 2.0},
+    ]
+    total = combine_cycle_stats(cycles)
+    assert (total["effective_eta"], total["effective_eta_min"]) == (4.0, 1.0)
+    assert (total["eta_changes"], total["drift_readings"]) == (4.0, 7.0)

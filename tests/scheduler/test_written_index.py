@@ -121,3 +121,21 @@ def test_a_root_from_before_the_index_is_scanned_once(tmp_path: Path) -> None:
     finally:
         setattr_read.undo()
     assert reads == []
+
+
+def test_the_index_counts_filtered_groups_and_reads_an_index_saved_before_it_did(tmp_path: Path) -> None:
+    from asyncrl.tasks.scheduler.controller import count_filtered, filtered_record_path
+
+    written = WrittenGroups(next_seq=1, prefix=2, extra=set(), filtered=1)
+    again = WrittenGroups.from_json(written.to_json().encode(), "x")
+    assert (again.prefix, again.filtered, again.in_shards) == (2, 1, 1)
+    old = WrittenGroups.from_json(b'{"format": 1, "next_seq": 3, "prefix": 4, "extra": [6]}', "old")
+    assert (old.filtered, old.in_shards) == (0, 5)
+    with pytest.raises(ValueError, match="x: inconsistent written-groups index"):
+        WrittenGroups.from_json(b'{"next_seq": 0, "prefix": 1, "extra": [], "filtered": 2}', "x")
+
+    root = open_root(str(tmp_path / "run"))
+    for index in (2, 5):  # filtered after the index was last saved
+        fs.put_atomic_replace(root, filtered_record_path(index), b"{}")
+    assert count_filtered(root, written, admitted=5) == 1  # 5 was never admitted: not counted
+    assert (written.prefix, written.filtered, written.missing_below(5)) == (3, 2, [3, 4])

@@ -7,7 +7,7 @@ code lives in ``tests/support/s3_servers.py`` (plain context managers, reusable 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

