@@ -95,9 +95,12 @@ class DriftReading:
     staleness: int | None
     """The staleness whose quantile is D_t(e)."""
     ess: float | None
-    over_budget: bool
     reason: str
     """Which budget was crossed ("" when none)."""
+
+    @property
+    def over_budget(self) -> bool:
+        return bool(self.reason)
 
 
 def read_drift(step: int, metrics: Mapping[str, Any], eta: int, config: AdaptiveStalenessConfig) -> DriftReading:
@@ -118,7 +121,7 @@ def read_drift(step: int, metrics: Mapping[str, Any], eta: int, config: Adaptive
         reasons.append(f"behaviour-weight p99 {tail:.4g} at staleness {worst} > {config.max_behav_weight_p99:g}")
     if config.min_ess is not None and ess is not None and ess < config.min_ess:
         reasons.append(f"ESS {ess:.4g} < {config.min_ess:g}")
-    return DriftReading(step, eta, tail, worst, ess, bool(reasons), "; ".join(reasons))
+    return DriftReading(step, eta, tail, worst, ess, "; ".join(reasons))
 
 
 @dataclass(frozen=True)

@@ -182,26 +182,33 @@ def sample_budget(record: PromptRecord, max_new_tokens: int) -> int:
     return max_new_tokens if record.max_new_tokens is None else min(record.max_new_tokens, max_new_tokens)
 
 
-def load_gate_state(root: RunRoot) -> GateState | None:
-    try:
-        raw = fs.read_bytes(root, paths.SCHEDULER_STATE)
-    except FileNotFoundError:
-        return None
-    try:
-        return GateState.from_json(json.dumps(json.loads(raw)["gate"]))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
-
-
-def load_adaptive_state(root: RunRoot) -> AdaptiveState | None:
-    """The adaptive staleness state saved beside the gate's (None: none saved)."""
+def _scheduler_state(root: RunRoot) -> dict[str, Any] | None:
+    """The scheduler state file as a JSON object (None: none saved); ``ValueError`` names it if corrupt."""
     try:
         raw = json.loads(fs.read_bytes(root, paths.SCHEDULER_STATE))
     except FileNotFoundError:
         return None
     except ValueError as exc:
         raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("adaptive") is None:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state (not a JSON object)")
+    return raw
+
+
+def load_gate_state(root: RunRoot) -> GateState | None:
+    raw = _scheduler_state(root)
+    if raw is None:
+        return None
+    try:
+        return GateState.from_json(json.dumps(raw["gate"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
+
+
+def load_adaptive_state(root: RunRoot) -> AdaptiveState | None:
+    """The adaptive staleness state saved beside the gate's (None: none saved)."""
+    raw = _scheduler_state(root)
+    if raw is None or raw.get("adaptive") is None:
         return None
     try:
         return AdaptiveState.from_dict(raw["adaptive"])
@@ -809,8 +816,10 @@ class RolloutController:
                 await asyncio.to_thread(self.version_updates, latest)
             if latest is not None and latest > self.generator.current_version:
                 stats = await self.generator.update_weights(latest, self.weight_loader(latest))
-                await self._read_drift(latest)
                 self._version_changed.set()
+                # after the wake-up: the lineage read must not hold up admission; a bound it
+                # lowers applies from the next admission (every one is within eta regardless)
+                await self._read_drift(latest)
                 self.stats.updates.append(stats)
                 LOG.info("rollout now on weight version %d (stall %.2fs)", latest, stats.stall_s)
                 continue  # a version published during the update is loaded at once
