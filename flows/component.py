@@ -21,7 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.storage.heartbeats import clear_stop_request, delete_heartbeat, stop_requested
+from asyncrl.storage.heartbeats import clear_stop_request, stop_requested
 from asyncrl.tasks.run.component_host import heartbeat_writer, hosted_components, hosted_groups_file, run_hosted
 from asyncrl.tasks.run.context import prepare_run
 from asyncrl.tasks.run.kinds import ComponentKind, component_name
@@ -52,7 +52,9 @@ def component(
         stop.set()
         for hosted in components:
             groups.update(hosted.name, None)
-        delete_heartbeat(paths.root, name, replica)
+        # The heartbeat stays: this flow run is still Running until Prefect finalises it, and
+        # a Running replica without its heartbeat counts as lost. The run's supervisor deletes
+        # it when it stops the component (RemoteComponent.stop).
     if code is None:
         clear_stop_request(paths.root, name, replica)
         logger.info("%s (replica %d) stopped: its run finished", name, replica)
