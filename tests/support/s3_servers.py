@@ -33,6 +33,7 @@ _GRPC_OFFSET = 10000
 # Volume size and count of the test SeaweedFS (see seaweedfs_server).
 _VOLUME_SIZE_MB = 64
 _MAX_VOLUMES = 2000
+_MIN_FREE_SPACE = "4MiB"
 
 
 @dataclass(frozen=True)
@@ -147,32 +148,38 @@ def moto_server() -> Iterator[S3Endpoint]:
 
 @contextmanager
 def seaweedfs_server(data_dir: Path | None = None, start_timeout_s: float = 60.0) -> Iterator[S3Endpoint]:
-    """A real SeaweedFS (``weed mini``) with its S3 gateway on a free port of 127.0.0.1.
+    """A real SeaweedFS (master, volume, filer, S3 gateway) on free ports of 127.0.0.1.
 
-    The process runs in its own process group, killed (SIGTERM, then SIGKILL)
-    on exit; its log is kept in ``data_dir/weed.log`` and quoted if it fails to start.
+    The process runs in its own process group, killed (SIGTERM, then SIGKILL) on exit;
+    its log is kept in ``data_dir/weed.log`` and quoted if it fails to start or to take
+    a first write (:func:`_probe_write`).
     """
     own_dir = data_dir is None
     workdir = Path(tempfile.mkdtemp(prefix="asyncrl-weed-")) if data_dir is None else data_dir
     store_dir = workdir / "data"
     store_dir.mkdir(parents=True, exist_ok=True)
-    master, volume, filer, s3, iceberg, lance, admin = free_port_pairs(7)
+    master, volume, filer, s3, iceberg, lance = free_port_pairs(6)
     command = [
         str(find_weed_binary()),
-        "mini",
+        "server",
         f"-dir={store_dir}",
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",
-        "-admin.ui=false",
         "-master.telemetry=false",
-        "-webdav=false",
+        "-filer",
+        "-s3",
         # Every bucket is a SeaweedFS collection with volumes of its own. Left to itself,
-        # `weed mini` sizes volumes at 1 GiB and allows free-disk / 1 GiB of them, so on a
+        # weed sizes volumes at 1 GiB and allows free-disk / 1 GiB of them, so on a
         # machine with 40 GiB free the 41st bucket of a session fails with "No writable
         # volumes" (an S3 InternalError). Small sparse volumes and a fixed count make the
         # session's capacity independent of the disk it runs on.
         f"-master.volumeSizeLimitMB={_VOLUME_SIZE_MB}",
         f"-volume.max={_MAX_VOLUMES}",
+        # By default a volume server turns every volume read-only once its disk has less
+        # than 1 % free (2.5 GB of a 252 GB disk), and an S3 PUT then hangs instead of
+        # failing: CI stop 24 ran out of its 90 minutes that way. The test store holds a
+        # few hundred MB, so it only stops taking writes when the disk is really full.
+        f"-volume.minFreeSpace={_MIN_FREE_SPACE}",
         f"-master.port={master}",
         f"-master.port.grpc={master + _GRPC_OFFSET}",
         f"-volume.port={volume}",
@@ -185,10 +192,9 @@ def seaweedfs_server(data_dir: Path | None = None, start_timeout_s: float = 60.0
         f"-s3.port.lance={lance}",
         f"-filer.localSocket={workdir / 'filer.sock'}",
         f"-s3.localSocket={workdir / 's3.sock'}",
-        f"-admin.port={admin}",
-        f"-admin.port.grpc={admin + _GRPC_OFFSET}",
     ]
-    # TMPDIR keeps weed's unix sockets and glog files inside workdir instead of /tmp.
+    # TMPDIR keeps weed's glog files inside workdir instead of /tmp; the S3 identity is
+    # taken from the AWS_* variables.
     env = dict(os.environ, AWS_ACCESS_KEY_ID=TEST_KEY, AWS_SECRET_ACCESS_KEY=TEST_SECRET, TMPDIR=str(workdir))
     log_path = workdir / "weed.log"
     with open(log_path, "wb") as log:
@@ -196,16 +202,55 @@ def seaweedfs_server(data_dir: Path | None = None, start_timeout_s: float = 60.0
             command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
+        endpoint = S3Endpoint(url=f"http://127.0.0.1:{s3}", key=TEST_KEY, secret=TEST_SECRET)
         try:
             wait_for_port("127.0.0.1", s3, start_timeout_s, process)
+            _probe_write(endpoint, start_timeout_s)
         except (RuntimeError, TimeoutError) as exc:
             tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"SeaweedFS did not start: {exc}\n--- weed.log tail ---\n{tail}") from exc
-        yield S3Endpoint(url=f"http://127.0.0.1:{s3}", key=TEST_KEY, secret=TEST_SECRET)
+            free_mib = shutil.disk_usage(store_dir).free // 2**20
+            raise RuntimeError(
+                f"SeaweedFS did not start: {exc} ({free_mib} MiB free under {store_dir})"
+                f"\n--- weed.log tail ---\n{tail}"
+            ) from exc
+        yield endpoint
     finally:
         _stop_process_group(process)
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _probe_write(endpoint: S3Endpoint, timeout_s: float) -> None:
+    """Write, read back and delete one object in a fresh bucket, or raise ``TimeoutError``.
+
+    A SeaweedFS that listens may still not take writes (no writable volume, a read-only
+    disk), and then its PUTs hang rather than fail; a test session should learn that in
+    seconds, once, with weed's log, not through every S3 test timing out.
+    """
+    import s3fs
+
+    fs = s3fs.S3FileSystem(
+        **storage_options(endpoint),
+        skip_instance_cache=True,
+        config_kwargs={"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1}},
+    )
+    bucket = f"probe-{uuid.uuid4().hex[:12]}"
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            try:
+                fs.mkdir(bucket)
+            except FileExistsError:
+                pass
+            fs.pipe(f"{bucket}/probe", b"probe")
+            if fs.cat(f"{bucket}/probe") == b"probe":
+                fs.rm(bucket, recursive=True)
+                return
+        except Exception as exc:  # noqa: BLE001 - any failure is retried until the deadline
+            last_error = exc
+        time.sleep(0.5)
+    raise TimeoutError(f"no write succeeded within {timeout_s} s (last error: {last_error!r})")
 
 
 def _stop_process_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
