@@ -1,4 +1,5 @@
-# asyncrl: `make demo` runs the main job on embedded defaults (`make demo-code`: the code task),
+# asyncrl: `make demo` runs the main job on embedded defaults (`make demo-code`: the code task,
+# `make demo-tool`: a multi-turn tool-using agent),
 # `make test` the suite.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -13,7 +14,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # every venv at another path, and a build killed midway leaves a lock that hangs the next one.
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup system-deps test-deps test demo demo-code clean
+.PHONY: setup system-deps test-deps test demo demo-code demo-tool clean
 
 # bubblewrap sandboxes model-written code in the reward service. Installed with apt-get
 # when missing and we are root; otherwise the reward service refuses to run code.
@@ -53,6 +54,11 @@ demo: setup
 # tests in the bubblewrap sandbox (system-deps installs it).
 demo-code: setup
 	$(VENV)/bin/asyncrl run configs/demo-code.yaml
+
+# The agent task: multi-turn episodes (examples/calculator.py) in which the tiny model learns
+# to call a calculator tool, trained on the tokens it sampled in every turn.
+demo-tool: setup
+	$(VENV)/bin/asyncrl run configs/demo-tool.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

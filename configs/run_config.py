@@ -18,6 +18,7 @@ from asyncrl.configs.base import StrictModel
 from asyncrl.configs.secrets import Secret, SecretUri, refuse_redacted, secret_keys_in
 from asyncrl.storage.protocols import check_root_protocol
 from asyncrl.storage.retry import retry_policy
+from asyncrl.tasks.agent.config import EpisodeConfig
 from asyncrl.tasks.data.synthetic import ArithmeticSpec
 from asyncrl.tasks.data.synthetic_code import CodeSpec, ProgramStyle
 from asyncrl.tasks.process_group import check_cpu_cores
@@ -86,6 +87,10 @@ class RolloutConfig(StrictModel):
     """DAPO-style dynamic filtering: a prompt group whose rewards are all equal (no advantage
     signal) is not trained, and its admission is released, so the staleness rule counts the
     trained groups only (needs ``n_samples`` >= 2)."""
+    episode: EpisodeConfig | None = None
+    """Multi-turn agent episodes: each prompt's group is n runs of the user's episode
+    function against a recording OpenAI-compatible endpoint (:mod:`asyncrl.tasks.agent`);
+    None: single-turn samples of the rendered prompt."""
     adaptive_staleness: AdaptiveStalenessConfig | None = None
     """Adaptive staleness: the gate's effective bound drops toward ``min_eta`` while the drift
     the trainer measures (behaviour-weight tail, ESS) is over its budget and comes back up to
@@ -112,6 +117,15 @@ class RolloutConfig(StrictModel):
             raise ValueError(
                 f"rollout.adaptive_staleness.min_eta: {adaptive.min_eta} is above rollout.eta = {self.eta}; "
                 "the effective bound moves between min_eta and eta"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _episodes_end_themselves(self) -> RolloutConfig:
+        if self.episode is not None and self.ignore_eos:
+            raise ValueError(
+                "rollout.ignore_eos: an episode's turns must end on their own (the endpoint returns each "
+                "turn when the model stops); it cannot be combined with rollout.episode"
             )
         return self
 
@@ -368,10 +382,11 @@ class SyntheticDataConfig(StrictModel):
     see ``CodeSpec``). Each task refuses the other task's fields when they are set to
     anything but their defaults."""
 
-    task: Literal["arithmetic", "code"] = "arithmetic"
+    task: Literal["arithmetic", "code", "tool"] = "arithmetic"
     """Which synthetic task prepare-data writes: ``arithmetic`` (rows ``prompt``/``answer``/
-    ``solution``, math reward) or ``code`` (rows ``prompt``/``tests``/``solution``/``task``,
-    code reward)."""
+    ``solution``, math reward), ``code`` (rows ``prompt``/``tests``/``solution``/``task``,
+    code reward) or ``tool`` (calculator problems for ``examples/calculator.py``: rows
+    ``prompt``/``answer``, warm-start rows with a ``conversation``, math reward)."""
     n_train: int = Field(4000, ge=1)
     n_heldout: int = Field(200, ge=1)
     min_steps: int = Field(ArithmeticSpec.min_steps, ge=1)
@@ -403,6 +418,9 @@ class SyntheticDataConfig(StrictModel):
     sft_answer_only_share: float = Field(0.0, ge=0.0, le=1.0)
     """Arithmetic: share of the warm-start solutions that give only the final-answer line,
     no worked steps (a mixed-quality demonstration set, like many real SFT mixtures)."""
+    sft_tool_share: float = Field(0.5, ge=0.0, le=1.0)
+    """Tool: share of the warm-start demonstrations that call the ``calc`` tool; the others
+    answer at once (:mod:`asyncrl.tasks.data.synthetic_tool`)."""
     sft_styles: dict[ProgramStyle, Annotated[float, Field(ge=0.0)]] | None = None
     """Code: the warm-start programs' styles and their weights, e.g. ``{commented: 0.5,
     nested: 0.5}``: ``lines`` (one line per step), ``commented`` (each step's phrase as a
@@ -424,14 +442,13 @@ class SyntheticDataConfig(StrictModel):
             raise ValueError(
                 f"pipeline.synthetic_data.min_steps ({self.min_steps}) must be <= max_steps ({self.max_steps})"
             )
-        other = _CODE_ONLY_FIELDS if self.task == "arithmetic" else _ARITHMETIC_ONLY_FIELDS
-        for name in other:
-            if getattr(self, name) != type(self).model_fields[name].default:
-                raise ValueError(
-                    f"pipeline.synthetic_data.{name}: applies to task "
-                    f"{'code' if self.task == 'arithmetic' else 'arithmetic'} only, not to task {self.task!r}; "
-                    "remove it"
-                )
+        for task, names in _TASK_ONLY_FIELDS.items():
+            for name in names if task != self.task else ():
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(
+                        f"pipeline.synthetic_data.{name}: applies to task {task} only, not to task {self.task!r}; "
+                        "remove it"
+                    )
         if self.sft_styles is not None and not sum(self.sft_styles.values()) > 0:
             raise ValueError(
                 f"pipeline.synthetic_data.sft_styles: the weights must have a positive sum, got {self.sft_styles}"
@@ -471,6 +488,11 @@ _ARITHMETIC_ONLY_FIELDS: tuple[str, ...] = ("mul_prob", "max_addend", "max_facto
 _CODE_ONLY_FIELDS: tuple[str, ...] = (
     "n_tests", "min_list_len", "max_list_len", "max_value", "max_constant", "sft_styles",
 )
+_TASK_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
+    "arithmetic": _ARITHMETIC_ONLY_FIELDS,
+    "code": _CODE_ONLY_FIELDS,
+    "tool": ("sft_tool_share",),
+}
 
 
 class TrainingEvalConfig(StrictModel):
@@ -652,13 +674,29 @@ class RunConfig(StrictModel):
                     )
         return self
 
+    @property
+    def longest_sequence(self) -> int:
+        """The longest prompt + output a server generates and the trainer takes:
+        data.max_prompt_tokens + rollout.max_new_tokens, or with agent episodes the larger of
+        that and rollout.episode.max_context_tokens (a later turn's prompt holds the earlier
+        turns)."""
+        single_turn = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        episode = self.rollout.episode
+        return single_turn if episode is None else max(single_turn, episode.max_context_tokens)
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunConfig:
-        longest_sequence = self.data.max_prompt_tokens + self.rollout.max_new_tokens
-        if self.trainer.micro_batch_tokens < longest_sequence:
+        single_turn = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        if self.trainer.micro_batch_tokens < single_turn:
             raise ValueError(
                 f"trainer.micro_batch_tokens: {self.trainer.micro_batch_tokens} is smaller than one "
-                f"sequence's maximum, data.max_prompt_tokens + rollout.max_new_tokens = {longest_sequence}"
+                f"sequence's maximum, data.max_prompt_tokens + rollout.max_new_tokens = {single_turn}"
+            )
+        episode = self.rollout.episode
+        if episode is not None and self.trainer.micro_batch_tokens < episode.max_context_tokens:
+            raise ValueError(
+                f"trainer.micro_batch_tokens: {self.trainer.micro_batch_tokens} is smaller than one episode's "
+                f"maximum, rollout.episode.max_context_tokens = {episode.max_context_tokens}"
             )
         for k in self.tracking.pass_k:
             if k > self.rollout.n_samples or k > self.pipeline.eval_samples:

@@ -1,8 +1,24 @@
 """The Arrow schema of trajectory shards, the :class:`Sample` record, and validation.
 
-One row per sample (one generated answer). The rows of a prompt group (the n
-samples of one prompt) are contiguous and always in the same shard; every row
-carries ``group_size`` so a reader can check that its group is complete.
+One row per sample (one generated answer, or one agent episode). The rows of a prompt
+group (the n samples of one prompt) are contiguous and always in the same shard; every
+row carries ``group_size`` so a reader can check that its group is complete.
+
+Multi-turn rows (schema version 3). An agent episode is one row whose output interleaves
+tokens the model sampled (trained) and tokens the environment inserted (tool results,
+user turns, chat-template glue: context the model attends to, never trained).
+``output_mask[t]`` is True where output token t was sampled by the model, False where the
+environment inserted it; ``turn_starts`` lists the output offsets where each model turn
+begins. Both are null for a single-turn row, whose output is all model tokens (so
+single-turn shards do not grow). Conventions for an environment token t:
+
+* ``behaviour_logprobs[t] == 0.0`` (no policy sampled it);
+* ``token_versions[t] == token_versions[t - 1]``: it repeats the version of the nearest
+  model token before it (output token 0 is always a model token), so versions stay
+  non-decreasing and the version range of a row is that of its model tokens.
+
+Readers that count generated tokens or check versions use the model tokens only
+(:meth:`Sample.model_values`, :attr:`Sample.model_token_count`).
 
 Row invariants checked by :func:`validate_table`:
 
@@ -13,14 +29,20 @@ Row invariants checked by :func:`validate_table`:
 * behaviour log-probabilities are finite and ``<= 0``; reward is finite;
 * ``submit_time <= finish_time``, both finite; ``finish_reason`` and ``task`` not empty;
 * all rows of a group are contiguous, share ``prompt_id`` and ``prompt_token_ids``,
-  and number exactly ``group_size``; ``run_id`` is the run's.
+  and number exactly ``group_size``; ``run_id`` is the run's;
+* ``output_mask`` and ``turn_starts`` are both null or both set; when set,
+  ``len(output_mask) == len(output_token_ids)``, the mask holds at least one True,
+  ``turn_starts`` is exactly the list of offsets p with ``output_mask[p]`` True and
+  (p == 0 or ``output_mask[p - 1]`` False), and its first entry is 0 (so it is strictly
+  increasing and output token 0 is a model token); environment tokens follow the
+  conventions above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -28,12 +50,14 @@ import pyarrow.compute as pc
 
 from asyncrl.storage.errors import ShardValidationError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version 2 added ``task`` (the reward that scored the row: ``math``, ``code`` or a plug-in's
-name). Version-1 shards are still read: :func:`upgrade_table` gives their rows task ``math``,
-the only task version 1 could train."""
-READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, SCHEMA_VERSION)
+name); version 3 added the nullable ``output_mask`` and ``turn_starts`` of multi-turn rows.
+Older shards are still read (:func:`upgrade_table`): version-1 rows get task ``math``, the
+only task version 1 could train, and version-1 and -2 rows get null masks (single-turn)."""
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2, SCHEMA_VERSION)
 V1_TASK = "math"
+T = TypeVar("T")
 
 TRAJECTORY_FIELDS: tuple[pa.Field, ...] = (
     pa.field("run_id", pa.string(), nullable=False),
@@ -49,7 +73,11 @@ TRAJECTORY_FIELDS: tuple[pa.Field, ...] = (
     pa.field("submit_time", pa.float64(), nullable=False),
     pa.field("finish_time", pa.float64(), nullable=False),
     pa.field("task", pa.string(), nullable=False),
+    pa.field("output_mask", pa.list_(pa.bool_()), nullable=True),
+    pa.field("turn_starts", pa.list_(pa.int32()), nullable=True),
 )
+NULLABLE_FIELDS: frozenset[str] = frozenset(f.name for f in TRAJECTORY_FIELDS if f.nullable)
+"""Columns whose rows may be null (their list elements may not)."""
 TRAJECTORY_SCHEMA = pa.schema(list(TRAJECTORY_FIELDS))
 
 # Schema metadata keys written in every shard.
@@ -78,7 +106,8 @@ class Sample:
     ``behaviour_logprobs[t]`` is log pi_behav of output token t under the policy
     version ``token_versions[t]`` that sampled it. Times are unix seconds.
     The run id and the group size are shard-level facts added by the writer.
-    Samples read back from a shard hold plain lists.
+    Samples read back from a shard hold plain lists. A multi-turn sample carries
+    ``output_mask`` and ``turn_starts`` (module docstring); a single-turn one leaves both None.
     """
 
     prompt_id: str
@@ -93,6 +122,27 @@ class Sample:
     finish_time: float
     task: str = V1_TASK
     """The reward that scored this sample: ``math``, ``code`` or a plug-in's name."""
+    output_mask: Sequence[bool] | None = None
+    """Per output token: True if the model sampled it (trained), False if the environment
+    inserted it (context only). None: every output token is a model token."""
+    turn_starts: Sequence[int] | None = None
+    """Output offsets where each model turn begins (first 0); None for a single-turn sample."""
+
+    @property
+    def model_token_count(self) -> int:
+        """Output tokens the model sampled: sum_t output_mask[t], or all of them without a mask."""
+        if self.output_mask is None:
+            return len(self.output_token_ids)
+        return sum(1 for m in self.output_mask if m)
+
+    def model_values(self, values: Sequence[T]) -> list[T]:
+        """The entries of a per-output-token sequence (``behaviour_logprobs``,
+        ``token_versions``) at model tokens, in order; all of them without a mask."""
+        if self.output_mask is None:
+            return list(values)
+        if len(values) != len(self.output_mask):
+            raise ValueError(f"{len(values)} per-token values for an output_mask of {len(self.output_mask)} tokens")
+        return [v for v, m in zip(values, self.output_mask) if m]
 
 
 @dataclass(frozen=True)
@@ -146,9 +196,12 @@ class ShardMetadata:
         )
 
 
-def _list_column(values: list[Sequence[Any]], value_type: pa.DataType, field_name: str, source: str) -> pa.Array:
+def _list_column(
+    values: list[Sequence[Any] | None], value_type: pa.DataType, field_name: str, source: str
+) -> pa.Array:
+    """A list column; None values become null rows (rejected later unless the field is nullable)."""
     try:
-        return pa.array([list(v) for v in values], type=pa.list_(value_type))
+        return pa.array([None if v is None else list(v) for v in values], type=pa.list_(value_type))
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
         raise ShardValidationError(source, f"field {field_name}: {exc}") from None
 
@@ -182,6 +235,8 @@ def groups_to_table(run_id: str, groups: Sequence[Sequence[Sample]], source: str
         _scalar_column([s.submit_time for s in samples], pa.float64(), "submit_time", source),
         _scalar_column([s.finish_time for s in samples], pa.float64(), "finish_time", source),
         _scalar_column([s.task for s in samples], pa.string(), "task", source),
+        _list_column([s.output_mask for s in samples], pa.bool_(), "output_mask", source),
+        _list_column([s.turn_starts for s in samples], pa.int32(), "turn_starts", source),
     ]
     return pa.Table.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
 
@@ -202,6 +257,8 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
             submit_time=data["submit_time"][i],
             finish_time=data["finish_time"][i],
             task=data["task"][i],
+            output_mask=data["output_mask"][i],
+            turn_starts=data["turn_starts"][i],
         )
         for i in range(table.num_rows)
     ]
@@ -219,15 +276,25 @@ def table_to_groups(table: pa.Table) -> list[list[Sample]]:
 
 
 def upgrade_table(table: pa.Table) -> pa.Table:
-    """A version-1 shard table (no ``task`` column, metadata version 1) with the ``task``
-    column added as :data:`V1_TASK` and its metadata kept; any other table unchanged (the
-    validation that follows judges it)."""
+    """An older shard table in the current layout, its metadata kept (it still names the
+    version it was written with): version 1 (metadata version 1) gets the ``task`` column
+    as :data:`V1_TASK`; versions 1 and 2 get null ``output_mask`` and ``turn_starts``
+    (single-turn rows). Each is inserted at its place in :data:`TRAJECTORY_FIELDS`; a column
+    already there is left alone, and any other table is returned unchanged (the validation
+    that follows judges it)."""
     metadata = table.schema.metadata or {}
-    if metadata.get(META_SCHEMA_VERSION) != b"1" or "task" in table.column_names:
+    version = metadata.get(META_SCHEMA_VERSION)
+    if version not in (b"1", b"2"):
         return table
-    column = pa.array([V1_TASK] * table.num_rows, type=pa.string())
-    upgraded = table.append_column(pa.field("task", pa.string(), nullable=False), column)
-    return upgraded.replace_schema_metadata(metadata)
+    for index, field in enumerate(TRAJECTORY_FIELDS):
+        if field.name in table.column_names:
+            continue
+        index = min(index, table.num_columns)  # a foreign table: check_schema names what it lacks
+        if field.name == "task" and version == b"1":
+            table = table.add_column(index, field, pa.array([V1_TASK] * table.num_rows, pa.string()))
+        elif field.name in NULLABLE_FIELDS:
+            table = table.add_column(index, field, pa.nulls(table.num_rows, field.type))
+    return table.replace_schema_metadata(metadata)
 
 
 def check_schema(schema: pa.Schema, source: str) -> None:
@@ -249,9 +316,10 @@ def check_schema(schema: pa.Schema, source: str) -> None:
 
 
 def _check_no_nulls(table: pa.Table, source: str) -> None:
+    """No null rows outside :data:`NULLABLE_FIELDS`, and no null list elements anywhere."""
     for name in table.column_names:
         column = table.column(name)
-        if column.null_count:
+        if column.null_count and name not in NULLABLE_FIELDS:
             row = pc.index(pc.is_null(column), True).as_py()
             raise ShardValidationError(source, f"row {row}: field {name} is null")
         if pa.types.is_list(column.type):
@@ -308,6 +376,85 @@ def _check_token_rows(table: pa.Table, source: str) -> None:
         raise ShardValidationError(
             source, _row_problem(table, row, f"behaviour log-prob {logprobs[index]} is not finite and <= 0")
         )
+
+
+def _list_parts(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a list column: row r holds ``values[offsets[r]:offsets[r + 1]]``
+    (null rows: whatever range Arrow gives them; callers skip them)."""
+    array = column.combine_chunks()
+    return array.values.to_numpy(zero_copy_only=False), array.offsets.to_numpy()
+
+
+def turn_starts_problem(mask: Sequence[bool], turn_starts: Sequence[int]) -> str | None:
+    """Why ``turn_starts`` does not fit ``mask`` (module docstring), or None if it does."""
+    starts = list(turn_starts)
+    if not starts:
+        return "turn_starts is empty"
+    if starts[0] != 0:
+        return f"turn_starts[0] is {starts[0]}, must be 0"
+    for k, offset in enumerate(starts):
+        if k and offset <= starts[k - 1]:
+            return f"turn_starts {starts[k - 1]} -> {offset} is not strictly increasing"
+        if not 0 <= offset < len(mask):
+            return f"turn_starts[{k}]={offset} is outside the output's {len(mask)} tokens"
+        if not mask[offset]:
+            return f"turn_starts[{k}]={offset} is an environment token (output_mask False)"
+        if offset and mask[offset - 1]:
+            return f"turn_starts[{k}]={offset} follows a model token: not the start of a turn"
+    listed = set(starts)
+    for p in range(1, len(mask)):
+        if mask[p] and not mask[p - 1] and p not in listed:
+            return f"turn_starts misses the model turn beginning at output offset {p}"
+    return None
+
+
+def _check_masks(table: pa.Table, source: str) -> None:
+    """The ``output_mask`` / ``turn_starts`` invariants of the module docstring (after
+    :func:`_check_token_rows`, so the per-token columns have the output's length)."""
+    mask_null = pc.is_null(table.column("output_mask")).to_numpy(zero_copy_only=False)
+    turns_null = pc.is_null(table.column("turn_starts")).to_numpy(zero_copy_only=False)
+    for row in np.flatnonzero(mask_null != turns_null)[:1]:
+        given, missing = ("output_mask", "turn_starts") if turns_null[row] else ("turn_starts", "output_mask")
+        raise ShardValidationError(source, _row_problem(table, int(row), f"{given} is set but {missing} is null"))
+    if mask_null.all():
+        return
+    masks, mask_offsets = _list_parts(table.column("output_mask"))
+    turns, turn_offsets = _list_parts(table.column("turn_starts"))
+    _, output_offsets = _list_parts(table.column("output_token_ids"))
+    logprobs, logprob_offsets = _list_parts(table.column("behaviour_logprobs"))
+    versions, version_offsets = _list_parts(table.column("token_versions"))
+    for row in np.flatnonzero(~mask_null):
+        row = int(row)
+        mask = masks[mask_offsets[row] : mask_offsets[row + 1]].astype(bool)
+        start, end = output_offsets[row], output_offsets[row + 1]
+        if mask.size != end - start:
+            raise ShardValidationError(
+                source, _row_problem(table, row, f"len(output_mask)={mask.size}, len(output_token_ids)={end - start}")
+            )
+        if not mask.any():
+            raise ShardValidationError(source, _row_problem(table, row, "output_mask holds no True (no model token)"))
+        problem = turn_starts_problem(mask.tolist(), turns[turn_offsets[row] : turn_offsets[row + 1]].tolist())
+        if problem is not None:
+            raise ShardValidationError(source, _row_problem(table, row, problem))
+        env = np.flatnonzero(~mask)
+        row_logprobs = logprobs[logprob_offsets[row] : logprob_offsets[row + 1]]
+        for t in env[row_logprobs[env] != 0.0][:1]:
+            raise ShardValidationError(
+                source,
+                _row_problem(table, row, f"environment token {t} has behaviour log-prob {row_logprobs[t]}, must be 0.0"),
+            )
+        # env[0] >= 1: output token 0 is a model token (turn_starts[0] == 0 was checked).
+        row_versions = versions[version_offsets[row] : version_offsets[row + 1]]
+        for t in env[row_versions[env] != row_versions[env - 1]][:1]:
+            raise ShardValidationError(
+                source,
+                _row_problem(
+                    table,
+                    row,
+                    f"environment token {t} has token version {row_versions[t]}, must repeat "
+                    f"{row_versions[t - 1]} of the token before it",
+                ),
+            )
 
 
 def _check_scalar_rows(table: pa.Table, source: str) -> None:
@@ -390,6 +537,7 @@ def validate_table(table: pa.Table, source: str, run_id: str | None = None) -> i
             other = table.column("run_id")[row].as_py()
             raise ShardValidationError(source, f"row {row}: run_id {other!r} is not this run's {run_id!r}")
     _check_token_rows(table, source)
+    _check_masks(table, source)
     _check_scalar_rows(table, source)
     return _check_groups(table, source)
 

@@ -27,6 +27,10 @@ SOLUTION_FIELD = "solution"
 BUDGET_FIELD = "max_new_tokens"
 TASK_FIELD = "task"
 STARTER_FIELD = "starter_code"
+CONVERSATION_FIELD = "conversation"
+"""A warm-start demonstration: JSON ``{"messages": [...], "tools": [...]}`` in OpenAI's chat
+format, trained on its assistant turns (:func:`conversation_value`)."""
+CONVERSATION_ROLES = ("system", "user", "assistant", "tool")
 FINAL_ANSWER_MARKER = "####"
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _BOXED = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
@@ -116,7 +120,7 @@ def detect_layout(columns: Sequence[str], where: str) -> Layout:
             f"columns: {_columns_text(columns)}"
         )
     solution = SOLUTION_FIELD if SOLUTION_FIELD in cols else None
-    reads = (prompt, ANSWER_FIELD, SOLUTION_FIELD, TESTS_FIELD, BUDGET_FIELD, TASK_FIELD)
+    reads = (prompt, ANSWER_FIELD, SOLUTION_FIELD, TESTS_FIELD, BUDGET_FIELD, TASK_FIELD, CONVERSATION_FIELD)
     if TESTS_FIELD in cols:
         return Layout("code", prompt, CODE_TASK, answer, solution, read_asyncrl_code, reads)
     if answer is None and solution is None and TASK_FIELD not in cols:
@@ -219,7 +223,8 @@ def _task(row: Mapping[str, Any], layout: Layout, where: str, plugins: Collectio
 
 def _plugin_fields(row: Mapping[str, Any], layout: Layout, where: str) -> dict[str, Any]:
     """Every non-null field but the prompt, task, answer, solution and budget, JSON-able."""
-    taken = {layout.prompt, TASK_FIELD, layout.answer or ANSWER_FIELD, layout.solution or SOLUTION_FIELD, BUDGET_FIELD}
+    taken = {layout.prompt, TASK_FIELD, layout.answer or ANSWER_FIELD, layout.solution or SOLUTION_FIELD, BUDGET_FIELD,
+             CONVERSATION_FIELD}
     fields = {str(k): v for k, v in row.items() if k not in taken and v is not None}
     for key, value in fields.items():
         try:
@@ -227,6 +232,33 @@ def _plugin_fields(row: Mapping[str, Any], layout: Layout, where: str) -> dict[s
         except (TypeError, ValueError) as exc:
             raise DatasetError(f"{where}: field {key!r} is not JSON-able, so a plug-in cannot get it ({exc})") from None
     return fields
+
+
+def conversation_value(row: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """The row's ``conversation`` (None when absent or empty): JSON text of an object with
+    ``messages``, a list of OpenAI chat messages (each with a known ``role``) holding at
+    least one assistant message, and optional ``tools``, a list; else a
+    :class:`DatasetError` naming the row and what is wrong."""
+    raw = row.get(CONVERSATION_FIELD)
+    if raw is None or raw == "":
+        return None
+    field = f"field {CONVERSATION_FIELD!r}"
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{where}: {field} is not JSON: {exc}") from None
+    if not isinstance(value, dict) or not isinstance(value.get("messages"), list) or not value["messages"]:
+        raise DatasetError(f"{where}: {field} must be an object with a non-empty list 'messages'")
+    for k, message in enumerate(value["messages"]):
+        if not isinstance(message, dict) or message.get("role") not in CONVERSATION_ROLES:
+            raise DatasetError(
+                f"{where}: {field}: messages[{k}] must be an object whose role is one of {', '.join(CONVERSATION_ROLES)}"
+            )
+    if not any(m["role"] == "assistant" for m in value["messages"]):
+        raise DatasetError(f"{where}: {field} has no assistant message to train on")
+    if not isinstance(value.get("tools", []), list):
+        raise DatasetError(f"{where}: {field}: 'tools' must be a list")
+    return {"messages": value["messages"], "tools": value.get("tools", [])}
 
 
 def _prompt(row: Mapping[str, Any], layout: Layout, where: str) -> str:
@@ -250,7 +282,13 @@ def build_record(
     prompt = _prompt(row, layout, where)
     row_task = _task(row, layout, where, plugins, task)
     budget = budget_value(row, where)
-    base = {"prompt_id": make_prompt_id(index, prompt), "prompt": prompt, "max_new_tokens": budget, "task": row_task}
+    base = {
+        "prompt_id": make_prompt_id(index, prompt),
+        "prompt": prompt,
+        "max_new_tokens": budget,
+        "task": row_task,
+        "conversation": conversation_value(row, where),
+    }
     if row_task == MATH_TASK:
         answer, solution = _math(row, layout, where)
         return PromptRecord(**base, answer=answer, solution=solution)

@@ -44,6 +44,9 @@ class PromptRecord:
     """The unit tests of a ``code`` row (None for every other task)."""
     fields: Mapping[str, Any] = field(default_factory=dict)
     """The row's own JSON-able fields, passed to a plug-in reward (empty for math and code)."""
+    conversation: Mapping[str, Any] | None = None
+    """A warm-start demonstration (column ``conversation``): ``{"messages": [...], "tools":
+    [...]}`` in OpenAI's chat format; the warm start trains on its assistant turns."""
 
 
 def make_prompt_id(row: int, prompt: str) -> str:

@@ -22,12 +22,37 @@ SPECIAL_TOKENS: tuple[str, ...] = (EOS_TOKEN, PAD_TOKEN, IM_START_TOKEN, IM_END_
 NUM_BYTE_TOKENS = 256
 MIN_VOCAB_SIZE = NUM_BYTE_TOKENS + len(SPECIAL_TOKENS)
 
-# Qwen's ChatML layout; optional for callers (plain prompts need no template).
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+"""Hermes/Qwen tool-call tags: a call is ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``."""
+
+# Qwen's ChatML layout; optional for callers (plain prompts need no template). Without
+# tools the text is plain ChatML; with tools a short system block lists each tool's name
+# and parameter names (the model is tiny), assistant tool calls follow their content as
+# Hermes blocks, and tool results are role ``tool`` turns. Content None renders as empty.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{%- if tools %}"
+    "{{ '<|im_start|>system\\nTools: ' }}"
+    "{%- for tool in tools %}"
+    "{%- set f = tool.function if tool.function is defined else tool %}"
+    "{%- set params = f.parameters.properties if f.parameters is defined and f.parameters.properties is defined"
+    " else {} %}"
+    "{{ f.name + '(' + (params | list | join(', ')) + ')' }}{{ ', ' if not loop.last }}"
+    "{%- endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- set f = call.function if call.function is defined else call %}"
+    "{{ '\\n' if loop.index0 > 0 or message['content'] }}"
+    "{{ '" + TOOL_CALL_OPEN + "\\n{\"name\": ' + (f.name | tojson) + ', \"arguments\": ' }}"
+    "{{ f.arguments if f.arguments is string else (f.arguments | tojson) }}"
+    "{{ '}\\n" + TOOL_CALL_CLOSE + "' }}"
+    "{%- endfor %}"
+    "{{ '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
 

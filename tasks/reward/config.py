@@ -78,13 +78,15 @@ class PluginRewardConfig(StrictModel):
     @field_validator("function")
     @classmethod
     def _has_function_name(cls, function: str) -> str:
-        """``function`` must be ``<module or file>:<identifier>``."""
-        module, sep, name = function.rpartition(":")
-        if not sep or not module or not name.isidentifier():
-            raise ValueError(
-                f"{function!r} must look like 'package.module:function' or '/path/to/file.py:function'"
-            )
-        return function
+        return check_import_path(function)
+
+
+def check_import_path(function: str) -> str:
+    """``function`` if it looks like ``<module or file>:<identifier>``, else ``ValueError``."""
+    module, sep, name = function.rpartition(":")
+    if not sep or not module or not name.isidentifier():
+        raise ValueError(f"{function!r} must look like 'package.module:function' or '/path/to/file.py:function'")
+    return function
 
 
 RESERVED_PLUGIN_NAMES = ("math", "code")

@@ -340,10 +340,49 @@ class RolloutClient:
                 tasks = [group.create_task(self._generate_sample(partial, options)) for partial in partials]
         except BaseExceptionGroup as errors:
             raise errors.exceptions[0] from errors  # callers catch the error, not a group of copies
-        return [task.result() for task in tasks]
+        return [task.result()[0] for task in tasks]
 
-    async def _generate_sample(self, partial: PartialSample, options: SamplingOptions) -> SampleOutput:
-        """Request segments until one ends with ``stop``/``length`` or the budget is spent."""
+    async def generate_one(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        *,
+        stop_token_ids: Sequence[int] = (),
+        prefer_server: str | None = None,
+    ) -> tuple[SampleOutput, str]:
+        """One sample, sticky to a server: ``(sample, URL of the server of its last segment)``.
+
+        For one turn of a multi-turn episode, whose prompt extends the previous turn's: its
+        first segment goes to ``prefer_server`` (the previous turn's server, which holds the
+        prefix in its cache) unless that server is out of rotation or more than
+        :data:`~asyncrl.tasks.rollout.routing.STICKY_SLACK` requests busier than the least
+        loaded one; every later segment (after an interruption) prefers the server of the
+        segment before. Interruptions, resumption and failover are those of
+        :meth:`generate_group`, in both interrupt modes.
+        """
+        check_generate_args(prompt_token_ids, 1, max_new_tokens, temperature, top_p)
+        options = SamplingOptions(float(temperature), float(top_p), False, tuple(stop_token_ids), self._stream_interval)
+        partial = PartialSample(list(prompt_token_ids), max_new_tokens, time.time())
+        return await self._generate_sample(partial, options, prefer_server, sticky=True)
+
+    async def _generate_sample(
+        self,
+        partial: PartialSample,
+        options: SamplingOptions,
+        prefer_server: str | None = None,
+        *,
+        sticky: bool = False,
+    ) -> tuple[SampleOutput, str]:
+        """Request segments until one ends with ``stop``/``length`` or the budget is spent;
+        returns the sample and the URL of the server that produced its last segment.
+
+        The first segment prefers ``prefer_server``; with ``sticky`` each later one prefers
+        the server of the segment before (else every segment goes to the least loaded server).
+        """
+        prefer = prefer_server
+        last_url = ""
         while partial.remaining > 0:
             if partial.segments >= self._max_segments:
                 raise RuntimeError(
@@ -353,7 +392,10 @@ class RolloutClient:
             await self._resumed.wait()  # never submit into a pause: resubmissions go to the new weights
             if not self._resumed.is_set():
                 continue  # woken by a resume, but another update began before this task ran
-            server = self._pool.acquire()
+            server = self._pool.acquire(prefer)
+            last_url = server.url
+            if sticky:
+                prefer = server.url
             partial.segments += 1
             self._active[server.index].add(partial)
             try:
@@ -369,8 +411,8 @@ class RolloutClient:
                 self._pool.release(server)
             partial.extend(segment)
             if segment.finish_reason in ("stop", "length"):
-                return partial.finish(segment.finish_reason, time.time())
-        return partial.finish("length", time.time())
+                return partial.finish(segment.finish_reason, time.time()), last_url
+        return partial.finish("length", time.time()), last_url
 
     async def _stream_segment(self, server: ServerState, partial: PartialSample, options: SamplingOptions) -> Segment:
         """Stream one request; ``_ServerFailure`` (with the keepable tokens) if the server fails."""

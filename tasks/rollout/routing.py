@@ -1,7 +1,10 @@
 """Which rollout server gets the next request, and which servers are still in rotation.
 
 Each request goes to the live server with the fewest outstanding requests (ties: the
-one that was given the fewest requests so far, then list order). A server that fails
+one that was given the fewest requests so far, then list order). A request may name a
+preferred server (an episode's next turn, whose prefix is in that server's cache): it
+goes there if that server is live and its outstanding count is at most
+min(outstanding over live servers) + :data:`STICKY_SLACK`, else by the rule above. A server that fails
 (connection lost, 5xx, a weight load that did not take) is taken out of rotation for
 good, with its reason; when none is left, :class:`NoLiveServerError` lists every reason.
 """
@@ -10,6 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
+
+
+STICKY_SLACK = 2
+"""Extra outstanding requests a preferred server may have over the least loaded one and still be chosen."""
 
 
 class ServerAddress(Protocol):
@@ -84,12 +91,17 @@ class ServerPool:
         """Servers in rotation, in list order."""
         return [s for s in self.servers if s.live]
 
-    def acquire(self) -> ServerState:
-        """The live server with the fewest outstanding requests, now counting one more."""
+    def acquire(self, prefer: str | None = None) -> ServerState:
+        """The live server with the fewest outstanding requests, now counting one more; the
+        server at URL ``prefer`` instead when it is live and within :data:`STICKY_SLACK` of it."""
         live = self.live()
         if not live:
             raise self.no_live_error()
         server = min(live, key=lambda s: (s.outstanding, s.assigned, s.index))
+        if prefer is not None:
+            preferred = next((s for s in live if s.url == prefer.rstrip("/")), None)
+            if preferred is not None and preferred.outstanding <= server.outstanding + STICKY_SLACK:
+                server = preferred
         server.outstanding += 1
         server.assigned += 1
         return server

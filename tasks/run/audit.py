@@ -43,6 +43,8 @@ Rules; every violation is one line that names the objects involved.
     weights, a token version that was never published, and a token labelled with a
     published version newer than i_k (it was not yet published when step k took its
     shards: mislabelled tokens, which would hide staleness; the sample is then not counted).
+    Versions, staleness and dropped tokens are over the model tokens of a sample: the
+    environment tokens of a multi-turn sample were sampled by no weights.
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ class AuditReport:
     dropped_stale: int
     """Samples of consumed shards staler than ``max_staleness``: dropped by the trainer, not trained."""
     dropped_tokens: int
-    """Output tokens of those samples: generated, then thrown away (0 in a healthy run, where
-    the scheduler's write order keeps every sample within the bound)."""
+    """Model tokens of those samples (environment tokens of multi-turn samples left out):
+    generated, then thrown away (0 in a healthy run, where the scheduler's write order keeps
+    every sample within the bound)."""
     staleness_counts: dict[int, int]
     """Staleness -> number of trained samples."""
     max_staleness: int
@@ -352,7 +355,7 @@ def audit_staleness(
     max_staleness: int,
     violations: list[str],
 ) -> tuple[Counter[int], int, int]:
-    """Rule (d); returns (staleness -> trained samples, samples dropped as too stale, their output tokens)."""
+    """Rule (d); returns (staleness -> trained samples, samples dropped as too stale, their model tokens)."""
     trained: Counter[int] = Counter()
     dropped = dropped_tokens = 0
 
@@ -370,7 +373,7 @@ def audit_staleness(
             content = contents.get(name)
             for gid, samples in (content.groups if content else {}).items():
                 for index, sample in enumerate(samples):
-                    versions = list(sample.token_versions)
+                    versions = sample.model_values(sample.token_versions)
                     if not versions:
                         continue
                     unpublished = sorted(set(versions) - published)
@@ -388,7 +391,7 @@ def audit_staleness(
                     s = sample_staleness(sample, entry.step - 1, updates_of)
                     if s > max_staleness:
                         dropped += 1
-                        dropped_tokens += len(sample.output_token_ids)
+                        dropped_tokens += sample.model_token_count
                     else:
                         trained[s] += 1
     return trained, dropped, dropped_tokens

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,15 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.run.context import RunPaths
 from asyncrl.tasks.scheduler.controller import ControllerSettings, ControllerStats, PromptSchedule, RolloutController
 from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.agent.config import EpisodeConfig
+from asyncrl.tasks.agent.episode import load_episode
+from asyncrl.tasks.agent.runner import EpisodeRunner
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.model.checks import require_model_dir
 from asyncrl.tasks.reward.remote import RemoteRewardScorer
 from asyncrl.tasks.rollout.client import RolloutClient
+from asyncrl.tasks.rollout.proxy import RecordingProxy
 from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle
 from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, fetch_weight_version
 from asyncrl.tasks.run.devices import (
@@ -144,7 +149,7 @@ def _vllm_launch(
         port=port,
         api_key=rollout.api_key_value(),
         kv_cache_gib=rollout.kv_cache_gib,
-        max_model_len=config.data.max_prompt_tokens + rollout.max_new_tokens,
+        max_model_len=config.longest_sequence,
         seed=seed,
         log_path=log_path,
         cpu_cores=placement.cpu_cores,
@@ -210,7 +215,7 @@ def run_scheduler(
         try:
             async with RolloutClient(
                 handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version
-            ) as client, RemoteRewardScorer(paths.root) as scorer:
+            ) as client, RemoteRewardScorer(paths.root) as scorer, episode_runner(config, client, codec) as episodes:
                 controller = RolloutController(
                     controller_settings(config, stop_ids, max_groups=max_groups),
                     paths.root,
@@ -220,6 +225,7 @@ def run_scheduler(
                     generator=client,
                     scorer=scorer,
                     weight_loader=weight_loader.for_version,
+                    episodes=episodes,
                 )
                 return await controller.run(stop_async)
         finally:
@@ -227,6 +233,49 @@ def run_scheduler(
             weight_loader.close()
 
     return asyncio.run(main())
+
+
+@asynccontextmanager
+async def episode_runner(config: RunConfig, client: RolloutClient, codec: HFCodec) -> AsyncIterator[EpisodeRunner | None]:
+    """The runner of the run's ``rollout.episode`` (:func:`episode_runner_on`), or None for a
+    single-turn run."""
+    if config.rollout.episode is None:
+        yield None
+        return
+    async with episode_runner_on(
+        client, codec, config.rollout.episode, config.rollout.max_new_tokens, config.rollout.temperature,
+        config.rollout.top_p, model=config.model.path,
+    ) as runner:  # fmt: skip
+        yield runner
+
+
+@asynccontextmanager
+async def episode_runner_on(
+    client: RolloutClient,
+    codec: HFCodec,
+    episode: EpisodeConfig,
+    max_episode_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    model: str = "asyncrl-policy",
+) -> AsyncIterator[EpisodeRunner]:
+    """An :class:`EpisodeRunner` of ``episode`` behind a recording endpoint on 127.0.0.1 in
+    front of ``client``'s servers (stopped on exit). The user's function is imported first:
+    a bad import path fails here, naming the field, before any model call."""
+    function = load_episode(episode.function)
+    proxy = RecordingProxy(
+        client,
+        codec.tokenizer,
+        default_temperature=temperature,
+        default_top_p=top_p,
+        max_episode_tokens=max_episode_tokens,
+        max_context_tokens=episode.max_context_tokens,
+    )
+    await proxy.start(host="127.0.0.1", port=0)
+    try:
+        yield EpisodeRunner(function, proxy, episode, model=model)
+    finally:
+        await proxy.stop()
 
 
 def rl_trainer_threads(config: RunConfig, machine: Machine | None = None) -> int:

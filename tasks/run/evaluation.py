@@ -22,7 +22,9 @@ from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.reward.pass_at_k import CORRECT_REWARD, task_figures
 from asyncrl.tasks.reward.requests import reward_request
 from asyncrl.tasks.rollout.client import RolloutClient
-from asyncrl.tasks.run.components_setup import load_codec
+from asyncrl.tasks.agent.config import EpisodeConfig
+from asyncrl.tasks.agent.runner import EpisodeRunner, score_outcomes
+from asyncrl.tasks.run.components_setup import episode_runner_on, load_codec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -81,14 +83,18 @@ async def evaluate(
     concurrency: int = 64,
     on_prompt_done: Callable[[], None] | None = None,
     pass_k: Sequence[int] = (),
+    episode: EpisodeConfig | None = None,
 ) -> EvalResult:
     """Generate `samples_per_prompt` answers per held-out prompt and score them, with at most
     `concurrency` prompt groups in flight (the server batches their samples, so more groups in
-    flight keep a CPU server busier)."""
+    flight keep a CPU server busier). With ``episode`` (``rollout.episode``), each answer is
+    one run of the user's episode through a recording endpoint on ``client``, scored as in
+    training (:func:`~asyncrl.tasks.agent.runner.score_outcomes`: a failed episode is
+    wrong); its length is the tokens the model sampled in all its turns."""
     limit = asyncio.Semaphore(concurrency)
     lengths: list[int] = []
 
-    async def one(record: PromptRecord) -> list[float]:
+    async def single_turn(record: PromptRecord) -> list[float]:
         async with limit:
             outputs = await client.generate_group(
                 codec.encode(render(record)), samples_per_prompt, max_new_tokens, temperature,
@@ -98,11 +104,25 @@ async def evaluate(
         results = await scorer.score(
             [reward_request(record, codec.decode(o.output_token_ids)) for o in outputs]
         )
-        if on_prompt_done is not None:
-            on_prompt_done()
         return [r.reward for r in results]
 
-    rewards = await asyncio.gather(*(one(record) for record in prompts))
+    async def episodes(runner: EpisodeRunner, record: PromptRecord) -> list[float]:
+        async with limit:
+            outcomes = await runner.run_group(record, samples_per_prompt)
+        lengths.extend(sum(o.tokens.output_mask) if o.tokens else 0 for o in outcomes)
+        return [reward for reward, _ in await score_outcomes(record, outcomes, scorer)]
+
+    async def one(record: PromptRecord, runner: EpisodeRunner | None) -> list[float]:
+        rewards = await (single_turn(record) if runner is None else episodes(runner, record))
+        if on_prompt_done is not None:
+            on_prompt_done()
+        return rewards
+
+    if episode is None:
+        rewards = await asyncio.gather(*(one(record, None) for record in prompts))
+    else:
+        async with episode_runner_on(client, codec, episode, max_new_tokens, temperature) as runner:
+            rewards = await asyncio.gather(*(one(record, runner) for record in prompts))
     counts = [sum(1 for r in prompt_rewards if r >= CORRECT_REWARD) for prompt_rewards in rewards]
     return EvalResult(
         version=version,
@@ -128,6 +148,8 @@ class HeldOutTask:
     temperature: float
     stop_token_ids: Sequence[int]
     pass_k: Sequence[int] = ()
+    episode: EpisodeConfig | None = None
+    """``rollout.episode``: each answer is one run of the user's episode."""
 
     async def run(
         self, client: RolloutClient, version: int, scorer: RewardScorer, on_prompt_done: Callable[[], None] | None = None
@@ -137,7 +159,7 @@ class HeldOutTask:
             client, version, self.prompts, self.render, self.codec, scorer,
             samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
             temperature=self.temperature, stop_token_ids=self.stop_token_ids, on_prompt_done=on_prompt_done,
-            pass_k=self.pass_k,
+            pass_k=self.pass_k, episode=self.episode,
         )  # fmt: skip
 
 
@@ -159,4 +181,5 @@ def held_out_task(config: RunConfig, model_dir: Path, prompts: int | None, sampl
         temperature=config.rollout.temperature,
         stop_token_ids=stop_ids,
         pass_k=[k for k in config.tracking.pass_k if k <= samples],
+        episode=config.rollout.episode,
     )

@@ -57,14 +57,29 @@ def data_present(config: RunConfig) -> bool:
 
 
 def prepare_data(config: RunConfig) -> dict[str, str]:
-    """Write the synthetic task (``pipeline.synthetic_data.task``: arithmetic or code) where
+    """Write the synthetic task (``pipeline.synthetic_data.task``: arithmetic, code or tool) where
     the config asks for it and nothing is there yet (a user's own files are never touched),
     check the prompt files load, and return each data file's content digest (what the later
     stages' keys are built from)."""
     synthetic = config.pipeline.synthetic_data
     if synthetic is not None and not data_present(config):
         data = config.data
-        if synthetic.task == "code":
+        if synthetic.task == "tool":
+            from asyncrl.examples.calculator import TOOLS
+            from asyncrl.tasks.data.synthetic_tool import write_calc_splits
+
+            write_calc_splits(
+                train_path=Path(data.train_path),
+                heldout_path=Path(data.eval_path) if data.eval_path else None,
+                sft_path=Path(data.sft_path) if data.sft_path else None,
+                n_train=synthetic.n_train,
+                n_heldout=synthetic.n_heldout,
+                n_sft=synthetic.n_sft,
+                seed=config.seed,
+                tool_share=synthetic.sft_tool_share,
+                tools=TOOLS,
+            )
+        elif synthetic.task == "code":
             from asyncrl.tasks.data.synthetic_code import write_code_splits
 
             # One draw of distinct problems, shuffled and cut as for arithmetic below.

@@ -53,6 +53,13 @@ A restart counts the filtered groups again from the index and the records of the
 unwritten admitted groups (one existence check each), releases them, and does not
 generate them again; the run audit reads the records
 (:mod:`asyncrl.tasks.run.audit`, rule (a)).
+
+Agent episodes (``rollout.episode``): a group is n runs of the user's episode through the
+recording endpoint (:mod:`asyncrl.tasks.agent.runner`) instead of n samples of one prompt;
+each episode kept becomes one masked row, and everything above (admission, write order,
+the rule, restarts) is per group as before. A group none of whose episodes can be kept is
+recorded in ``scheduler/filtered/`` (reason ``no_episode_kept``) and released like a
+filtered one.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardReader, ShardWriter, read_claims
 from asyncrl.storage.weight_lineage import VersionUpdates, read_lineage
 from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.agent.runner import EpisodeRunner, episode_sample, kept_outcomes, score_outcomes
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.reward.types import RewardRequest, RewardResult
 from asyncrl.tasks.reward.requests import reward_request
@@ -226,6 +234,10 @@ def save_gate_state(root: RunRoot, state: GateState, adaptive: AdaptiveState | N
 FILTERED_DIR = f"{paths.SCHEDULER_DIR}/filtered"
 
 
+FILTER_REASON = "equal_rewards"
+NO_EPISODE_KEPT = "no_episode_kept"
+
+
 def filtered_record_path(index: int) -> str:
     """Where the record of filtered group ``index`` lies: ``scheduler/filtered/g{index:08d}.json``."""
     return f"{FILTERED_DIR}/{group_id(index)}.json"
@@ -233,15 +245,23 @@ def filtered_record_path(index: int) -> str:
 
 def save_filtered(root: RunRoot, samples: Sequence[Sample]) -> None:
     """Record that the group of ``samples`` was left out by dynamic filtering (one PUT)."""
+    save_left_out(root, group_index(samples[0].group_id), samples[0].prompt_id, FILTER_REASON, samples)
+
+
+def save_left_out(root: RunRoot, index: int, prompt_id: str, reason: str, samples: Sequence[Sample]) -> None:
+    """Record that group ``index`` is in no shard on purpose (one PUT): dynamic filtering
+    (``equal_rewards``) or a group of episodes none of which could be kept
+    (``no_episode_kept``, ``samples`` empty). The group then counts as filtered."""
     record = {
-        "group_id": samples[0].group_id,
-        "prompt_id": samples[0].prompt_id,
-        "reward": float(samples[0].reward),
+        "group_id": group_id(index),
+        "prompt_id": prompt_id,
+        "reason": reason,
+        "reward": float(samples[0].reward) if samples else None,
         "samples": len(samples),
-        "output_tokens": sum(len(s.output_token_ids) for s in samples),
+        "output_tokens": sum(s.model_token_count for s in samples),
         "filtered_at": time.time(),
     }
-    fs.put_atomic_replace(root, filtered_record_path(group_index(samples[0].group_id)), json.dumps(record).encode())
+    fs.put_atomic_replace(root, filtered_record_path(index), json.dumps(record).encode())
 
 
 def filtered_groups(root: RunRoot) -> list[int]:
@@ -431,11 +451,18 @@ class ControllerStats:
     updates: list[UpdateStats] = field(default_factory=list)
     skipped_prompts: int = 0
     filtered_groups: int = 0
-    """Groups left out by dynamic filtering (all rewards equal), released from the gate."""
+    """Groups in no shard on purpose, released from the gate: dynamic filtering (all rewards
+    equal) or a group of episodes none of which could be kept."""
     filtered_tokens: int = 0
     """Output tokens of those groups."""
     written_tokens: int = 0
     """Output tokens of the groups written to shards."""
+    context_tokens: int = 0
+    """Tokens inserted between the turns of episodes (tool results, user turns: trained
+    rows' context, not generated); ``output_tokens`` counts the model's tokens only."""
+    episodes_left_out: dict[str, int] = field(default_factory=dict)
+    """Episodes written in no row, by reason (``episode_error`` / ``episode_timeout`` under
+    ``on_failure: drop``, ``no_model_call``, ``other_prompt``)."""
     discarded_tokens: int = 0
     """Output tokens of groups finished but not written when the controller stopped (behind a
     group still generating, see the module docstring): the next run generates them again."""
@@ -487,6 +514,8 @@ class ControllerStats:
             "weight_sync_stall_fraction": stall / elapsed,
             "skipped_prompts": self.skipped_prompts,
             "reward_wait_s": self.reward_wait_s,
+            "context_tokens": self.context_tokens,
+            **{f"episodes_left_out/{reason}": float(n) for reason, n in self.episodes_left_out.items()},
             **self.adaptive,
             **{f"samples/{task}": float(n) for task, n in self.task_samples.items()},
             **{f"reward_sum/{task}": total for task, total in self.task_reward_sum.items()},
@@ -508,6 +537,7 @@ class RolloutController:
         generator: GroupGenerator,
         scorer: RewardScorer,
         weight_loader: Callable[[int], Callable[[Any], Any]],
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         self.settings = settings
         self.root = root
@@ -517,6 +547,8 @@ class RolloutController:
         self.generator = generator
         self.scorer = scorer
         self.weight_loader = weight_loader
+        self.episodes = episodes
+        """Runs each group as n agent episodes (``rollout.episode``); None: single-turn samples."""
         self.weights = WeightStore(root)
         self.version_updates = VersionUpdates(root)
         self.writer = ShardWriter(root, settings.run_id)
@@ -577,7 +609,7 @@ class RolloutController:
             self.stats.finished_at = time.monotonic()
             # Finished but behind a group that was still generating: not written (see the
             # module docstring), generated again by the next run.
-            self.stats.discarded_tokens += sum(len(s.output_token_ids) for g in self._done.values() if g for s in g)
+            self.stats.discarded_tokens += sum(s.model_token_count for g in self._done.values() if g for s in g)
             self.stats.streamed_tokens = sum(self.generator.streamed_tokens().values()) - streamed_before
             stop.set()
             for task in (*in_flight, watcher, flusher):
@@ -678,6 +710,35 @@ class RolloutController:
 
     async def _produce_group(self, index: int) -> None:
         record = self.prompts.record(index)
+        if self.episodes is None:
+            samples = await self._generate_samples(index, record)
+        else:
+            samples = await self._run_episodes(index, record)
+        if not samples:
+            await asyncio.to_thread(save_left_out, self.root, index, record.prompt_id, NO_EPISODE_KEPT, [])
+            self._leave_out(index)
+            LOG.warning("group %s left out: none of its %d episodes could be kept", group_id(index),
+                        self.settings.n_samples)  # fmt: skip
+        elif self.settings.dynamic_filter and all_equal_rewards(samples):
+            await asyncio.to_thread(save_filtered, self.root, samples)  # durable before it is released
+            self._leave_out(index)
+            self.stats.filtered_tokens += sum(s.model_token_count for s in samples)
+            LOG.info("group %s left out by dynamic filtering: all %d rewards are %g", group_id(index), len(samples),
+                     samples[0].reward)  # fmt: skip
+        else:
+            self._done[index] = samples
+        self._done_at[index] = time.monotonic()
+        await self._flush()
+
+    def _leave_out(self, index: int) -> None:
+        """Group ``index`` (its record saved) goes in no shard: release it from the gate."""
+        self.gate.release()
+        self.stats.filtered_groups += 1
+        self._version_changed.set()  # the gate may admit again
+        self._done[index] = None
+
+    async def _generate_samples(self, index: int, record: PromptRecord) -> list[Sample]:
+        """The group's single-turn samples, generated and scored."""
         prompt_ids = self.codec.encode(self.render(record))
         if len(prompt_ids) > self.settings.max_prompt_tokens:
             raise ValueError(
@@ -693,10 +754,7 @@ class RolloutController:
             ignore_eos=self.settings.ignore_eos,
             stop_token_ids=() if self.settings.ignore_eos else self.settings.stop_token_ids,
         )
-        texts = [self.codec.decode(o.output_token_ids) for o in outputs]
-        scoring_started = time.monotonic()
-        results = await self.scorer.score([reward_request(record, t) for t in texts])
-        self.stats.reward_wait_s += time.monotonic() - scoring_started
+        results = await self._score(record, [self.codec.decode(o.output_token_ids) for o in outputs])
         samples = [
             Sample(
                 prompt_id=record.prompt_id,
@@ -714,26 +772,47 @@ class RolloutController:
             for o, r in zip(outputs, results, strict=True)
         ]
         for output, result in zip(outputs, results, strict=True):
-            self.stats.samples += 1
-            self.stats.output_tokens += len(output.output_token_ids)
-            self.stats.reward_sum += result.reward
-            self.stats.task_samples[record.task] = self.stats.task_samples.get(record.task, 0) + 1
-            self.stats.task_reward_sum[record.task] = self.stats.task_reward_sum.get(record.task, 0.0) + result.reward
-            reason = f"{record.task}/{result.reason}"
-            self.stats.reward_reasons[reason] = self.stats.reward_reasons.get(reason, 0) + 1
-        if self.settings.dynamic_filter and all_equal_rewards(samples):
-            await asyncio.to_thread(save_filtered, self.root, samples)  # durable before it is released
-            self.gate.release()
-            self.stats.filtered_groups += 1
-            self.stats.filtered_tokens += sum(len(s.output_token_ids) for s in samples)
-            self._version_changed.set()  # the gate may admit again
-            self._done[index] = None
-            LOG.info("group %s left out by dynamic filtering: all %d rewards are %g", group_id(index), len(samples),
-                     samples[0].reward)  # fmt: skip
-        else:
-            self._done[index] = samples
-        self._done_at[index] = time.monotonic()
-        await self._flush()
+            self._count_sample(record.task, len(output.output_token_ids), result.reward, result.reason)
+        return samples
+
+    async def _run_episodes(self, index: int, record: PromptRecord) -> list[Sample]:
+        """The group's episodes as trajectory rows (:mod:`asyncrl.tasks.agent.runner`): run,
+        kept by ``on_failure``, scored by the row's reward where the episode left it open."""
+        assert self.episodes is not None
+        outcomes = await self.episodes.run_group(record, self.settings.n_samples)
+        chosen = kept_outcomes(outcomes, self.episodes.config.on_failure)
+        for reason, count in chosen.left_out.items():
+            self.stats.episodes_left_out[reason] = self.stats.episodes_left_out.get(reason, 0) + count
+        for outcome in outcomes:
+            if outcome.failure is not None:
+                LOG.warning("group %s: episode failed: %s", group_id(index), outcome.failure)
+        scoring_started = time.monotonic()
+        scored = await score_outcomes(record, chosen.kept, self.scorer)
+        self.stats.reward_wait_s += time.monotonic() - scoring_started
+        samples = []
+        for outcome, (reward, reason) in zip(chosen.kept, scored, strict=True):
+            sample = episode_sample(record, group_id(index), outcome, reward)
+            generated = sample.model_token_count
+            self._count_sample(record.task, generated, reward, reason)
+            self.stats.context_tokens += len(sample.output_token_ids) - generated
+            samples.append(sample)
+        return samples
+
+    async def _score(self, record: PromptRecord, texts: Sequence[str]) -> list[RewardResult]:
+        if not texts:
+            return []
+        scoring_started = time.monotonic()
+        results = await self.scorer.score([reward_request(record, t) for t in texts])
+        self.stats.reward_wait_s += time.monotonic() - scoring_started
+        return results
+
+    def _count_sample(self, task: str, output_tokens: int, reward: float, reason: str) -> None:
+        self.stats.samples += 1
+        self.stats.output_tokens += output_tokens
+        self.stats.reward_sum += reward
+        self.stats.task_samples[task] = self.stats.task_samples.get(task, 0) + 1
+        self.stats.task_reward_sum[task] = self.stats.task_reward_sum.get(task, 0.0) + reward
+        self.stats.reward_reasons[f"{task}/{reason}"] = self.stats.reward_reasons.get(f"{task}/{reason}", 0) + 1
 
     def _take_writable(self, partial: bool) -> list[tuple[list[list[Sample]], list[int]]]:
         """Take the shards to write now off the buffer, each as (its groups, the filtered
@@ -791,7 +870,7 @@ class RolloutController:
                     shard = await asyncio.to_thread(self.writer.write_groups, groups)
                     self.stats.groups_written += len(groups)
                     self.stats.shards_written += 1
-                    self.stats.written_tokens += sum(len(s.output_token_ids) for g in groups for s in g)
+                    self.stats.written_tokens += sum(s.model_token_count for g in groups for s in g)
                     written.add({group_index(group[0].group_id) for group in groups})
                     written.next_seq = max(written.next_seq, shard.seq + 1)
                     await asyncio.to_thread(self._shards_bell.ring)  # the trainer looks at once

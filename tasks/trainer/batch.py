@@ -1,10 +1,13 @@
 """Micro-batch tensors from token sequences: packed (dynamic micro-batching) or padded.
 
-A sequence is ``prompt + output`` tokens. Position j of the flattened layout holds the
-logit that predicts the token at j + 1 of the same sequence; ``loss_mask[j]`` is true
-exactly when that next token is an output token. So the output tokens of the sequences
-of a micro-batch, in layout order, are ``targets[loss_mask]``, and per-output-token
-values (behaviour log-probs, advantages) are placed with :meth:`MicroBatch.expand`.
+A sequence is ``prompt + output`` tokens; of the output, the *trained* tokens are those
+the model sampled (all of them, unless :attr:`TokenSequence.trained` marks tokens an
+environment inserted, which stay in the input as context). Position j of the flattened
+layout holds the logit that predicts the token at j + 1 of the same sequence;
+``loss_mask[j]`` is true exactly when that next token is a trained output token. So the
+trained tokens of the sequences of a micro-batch, in layout order, are
+``targets[loss_mask]``, and per-trained-token values (behaviour log-probs, advantages)
+are placed with :meth:`MicroBatch.expand`. Lengths for packing count every token.
 
 Packed layout: one row of the concatenated sequences, no padding; ``position_ids``
 restart at 0 for each sequence, which makes transformers build a block-diagonal causal
@@ -27,13 +30,27 @@ LAYOUTS: tuple[str, ...] = ("packed", "padded")
 
 @dataclass(frozen=True)
 class TokenSequence:
-    """The tokens of one sample: the prompt, then the tokens trained on (output or answer)."""
+    """The tokens of one sample: the prompt, then the output (answer, or an agent episode)."""
 
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
+    trained: Sequence[bool] | None = None
+    """Per output token: True to train on it (the model sampled it), False for context only
+    (an environment inserted it). None: every output token is trained."""
+
+    def __post_init__(self) -> None:
+        if self.trained is not None and len(self.trained) != len(self.output_ids):
+            raise ValueError(f"trained marks {len(self.trained)} tokens, the output has {len(self.output_ids)}")
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def trained_count(self) -> int:
+        """Output tokens trained on: sum_t trained[t], or all output tokens without a mask."""
+        if self.trained is None:
+            return len(self.output_ids)
+        return sum(1 for m in self.trained if m)
 
 
 @dataclass(frozen=True)
@@ -41,8 +58,8 @@ class MicroBatch:
     """Model inputs of R rows of S positions, and per-position training fields of size R*S.
 
     ``sample_ids`` are the caller's indices of the sequences, in layout order;
-    ``output_lengths`` their output lengths, so ``values[loss_mask].split(output_lengths)``
-    gives back per-sample values.
+    ``output_lengths`` their trained-token counts (:attr:`TokenSequence.trained_count`), so
+    ``values[loss_mask].split(output_lengths)`` gives back per-sample values.
     """
 
     input_ids: torch.Tensor  # (R, S) long
@@ -62,10 +79,11 @@ class MicroBatch:
 
     @property
     def output_tokens(self) -> int:
+        """Trained output tokens of the micro-batch (``loss_mask`` positions)."""
         return sum(self.output_lengths)
 
     def expand(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Per-output-token values of each sample (in ``sample_ids`` order) -> (R*S,) float32, 0 elsewhere."""
+        """Per-trained-token values of each sample (in ``sample_ids`` order) -> (R*S,) float32, 0 elsewhere."""
         import torch
 
         if len(values) != len(self.sample_ids):
@@ -73,7 +91,7 @@ class MicroBatch:
         for k, (value, length) in enumerate(zip(values, self.output_lengths)):
             if tuple(value.shape) != (length,):
                 raise ValueError(
-                    f"expand: sample {self.sample_ids[k]} has {length} output tokens, got values of shape {tuple(value.shape)}"
+                    f"expand: sample {self.sample_ids[k]} has {length} trained tokens, got values of shape {tuple(value.shape)}"
                 )
         full = torch.zeros(self.slots, dtype=torch.float32)
         if values:
@@ -81,7 +99,7 @@ class MicroBatch:
         return full
 
     def split(self, per_position: torch.Tensor) -> list[torch.Tensor]:
-        """(R*S,) values -> per-sample tensors over their output tokens (inverse of :meth:`expand`)."""
+        """(R*S,) values -> per-sample tensors over their trained tokens (inverse of :meth:`expand`)."""
         return list(per_position[self.loss_mask].split(list(self.output_lengths)))
 
     def to(self, device: torch.device | str) -> MicroBatch:
@@ -115,11 +133,17 @@ def _check(sequences: Sequence[TokenSequence], order: Sequence[int]) -> list[Tok
 
 
 def _sequence_fields(seq: TokenSequence) -> tuple[list[int], list[int], list[bool]]:
-    """tokens, targets (next token, 0 at the end), mask (next token is an output token)."""
+    """tokens, targets (next token, 0 at the end), mask (next token is a trained output token):
+
+        mask[j] = P - 1 <= j < P + L - 1 and trained[j - P + 1]
+
+    with P prompt and L output tokens (``trained`` all True when None)."""
     tokens = [*seq.prompt_ids, *seq.output_ids]
     n_prompt = len(seq.prompt_ids)
     targets = [*tokens[1:], 0]
-    mask = [n_prompt - 1 <= j < len(tokens) - 1 for j in range(len(tokens))]
+    mask = [False] * len(tokens)
+    trained = seq.trained if seq.trained is not None else [True] * len(seq.output_ids)
+    mask[n_prompt - 1 : len(tokens) - 1] = [bool(m) for m in trained]
     return tokens, targets, mask
 
 
@@ -145,7 +169,7 @@ def pack_sequences(sequences: Sequence[TokenSequence], order: Sequence[int]) -> 
         targets=torch.tensor(targets, dtype=torch.long),
         loss_mask=torch.tensor(mask, dtype=torch.bool),
         sample_ids=tuple(order),
-        output_lengths=tuple(len(seq.output_ids) for seq in chosen),
+        output_lengths=tuple(seq.trained_count for seq in chosen),
         real_tokens=len(tokens),
     )
 
@@ -176,7 +200,7 @@ def pad_sequences(sequences: Sequence[TokenSequence], order: Sequence[int], pad_
         targets=targets.reshape(-1),  # (R*S,)
         loss_mask=mask.reshape(-1),  # (R*S,)
         sample_ids=tuple(order),
-        output_lengths=tuple(len(seq.output_ids) for seq in chosen),
+        output_lengths=tuple(seq.trained_count for seq in chosen),
         real_tokens=sum(len(seq) for seq in chosen),
     )
 

@@ -1,6 +1,8 @@
 """Corrections of the behaviour weight of the decoupled PPO objective (see :mod:`.loss`).
 
-Notation, per output token t of sample s (its tokens: the set s, |s| of them):
+Notation, per trained output token t of sample s (its tokens: the set s, |s| of them; the
+trained tokens are the ones the model sampled, so a multi-turn sample's environment tokens
+are neither in s nor counted in |s|: they are outside ``loss_mask``):
 
     log w_t = log pi_prox(y_t) - log pi_behav(y_t),     w_t = pi_prox / pi_behav
 
@@ -52,9 +54,10 @@ def sequence_index(loss_mask: torch.Tensor, output_lengths: Sequence[int]) -> to
     """(T,) long: for each ``loss_mask`` position, the index k of its sample among the
     micro-batch's samples (in layout order, the order of ``output_lengths``); -1 elsewhere.
 
-    The masked positions of a micro-batch are its samples' output tokens in layout order
-    (:class:`~asyncrl.tasks.trainer.batch.MicroBatch`), so sample k holds the
-    ``output_lengths[k]`` masked positions after those of samples 0..k-1."""
+    The masked positions of a micro-batch are its samples' trained (model) tokens in layout
+    order (:class:`~asyncrl.tasks.trainer.batch.MicroBatch`), so sample k holds the
+    ``output_lengths[k]`` masked positions after those of samples 0..k-1, and a sequence
+    weight sums over model tokens only."""
     import torch
 
     mask = loss_mask.to(torch.bool)

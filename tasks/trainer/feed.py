@@ -15,7 +15,8 @@ fewer, so every group is still trained no later than its batch's step. Consumed 
 waiting: O(waiting shards) names per poll, never O(run). Every shard is validated by the
 storage reader (a bad one is quarantined there) and then checked against the model:
 every token id must be below the vocabulary size, every sequence must fit the
-micro-batch token budget. A shard failing that check is quarantined too
+micro-batch token budget. Both checks cover every token the model reads, so the
+environment tokens of a multi-turn sample (context, not trained) count like the others. A shard failing that check is quarantined too
 (:meth:`ShardReader.quarantine`), and :class:`TrainerInputError` names the shard, row,
 field, value and where the shard went; nothing is consumed, and a restarted trainer
 goes on without the shard.

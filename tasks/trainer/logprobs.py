@@ -44,9 +44,11 @@ def micro_batch_logprobs(model: ModelCall, batch: MicroBatch) -> torch.Tensor:
 def sequence_logprobs(
     model: ModelCall, sequences: Sequence[TokenSequence], groups: Sequence[Sequence[int]]
 ) -> list[torch.Tensor]:
-    """Output-token log-probs of each sequence (no grad), computed over packed micro-batches ``groups``.
+    """Trained-token log-probs of each sequence (no grad), computed over packed micro-batches ``groups``.
 
-    Returns one (L_i,) float32 CPU tensor per sequence, in ``sequences`` order.
+    Returns one (M_i,) float32 CPU tensor per sequence, in ``sequences`` order, M_i =
+    ``sequences[i].trained_count``: log pi(y_t | tokens before t) for each trained output
+    token t; untrained (environment) tokens are context of the forward pass only.
     """
     import torch
 

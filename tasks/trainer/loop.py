@@ -76,14 +76,15 @@ logger = logging.getLogger(__name__)
 
 
 def stale_tokens(step_input: StepInput, max_staleness: int | None, trainer_updates: int, updates_of: UpdateCount) -> int:
-    """Output tokens of the samples the step drops as staler than ``max_staleness`` (the rule of
-    :func:`asyncrl.tasks.trainer.step.prepare_step`): generated, then thrown away. None in a
+    """Generated (model) tokens of the samples the step drops as staler than ``max_staleness``
+    (the rule of :func:`asyncrl.tasks.trainer.step.prepare_step`): generated, then thrown away;
+    environment tokens of multi-turn samples were not generated and do not count. None in a
     healthy run, where the scheduler's write order keeps every sample within the bound
     (:mod:`asyncrl.tasks.scheduler.controller`); a restart can still cause some."""
     if max_staleness is None:
         return 0
     return sum(
-        len(sample.output_token_ids)
+        sample.model_token_count
         for group in step_input.groups
         for sample in group
         if sample_staleness(sample, trainer_updates, updates_of) > max_staleness

@@ -1,7 +1,9 @@
 """Decoupled PPO objective over packed token tensors (AReaL, arXiv 2505.24298).
 
 All tensors are 1-D of shape (T,), T = total tokens of a micro-batch (prompt and
-padding tokens included, excluded from the objective by ``loss_mask``).
+padding tokens included, excluded from the objective by ``loss_mask``, and so are the
+environment tokens of multi-turn samples: ``loss_mask`` holds the model tokens only, see
+:mod:`.batch`).
 """
 
 from __future__ import annotations
@@ -89,8 +91,9 @@ def decoupled_ppo_loss(
     eps_low = ``eps_clip``, eps_high = ``eps_clip_high`` (defaults to eps_clip).
     m_t = ``loss_mask``.  The correction: rho_t = w_t (``behav_weight_level`` "token"),
     or the sample's product W_s = prod_{k in s} w_k ("sequence_product") or geometric
-    mean G_s = exp(mean_{k in s} log w_k) ("sequence_geo_mean"), over its output tokens
-    (``sequence_index`` gives each position's sample, :func:`.corrections.sequence_index`);
+    mean G_s = exp(mean_{k in s} log w_k) ("sequence_geo_mean"), over its ``loss_mask``
+    tokens, i.e. its model tokens (``sequence_index`` gives each position's sample,
+    :func:`.corrections.sequence_index`);
     bounds [low, high] = [``behav_weight_floor`` or 0, ``behav_weight_cap`` or inf];
     mode "clamp" (truncate) uses rho'_t = min(max(rho_t, low), high) and m'_t = m_t;
     mode "mask" uses rho'_t = rho_t and m'_t = 0 where rho_t is outside the bounds. The

@@ -1,6 +1,8 @@
 """Train/inference mismatch figures of one training step (the ``mismatch/*`` metrics).
 
-Inputs per output token t the trainer sees in the step (every kept sample of every rank):
+Inputs per trained output token t the trainer sees in the step (every kept sample of every
+rank; a token an environment inserted into a multi-turn sample is context, not sampled by
+any policy, and is never an input here):
 log p_trainer(y_t) = log pi_prox, computed by the trainer at the start of the step with its
 current parameters (:func:`~asyncrl.tasks.trainer.step.compute_proximal`); log p_behav(y_t),
 reported by the rollout server that sampled it; and its lag in training steps,
@@ -74,7 +76,8 @@ class LocalMismatch:
 def local_mismatch(
     logp_trainer: Sequence[torch.Tensor], logp_behav: Sequence[torch.Tensor], token_lag: Sequence[Sequence[int]]
 ) -> LocalMismatch:
-    """This rank's sums, one tensor of shape (L_i,) per sample i for each argument (same L_i)."""
+    """This rank's sums, one tensor of shape (M_i,) per sample i for each argument (same M_i:
+    the sample's trained tokens, model tokens only)."""
     import torch
 
     out = LocalMismatch()

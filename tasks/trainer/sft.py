@@ -83,12 +83,25 @@ def sft_sequences(
     code_extract: str = "last_fence",
 ) -> list[TokenSequence]:
     """Prompt tokens (rendered as rollout renders them) and answer tokens + EOS per record;
-    ``code_extract`` (``reward.code.extract``) shapes code rows' targets (:func:`sft_target`)."""
+    ``code_extract`` (``reward.code.extract``) shapes code rows' targets (:func:`sft_target`).
+    A record with a ``conversation`` (a multi-turn demonstration) becomes the tokens an
+    episode would record (:func:`~asyncrl.tasks.agent.demonstration.demonstration_tokens`),
+    trained on its assistant turns only: the loss of the module docstring then sums over
+    those turns' tokens, and N counts them."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("SFT needs a tokenizer with an EOS token")
     sequences = []
     for record in records:
+        if record.conversation is not None:
+            from asyncrl.tasks.agent.demonstration import demonstration_tokens
+
+            try:
+                demo = demonstration_tokens(tokenizer, record.conversation["messages"], record.conversation["tools"])
+            except ValueError as exc:
+                raise ValueError(f"prompt {record.prompt_id}: its conversation cannot be trained on: {exc}") from None
+            sequences.append(TokenSequence(tuple(demo.prompt_token_ids), tuple(demo.output_token_ids), tuple(demo.output_mask)))
+            continue
         prompt = tokenizer(render_prompt(record.prompt, prompt_format, tokenizer), add_special_tokens=False)["input_ids"]
         answer = tokenizer(sft_target(record, code_extract), add_special_tokens=False)["input_ids"]
         sequences.append(TokenSequence(tuple(prompt), (*answer, eos)))
@@ -195,7 +208,7 @@ def run_sft(
                 {
                     "sft_loss": loss,
                     "sequence_tokens": float(tokens),
-                    "output_tokens": float(sum(len(s.output_ids) for s in batch)),
+                    "output_tokens": float(sum(s.trained_count for s in batch)),
                     "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
                     "step_time_s": elapsed,
                     "learning_rate": engine.learning_rate(),

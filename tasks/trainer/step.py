@@ -3,18 +3,24 @@
 Phases, in order:
 
 1. advantages per group from the rewards (:func:`group_advantages`), broadcast to the
-   output tokens; computed over the whole group, before any stale sample is dropped, so
+   trained tokens; computed over the whole group, before any stale sample is dropped, so
    the baseline is the group's;
 2. staleness per sample in training steps (updates), s = max(0, U_trainer - min_t U(v_t))
-   (:func:`sample_staleness`); samples with s > max_staleness are dropped (counted and
-   warned about, never trained);
-3. proximal log-probs log pi_prox of every kept output token, with the parameters as
-   they are at the start of the step, without gradient (decoupled objective only); with
-   them, the train/inference mismatch figures of the step (:func:`step_mismatch`);
+   over its model tokens t (:func:`sample_staleness`); samples with s > max_staleness are
+   dropped (counted and warned about, never trained);
+3. proximal log-probs log pi_prox of every trained token of the kept samples, with the
+   parameters as they are at the start of the step, without gradient (decoupled objective
+   only); with them, the train/inference mismatch figures of the step (:func:`step_mismatch`);
 4. the groups are split into ``mini_batches`` contiguous mini-batches; each is packed
    into token-budget micro-batches, whose losses are accumulated (one backward each)
-   and normalised by the output-token count N of the whole mini-batch; then one
+   and normalised by the trained-token count N of the whole mini-batch; then one
    optimizer update per mini-batch.
+
+Trained tokens are the output tokens the model sampled. In a multi-turn sample
+(:attr:`~asyncrl.storage.schema.Sample.output_mask`) the tokens an environment inserted
+are context only: they are in the input of every forward pass (packing and lengths count
+them), but carry no loss, advantage, behaviour log-prob, version, staleness or mismatch
+figure. A single-turn sample trains every output token, as before multi-turn rows existed.
 
 Gradient flows only through log pi_theta (the current forward pass); proximal and
 behaviour log-probs and advantages are constants.
@@ -104,12 +110,12 @@ class TrainItem:
     """One kept sample, ready to train on."""
 
     sequence: TokenSequence
-    logp_behav: torch.Tensor  # (L,) float32
+    logp_behav: torch.Tensor  # (M,) float32, M = sequence.trained_count (model tokens only)
     advantage: float
     group: int
     """Index of its group in the step (mini-batches split by group)."""
     token_lag: tuple[int, ...] = ()
-    """Per output token t, U_trainer - U(v_t): how many training steps the weights that
+    """Per trained (model) token t, U_trainer - U(v_t): how many training steps the weights that
     sampled it lag the trainer's (0: the trainer's current weights; negative: a branch a
     rollback discarded); empty when unknown (then the mismatch figures skip the sample)."""
 
@@ -185,7 +191,9 @@ class RLStepResult:
     prepared: PreparedStep
     update: UpdateStats
     sequence_tokens: int
+    """Every token of the trained sequences: prompt, model and environment tokens."""
     output_tokens: int
+    """Trained output tokens: those the model sampled."""
     micro_batches: int
     packing_efficiency: float
     proximal_time_s: float
@@ -195,10 +203,15 @@ class RLStepResult:
     mismatch: dict[str, float] = field(default_factory=dict)
     """The step's ``mismatch/*`` metrics over all ranks (:func:`step_mismatch`; empty for the
     standard objective, which computes no proximal log-probs)."""
+    context_tokens: int = 0
+    """Output tokens inserted by an environment (multi-turn samples): attended to, not trained.
+    sequence_tokens = prompt tokens + output_tokens + context_tokens."""
 
     def metrics(self, pass_k: Sequence[int] = ()) -> dict[str, float]:
         """Flat metrics of the step: loss, rewards, advantages, clipping, behaviour weights,
-        staleness distribution (``staleness/count_<s>``), throughput, packing efficiency,
+        staleness distribution (``staleness/count_<s>``), token counts (``sequence_tokens`` =
+        prompt + ``output_tokens`` (trained) + ``context_tokens`` (environment output tokens,
+        not trained)), throughput, packing efficiency,
         train/inference mismatch (``mismatch/*``, :mod:`~asyncrl.tasks.trainer.mismatch`), and
         per task the mean reward, pass@1 and pass@k of the step's groups (:func:`task_figures`)."""
         prepared = self.prepared
@@ -215,6 +228,7 @@ class RLStepResult:
             "trained_samples": float(len(prepared.items)),
             "sequence_tokens": float(self.sequence_tokens),
             "output_tokens": float(self.output_tokens),
+            "context_tokens": float(self.context_tokens),
             "micro_batches": float(self.micro_batches),
             "filler_micro_batches": float(self.update.fillers),
             "packing_efficiency": self.packing_efficiency,
@@ -250,8 +264,9 @@ def labels_as_updates(version: int) -> int:
 
 
 def update_lag(sample: Sample, trainer_updates: int, updates_of: UpdateCount = labels_as_updates) -> int:
-    """U_trainer - min over the sample's tokens t of U(v_t), unclamped (see :func:`sample_staleness`)."""
-    return trainer_updates - min(updates_of(v) for v in set(sample.token_versions))
+    """U_trainer - min over the sample's model tokens t of U(v_t), unclamped (see
+    :func:`sample_staleness`; environment tokens of a multi-turn sample are left out)."""
+    return trainer_updates - min(updates_of(v) for v in set(sample.model_values(sample.token_versions)))
 
 
 def sample_staleness(sample: Sample, trainer_updates: int, updates_of: UpdateCount = labels_as_updates) -> int:
@@ -269,8 +284,9 @@ def sample_staleness(sample: Sample, trainer_updates: int, updates_of: UpdateCou
       A version published by a trainer killed after its last checkpoint keeps its step:
       its branch no longer exists, but its tokens were sampled by weights with that many
       updates and their behaviour log-probs are recorded, so they are valid behaviour data.
-    - min over the output tokens t: the token sampled by the weights with the fewest
-      updates lags the most. Without a rollback U grows with the label, so this is the
+    - min over the model tokens t (the output tokens the model sampled; an environment
+      token of a multi-turn sample was sampled by no weights): the token sampled by the
+      weights with the fewest updates lags the most. Without a rollback U grows with the label, so this is the
       oldest token and s = trainer version - min(token_versions) as in AReaL; after a
       rollback a newer label can hold fewer updates (resumed from checkpoint step c, the
       trainer's first new version has c+1 updates, the killed trainer's last one k > c+1),
@@ -296,7 +312,12 @@ def prepare_step(
     updates_of: UpdateCount = labels_as_updates,
 ) -> PreparedStep:
     """Advantages per group, staleness per sample (:func:`sample_staleness` with the
-    trainer's step count ``trainer_updates``), and the kept samples (phases 1 and 2)."""
+    trainer's step count ``trainer_updates``), and the kept samples (phases 1 and 2).
+
+    Each kept sample's per-token arrays hold its model tokens only (environment tokens of
+    a multi-turn sample are marked untrained in its :class:`TokenSequence`):
+    ``logp_behav`` = (log pi_behav(y_t) for model tokens t), ``token_lag`` =
+    (U_trainer - U(v_t) for model tokens t)."""
     import torch
 
     items: list[TrainItem] = []
@@ -318,14 +339,16 @@ def prepare_step(
             if settings.max_staleness is not None and s > settings.max_staleness:
                 dropped += 1
                 continue
+            trained = None if sample.output_mask is None else tuple(bool(m) for m in sample.output_mask)
             items.append(
                 TrainItem(
-                    sequence=TokenSequence(tuple(sample.prompt_token_ids), tuple(sample.output_token_ids)),
-                    logp_behav=torch.tensor(list(sample.behaviour_logprobs), dtype=torch.float32),
+                    sequence=TokenSequence(tuple(sample.prompt_token_ids), tuple(sample.output_token_ids), trained),
+                    logp_behav=torch.tensor(sample.model_values(sample.behaviour_logprobs), dtype=torch.float32),
                     advantage=float(advantage),
                     group=g,
                     token_lag=tuple(
-                        trainer_updates - _cached_updates(updates_cache, updates_of, v) for v in sample.token_versions
+                        trainer_updates - _cached_updates(updates_cache, updates_of, v)
+                        for v in sample.model_values(sample.token_versions)
                     ),
                 )
             )
@@ -390,8 +413,10 @@ def rank_shares(items: Sequence[TrainItem], members: Sequence[int], world: int) 
 def compute_proximal(
     engine: TrainEngine, items: Sequence[TrainItem], indices: Sequence[int], settings: RLSettings
 ) -> dict[int, torch.Tensor]:
-    """log pi_prox of every output token of ``items[i] for i in indices`` with the current
-    parameters, without gradient; keyed by item index. Data parallel: each rank passes the
+    """log pi_prox of every trained token of ``items[i] for i in indices`` (shape
+    (trained_count,) each: environment tokens are context of the forward pass, not values)
+    with the current parameters, without gradient; keyed by item index. The packer sees
+    full sequence lengths. Data parallel: each rank passes the
     items it trains (its shares), as forward passes need no collective; every rank holds
     the full parameters (ZeRO stages 0-2), so each gets the one-rank values."""
     if not indices:
@@ -414,9 +439,10 @@ def ppo_update(
     """One optimizer update over ``batches``, this rank's micro-batches of one mini-batch of
     ``items`` (collective: every rank calls it for the same mini-batch).
 
-    Each micro-batch's loss is normalised by the output-token count of the whole
-    mini-batch, N = sum over ranks r of the output tokens of rank r's micro-batches, and
-    multiplied by the world size W before backward:
+    Each micro-batch's loss is normalised by the trained-token count of the whole
+    mini-batch, N = sum over ranks r of the trained tokens of rank r's micro-batches
+    (environment tokens of multi-turn samples excluded), and multiplied by the world size
+    W before backward:
 
         backward(W * loss_b),   loss_b = -sum_{t in b} (per-token objective) / N
 
@@ -445,7 +471,7 @@ def ppo_update(
             chosen = [items[i] for i in batch.sample_ids]
             device = logp_theta.device
             behav = batch.expand([item.logp_behav for item in chosen]).to(device)
-            adv = batch.expand([torch.full((len(item.sequence.output_ids),), item.advantage) for item in chosen])
+            adv = batch.expand([torch.full((item.sequence.trained_count,), item.advantage) for item in chosen])
             prox = None
             if decoupled and proximal is not None:
                 prox = batch.expand([proximal[i] for i in batch.sample_ids]).to(device)
@@ -517,7 +543,7 @@ def run_rl_step(
 
     started = time.perf_counter()
     stats = UpdateStats()
-    sequence_tokens = output_tokens = micro_count = 0
+    sequence_tokens = output_tokens = context_tokens = micro_count = 0
     for local in plan:
         sequences = [items[i].sequence for i in local]
         lengths = [len(s) for s in sequences]
@@ -526,7 +552,8 @@ def run_rl_step(
         batches = [_reindex(batch, local) for batch in build_micro_batches(sequences, index_groups, layout)]
         ppo_update(engine, items, proximal, batches, settings, stats)
         sequence_tokens += sum(lengths)
-        output_tokens += sum(len(s.output_ids) for s in sequences)
+        output_tokens += sum(s.trained_count for s in sequences)
+        context_tokens += sum(len(s.output_ids) - s.trained_count for s in sequences)
         micro_count += len(batches)
     update_time = time.perf_counter() - started
     local = RLStepResult(
@@ -539,6 +566,7 @@ def run_rl_step(
         proximal_time_s=proximal_time,
         update_time_s=update_time,
         mismatch=mismatch,
+        context_tokens=context_tokens,
     )
     return all_reduce_step_figures(local, settings.micro_batch_tokens)
 
@@ -547,7 +575,9 @@ def step_mismatch(items: Sequence[TrainItem], proximal: dict[int, torch.Tensor])
     """The step's ``mismatch/*`` metrics (:mod:`~asyncrl.tasks.trainer.mismatch`) from the
     proximal log-probs of this rank's items (keys of ``proximal``; log p_trainer) and their
     behaviour log-probs and token lags (collective: every rank calls it once per step; the
-    figures are those of all ranks' tokens). Items with unknown token lags are left out."""
+    figures are those of all ranks' tokens). All three are over trained (model) tokens only,
+    so environment tokens of multi-turn samples never enter the figures. Items with unknown
+    token lags are left out."""
     known = [i for i in sorted(proximal) if len(items[i].token_lag) == len(items[i].logp_behav)]
     local = local_mismatch(
         [proximal[i] for i in known], [items[i].logp_behav for i in known], [items[i].token_lag for i in known]
@@ -561,7 +591,7 @@ def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepRes
 
     - summed over ranks: the loss sums (each rank's part of the mini-batch loss, so the
       sum is the mini-batch loss), token counts, clipped / capped / KL / behaviour-weight
-      sums, sequence and output tokens, micro-batches and fillers;
+      sums, sequence, output and context tokens, micro-batches and fillers;
     - max over ranks: ``behav_weight_max``, and the proximal and update times (the step
       waits for the slowest rank, so tokens/s = all ranks' tokens / the slowest time);
     - the same on every rank already: ``updates`` and the global gradient norms.
@@ -574,13 +604,14 @@ def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepRes
     stats = local.update
     sums = all_reduce_floats(
         [stats.loss, stats.tokens, stats.active, stats.clipped, stats.behav_weight_sum, stats.capped, stats.kl_sum,
-         stats.fillers, local.sequence_tokens, local.output_tokens, local.micro_batches, 1.0],
+         stats.fillers, local.sequence_tokens, local.output_tokens, local.micro_batches, 1.0,
+         local.context_tokens],
         "sum",
     )  # fmt: skip
     maxes = all_reduce_floats(
         [stats.behav_weight_max, local.proximal_time_s, local.update_time_s, local.sequence_tokens], "max"
     )
-    loss, tokens, active, clipped, weight_sum, capped, kl_sum, fillers, seq_tokens, out_tokens, micro, ranks = sums
+    loss, tokens, active, clipped, weight_sum, capped, kl_sum, fillers, seq_tokens, out_tokens, micro, ranks, ctx = sums
     weight_max, proximal_time, update_time, rank_tokens_max = maxes
     update = replace(
         stats,
@@ -600,6 +631,7 @@ def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepRes
         update=update,
         sequence_tokens=int(seq_tokens),
         output_tokens=int(out_tokens),
+        context_tokens=int(ctx),
         micro_batches=int(micro),
         packing_efficiency=seq_tokens / (token_budget * micro) if micro else 1.0,
         proximal_time_s=proximal_time,

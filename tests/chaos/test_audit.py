@@ -13,6 +13,8 @@ from asyncrl.storage import fs, paths
 from asyncrl.tasks.run.audit import AuditReport, audit_run
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
+from asyncrl.storage.schema import Sample
+from asyncrl.tasks.scheduler.controller import group_id
 
 
 @pytest.fixture
@@ -211,3 +213,22 @@ def test_a_filtered_group_in_a_shard_or_never_admitted(build: RunRootBuilder) ->
     violations = audit(build).violations
     assert any("group g00000009 was filtered out but never admitted: the scheduler admitted 4 groups" in v
                for v in violations), violations
+
+
+def test_dropped_tokens_and_versions_of_agent_episodes_count_model_tokens_only(build: RunRootBuilder) -> None:
+    """A multi-turn row: 2 model tokens (v0, v1) with 3 environment tokens between them, which
+    repeat v0 and are not counted as generated tokens."""
+    build.admit(4)
+    first = build.shard({0: [0, 0], 1: [0, 0]})
+    episode = Sample("p2", group_id(2), [1, 2], [3, 9, 9, 9, 3], [-0.5, 0.0, 0.0, 0.0, -0.5], [0, 0, 0, 0, 1], 1.0,
+                     "stop", 1.0, 2.0, output_mask=[True, False, False, False, True], turn_starts=[0, 4])  # fmt: skip
+    single = Sample("p3", group_id(3), [1, 2], [3, 3], [-0.5, -0.5], [1, 1], 1.0, "stop", 1.0, 2.0)
+    second = build.writer.write_groups([[episode] * N, [single] * N]).name
+    build.publish(0, 0, None, [])
+    for step, shard in ((1, first), (2, second)):
+        build.record(step, [shard])
+        build.publish(step, step, step - 1, [shard])
+    report = audit(build, max_staleness=0)
+    assert report.ok, report.violations
+    assert report.staleness_counts == {0: 3 * N} and report.dropped_stale == N
+    assert report.dropped_tokens == N * 2  # the episode's 2 model tokens, not its 5 output tokens

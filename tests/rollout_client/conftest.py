@@ -1,5 +1,5 @@
 """Fixtures for the rollout client tests: real vLLM servers with the tiny model, and
-published weight versions (v0 = the tiny model, v1..v7 = perturbed copies).
+published weight versions (v0 = the tiny model, v1.. = perturbed copies, see NUM_VERSIONS).
 
 One server (``server_a``) serves the whole session (a start costs 30-90 s on 2 cores);
 tests that update its weights pick the next version from the server's current one, so
@@ -25,10 +25,11 @@ from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, Rol
 from asyncrl.tasks.rollout.weight_sync import update_server_weights
 
 API_KEY = "rollout-client-test-key"
-NUM_VERSIONS = 13
-"""Published versions 0..12: each of the two mid-generation update tests uses one (or up to
-5 when its update split no sample and it retries), the idle update one, the canary test two;
-a failed update uses none."""
+NUM_VERSIONS = 20
+"""Published versions 0..19: each of the two mid-generation update tests uses one (or up to
+5 when its update split no sample and it retries), the idle update one, the canary test two,
+the recording proxy's update between turns one and its mid-turn updates (recompute, keep)
+one each (or up to 3); a failed update uses none."""
 PERTURBATION_STD = 0.02
 """Noise added to every tensor of version v >= 1 (the tiny model is initialised with std 0.02)."""
 
@@ -166,11 +167,23 @@ def reference_logprobs(
     return logprobs[positions, torch.tensor(output)].tolist()  # (G,)
 
 
+def sample_output(
+    token_ids: list[int], finish_reason: str = "stop", versions: list[int] | None = None, first_logprob: float = -0.5
+) -> Any:
+    """A :class:`SampleOutput` as the client would return it (log-probs first_logprob, -1, -1, ...)."""
+    from asyncrl.tasks.rollout.samples import SampleOutput, SampleTimings
+
+    logprobs = [first_logprob] + [-1.0] * (len(token_ids) - 1)
+    versions = [0] * len(token_ids) if versions is None else versions
+    timings = SampleTimings(0.0, 0.0, 0, 0, 1)
+    return SampleOutput(list(token_ids), logprobs, versions, finish_reason, timings)  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="session")
 def helpers() -> Any:
     """The plain helpers above, for test modules (tests are not a package under importlib mode)."""
     from types import SimpleNamespace
 
     return SimpleNamespace(
-        reference_logprobs=reference_logprobs, wait_streamed=wait_streamed
+        reference_logprobs=reference_logprobs, wait_streamed=wait_streamed, sample_output=sample_output
     )

@@ -1,0 +1,103 @@
+"""The calculator episode: the template of a user's multi-turn, tool-using episode.
+
+The model gets an arithmetic question it cannot reliably work out in its head (a product
+of a 3-digit and a 2-digit number, plus a small term), may call the ``calc`` tool, reads
+the tool's result and answers ``#### <number>``; the row's math reward scores that final
+message. ``configs/demo-tool.yaml`` trains the tiny model on it.
+
+Everything here is ordinary user code: the official ``openai`` client, a loop over turns,
+tools run by the episode itself. asyncrl records the tokens the model sampled at the
+endpoint (``context.base_url``), so the trainer trains on exactly those tokens and on
+nothing the tools or the chat template added.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.tasks.agent.episode import EpisodeContext
+
+CALC_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an integer expression with + - * and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expr": {"type": "string", "description": "e.g. 482*37+5"}},
+            "required": ["expr"],
+        },
+    },
+}
+TOOLS = [CALC_TOOL]
+MAX_TURNS = 3
+"""Model calls per episode unless ``rollout.episode.options.max_turns`` says otherwise."""
+
+_OPERATORS: dict[type[ast.operator], Callable[[int, int], int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+}
+_MAX_DIGITS = 60
+
+
+def calc(expr: str) -> int:
+    """The value of an integer expression over ``+ - *``, unary minus and parentheses;
+    ``ValueError`` for anything else (names, calls, division, huge numbers)."""
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            result = _OPERATORS[type(node.op)](value(node.left), value(node.right))
+            if len(str(abs(result))) > _MAX_DIGITS:
+                raise ValueError("result too large")
+            return result
+        raise ValueError(f"unsupported expression element {type(node).__name__}")
+
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"not an expression: {exc.msg}") from None
+    return value(tree.body)
+
+
+def run_tool(name: str, arguments: str) -> str:
+    """What the episode sends back for one tool call: the result, or an error text the model
+    reads (a bad call is the model's mistake, not the episode's)."""
+    if name != "calc":
+        return f"error: unknown tool {name!r}"
+    try:
+        args = json.loads(arguments)
+        expr = args["expr"] if isinstance(args, dict) else None
+        if not isinstance(expr, str):
+            return "error: calc needs a string argument 'expr'"
+        return str(calc(expr))
+    except (ValueError, KeyError) as exc:
+        return f"error: {exc}"
+
+
+async def solve(context: EpisodeContext) -> float | None:
+    """Ask, run the tools the model calls, send their results back; stop when the model
+    answers without a tool call (or after ``max_turns`` calls). The row's math reward then
+    scores the last assistant message (``return None``)."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=context.base_url, api_key=context.api_key, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": context.row.prompt}]
+    for _ in range(int(context.options.get("max_turns", MAX_TURNS))):
+        reply = await client.chat.completions.create(model=context.model, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls or reply.choices[0].finish_reason == "length":
+            break
+        for call in message.tool_calls:
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": run_tool(call.function.name, call.function.arguments)}
+            )
+    return None

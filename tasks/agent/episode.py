@@ -1,0 +1,144 @@
+"""Users' agent episodes: what one gets, how it is run, and what it leaves behind.
+
+An episode is ordinary async Python::
+
+    async def solve(context: EpisodeContext) -> float | None:
+        client = openai.AsyncOpenAI(base_url=context.base_url, api_key=context.api_key)
+        reply = await client.chat.completions.create(
+            model=context.model, messages=[{"role": "user", "content": context.row.prompt}], tools=TOOLS
+        )
+        ...                      # run the tools it asked for, send their results, ask again
+        return None              # or a reward of its own
+
+Every model call goes through the recording endpoint (:mod:`asyncrl.tasks.rollout.proxy`),
+which keeps the exact tokens the model sampled and the tokens inserted between turns. The
+runner here opens an episode there, calls the user's function under a time limit, and
+closes it; whatever the function does (returns, raises, hangs) the run goes on, and the
+outcome says which (:class:`EpisodeOutcome`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import numbers
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asyncrl.tasks.data.records import PromptRecord
+from asyncrl.tasks.reward.plugin import load_plugin
+from asyncrl.tasks.rollout.conversation import EpisodeTokens
+
+EPISODE_API_KEY = "asyncrl-episode"
+"""What :attr:`EpisodeContext.api_key` holds: the endpoint listens on 127.0.0.1 only and
+checks no key (the ``openai`` client insists on one). Never a real credential."""
+EPISODE_ERROR = "episode_error"
+EPISODE_TIMEOUT = "episode_timeout"
+EPISODE_OVER_BUDGET = "episode_over_budget"
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """What the user's episode function gets."""
+
+    row: PromptRecord
+    """The prompt row: ``prompt``, ``answer`` (the reference), ``task``, ``fields``."""
+    base_url: str
+    """OpenAI-compatible endpoint of this episode (chat completions and completions)."""
+    api_key: str
+    model: str
+    """Any model name is accepted; this is the run's model path, for logs."""
+    sample_index: int
+    """0..n-1: which of the group's n episodes this is."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """``rollout.episode.options``."""
+
+
+EpisodeFunction = Callable[[EpisodeContext], Awaitable[Any]]
+
+
+class EpisodeRecorder(Protocol):
+    """The recording endpoint as the runner uses it (:class:`~asyncrl.tasks.rollout.proxy.RecordingProxy`)."""
+
+    def open_episode(self, episode_id: str) -> str: ...
+
+    def close_episode(self, episode_id: str) -> EpisodeTokens | None: ...
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """How one episode ended."""
+
+    tokens: EpisodeTokens | None
+    """What the model generated and what was inserted between turns (None: no model call)."""
+    reward: float | None
+    """The episode's own reward; None when it left scoring to the row's reward or failed."""
+    failure: str | None
+    """None, or ``<kind>: <detail>`` with kind ``episode_error`` (it raised or returned
+    something that is no reward), ``episode_over_budget`` (it raised after its token budget
+    ran out, e.g. on the endpoint's refusal of one more turn) or ``episode_timeout``."""
+    submitted_at: float
+    finished_at: float
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+
+def load_episode(spec: str, where: str = "rollout.episode.function") -> EpisodeFunction:
+    """The user's episode function; ``ValueError`` naming ``where`` if it cannot be imported
+    or is not an ``async def``."""
+    function = load_plugin(spec, where)
+    if not asyncio.iscoroutinefunction(function):
+        raise ValueError(f"{where}: {spec!r} must be an 'async def' taking an EpisodeContext")
+    return function
+
+
+def episode_reward(value: Any) -> tuple[float | None, str | None]:  # noqa: ANN401 - whatever the user returned
+    """(reward, failure) from an episode's return value: a finite real number is its reward,
+    ``None`` asks the row's reward to score the last assistant message, anything else
+    (a bool, NaN, a string, ...) is an ``episode_error``."""
+    if value is None:
+        return None, None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value)):
+        return float(value), None
+    return None, f"{EPISODE_ERROR}: returned {type(value).__name__} {value!r:.80}, expected a finite number or None"
+
+
+async def run_episode(
+    function: EpisodeFunction,
+    context: Callable[[str], EpisodeContext],
+    recorder: EpisodeRecorder,
+    timeout_s: float,
+) -> EpisodeOutcome:
+    """Run one episode: open it on ``recorder``, call ``function(context(base_url))`` for at
+    most ``timeout_s``, close it. Exceptions and time-outs of the user's code become the
+    outcome's ``failure`` (an exception once the episode's budget is spent is
+    ``episode_over_budget``); cancellation of the runner itself propagates (the episode is
+    closed first)."""
+    episode_id = uuid.uuid4().hex
+    submitted_at = time.time()
+    base_url = recorder.open_episode(episode_id)
+    reward: float | None = None
+    failure: str | None = None
+    limit = asyncio.timeout(timeout_s)
+    try:
+        async with limit:
+            value = await function(context(base_url))
+        reward, failure = episode_reward(value)
+    except TimeoutError as exc:
+        failure = (
+            f"{EPISODE_TIMEOUT}: still running after {timeout_s:g} s"
+            if limit.expired()
+            else f"{EPISODE_ERROR}: {type(exc).__name__}: {exc}"
+        )
+    except Exception as exc:  # noqa: BLE001 - the user's code: recorded, never fatal
+        failure = f"{EPISODE_ERROR}: {type(exc).__name__}: {exc}"
+    finally:
+        tokens = recorder.close_episode(episode_id)
+    if failure is not None and failure.startswith(EPISODE_ERROR) and tokens is not None and tokens.budget_exhausted:
+        failure = EPISODE_OVER_BUDGET + failure[len(EPISODE_ERROR) :]
+    return EpisodeOutcome(tokens, reward, failure, submitted_at, time.time())
