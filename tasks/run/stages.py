@@ -64,36 +64,25 @@ def prepare_data(config: RunConfig) -> dict[str, str]:
     synthetic = config.pipeline.synthetic_data
     if synthetic is not None and not data_present(config):
         data = config.data
+        splits = {  # where and how many of each split, for the tool and code writers
+            "train_path": Path(data.train_path),
+            "heldout_path": Path(data.eval_path) if data.eval_path else None,
+            "sft_path": Path(data.sft_path) if data.sft_path else None,
+            "n_train": synthetic.n_train,
+            "n_heldout": synthetic.n_heldout,
+            "n_sft": synthetic.n_sft,
+            "seed": config.seed,
+        }
         if synthetic.task == "tool":
             from asyncrl.examples.calculator import TOOLS
             from asyncrl.tasks.data.synthetic_tool import write_calc_splits
 
-            write_calc_splits(
-                train_path=Path(data.train_path),
-                heldout_path=Path(data.eval_path) if data.eval_path else None,
-                sft_path=Path(data.sft_path) if data.sft_path else None,
-                n_train=synthetic.n_train,
-                n_heldout=synthetic.n_heldout,
-                n_sft=synthetic.n_sft,
-                seed=config.seed,
-                tool_share=synthetic.sft_tool_share,
-                tools=TOOLS,
-            )
+            write_calc_splits(**splits, tool_share=synthetic.sft_tool_share, tools=TOOLS)
         elif synthetic.task == "code":
             from asyncrl.tasks.data.synthetic_code import write_code_splits
 
             # One draw of distinct problems, shuffled and cut as for arithmetic below.
-            write_code_splits(
-                train_path=Path(data.train_path),
-                heldout_path=Path(data.eval_path) if data.eval_path else None,
-                sft_path=Path(data.sft_path) if data.sft_path else None,
-                n_train=synthetic.n_train,
-                n_heldout=synthetic.n_heldout,
-                n_sft=synthetic.n_sft,
-                seed=config.seed,
-                spec=synthetic.code_spec(),
-                sft_styles=synthetic.sft_styles,
-            )
+            write_code_splits(**splits, spec=synthetic.code_spec(), sft_styles=synthetic.sft_styles)
         else:
             from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, mixed_solutions, split_train_heldout, write_problems
 
