@@ -20,7 +20,7 @@ from asyncrl.storage.protocols import check_root_protocol
 from asyncrl.storage.retry import retry_policy
 from asyncrl.tasks.agent.config import EpisodeConfig
 from asyncrl.tasks.data.synthetic import ArithmeticSpec
-from asyncrl.tasks.data.synthetic_code import CodeSpec, ProgramStyle
+from asyncrl.tasks.data.synthetic_code import DEFAULT_OPERATIONS, CodeSpec, ProgramStyle, StepName
 from asyncrl.tasks.process_group import check_cpu_cores
 from asyncrl.tasks.reward.config import RewardConfig
 from asyncrl.tasks.run.canary import MismatchCanaryConfig
@@ -412,6 +412,11 @@ class SyntheticDataConfig(StrictModel):
     """Code: input integers are drawn from [0, max_value]."""
     max_constant: int = Field(CodeSpec.max_constant, ge=1, le=9)
     """Code: constants of the steps (add k, times k, keep >k ...) are drawn from [1, max_constant]."""
+    operations: tuple[StepName, ...] = DEFAULT_OPERATIONS  # type: ignore[assignment]
+    """Code: the list operations problems draw from, uniformly (``tasks/data/synthetic_code.py``
+    STEPS): the default nine (sort, reverse, evens, odds and add/sub/mul/above/below, which take
+    a constant) or any others, e.g. the constant-free double, square, increment, decrement,
+    halve, negate, last_digit."""
     n_sft: int = Field(0, ge=0)
     """Warm-start problems written to data.sft_path: distinct from the RL prompts
     (data.train_path) and the held-out split, so RL and evaluation see unseen problems."""
@@ -481,12 +486,13 @@ class SyntheticDataConfig(StrictModel):
             max_list_len=self.max_list_len,
             max_value=self.max_value,
             max_constant=self.max_constant,
+            operations=tuple(self.operations),
         )
 
 
 _ARITHMETIC_ONLY_FIELDS: tuple[str, ...] = ("mul_prob", "max_addend", "max_factor", "sft_answer_only_share")
 _CODE_ONLY_FIELDS: tuple[str, ...] = (
-    "n_tests", "min_list_len", "max_list_len", "max_value", "max_constant", "sft_styles",
+    "n_tests", "min_list_len", "max_list_len", "max_value", "max_constant", "operations", "sft_styles",
 )
 _TASK_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "arithmetic": _ARITHMETIC_ONLY_FIELDS,

@@ -26,7 +26,8 @@ Lengths (bytes = tokens of the tiny byte-level tokenizer):
   enforced: problems repeating an earlier prompt are redrawn, which thins the short
   end where few distinct problems exist);
 - program: READ_LINE + k step lines + one print line, k + 2 lines,
-  ``len(program) <= len(READ_LINE) + 1 + k * (LONGEST_STEP_LINE + 1) + LONGEST_PRINT_LINE``;
+  ``len(program) <= len(READ_LINE) + 1 + k * (longest step line + 1) + LONGEST_PRINT_LINE``
+  (:func:`max_program_bytes`);
 - prompt: ``len(prompt) <= max_prompt_bytes(spec)`` (see that function).
 """
 
@@ -50,7 +51,10 @@ PROMPT_PREFIX = "Read ints; "
 ProgramStyle = Literal["lines", "commented", "nested"]
 """How a reference program is written (:meth:`CodeProblem.program`)."""
 PROGRAM_STYLES: tuple[str, ...] = get_args(ProgramStyle)
-StepName = Literal["sort", "reverse", "evens", "odds", "add", "sub", "mul", "above", "below"]
+StepName = Literal[
+    "sort", "reverse", "evens", "odds", "add", "sub", "mul", "above", "below",
+    "double", "square", "increment", "decrement", "halve", "negate", "last_digit",
+]
 FinalName = Literal["sum", "max", "min", "count", "list"]
 STEP_NAMES: tuple[str, ...] = get_args(StepName)
 FINAL_NAMES: tuple[str, ...] = get_args(FinalName)
@@ -79,8 +83,20 @@ STEPS: dict[str, _Op] = {
     "mul": _Op("times {k}", "a=[x*{k} for x in a]", True, lambda a, k: [x * k for x in a], "[x*{k} for x in {e}]"),
     "above": _Op("keep >{k}", "a=[x for x in a if x>{k}]", True, lambda a, k: [x for x in a if x > k], "[x for x in {e} if x>{k}]"),
     "below": _Op("keep <{k}", "a=[x for x in a if x<{k}]", True, lambda a, k: [x for x in a if x < k], "[x for x in {e} if x<{k}]"),
+    "double": _Op("double", "a=[x*2 for x in a]", False, lambda a, k: [x * 2 for x in a], "[x*2 for x in {e}]"),
+    "square": _Op("square", "a=[x*x for x in a]", False, lambda a, k: [x * x for x in a], "[x*x for x in {e}]"),
+    "increment": _Op("increment", "a=[x+1 for x in a]", False, lambda a, k: [x + 1 for x in a], "[x+1 for x in {e}]"),
+    "decrement": _Op("decrement", "a=[x-1 for x in a]", False, lambda a, k: [x - 1 for x in a], "[x-1 for x in {e}]"),
+    "halve": _Op("halve", "a=[x//2 for x in a]", False, lambda a, k: [x // 2 for x in a], "[x//2 for x in {e}]"),
+    "negate": _Op("negate", "a=[-x for x in a]", False, lambda a, k: [-x for x in a], "[-x for x in {e}]"),
+    "last_digit": _Op("last digits", "a=[x%10 for x in a]", False, lambda a, k: [x % 10 for x in a],
+                      "[x%10 for x in {e}]"),
 }
-"""List -> list operations: statement phrase, program line, reference semantics."""
+"""List -> list operations: statement phrase, program line, reference semantics. The first
+nine are :data:`DEFAULT_OPERATIONS`; the rest take no constant (a task whose statements hold
+no digit to copy into the program)."""
+DEFAULT_OPERATIONS: tuple[str, ...] = STEP_NAMES[:9]
+"""The operations problems draw from unless :attr:`CodeSpec.operations` says otherwise."""
 
 @dataclass(frozen=True)
 class _Final:
@@ -108,7 +124,7 @@ class CodeSpec:
 
     - steps: k in [min_steps, max_steps] with P(k) proportional to k ** -step_exponent
       (the module docstring gives the lengths this implies);
-    - each step: one of STEPS uniformly; a constant, where the step takes one, uniform in
+    - each step: one of ``operations`` (names of STEPS) uniformly; a constant, where the step takes one, uniform in
       [1, max_constant]; the final print: one of FINALS uniformly;
     - tests: n_tests lines of n integers, n uniform in [min_list_len, max_list_len],
       each integer uniform in [0, max_value]. A problem is kept only when every test
@@ -127,8 +143,17 @@ class CodeSpec:
     max_list_len: int = 8
     max_value: int = 20
     max_constant: int = 9
+    operations: tuple[str, ...] = DEFAULT_OPERATIONS
 
     def __post_init__(self) -> None:
+        unknown = [name for name in self.operations if name not in STEPS]
+        if unknown or not self.operations:
+            raise ValueError(
+                f"CodeSpec.operations: must name at least one operation out of {', '.join(STEPS)}; "
+                f"unknown: {', '.join(unknown) or 'none given'}"
+            )
+        if len(set(self.operations)) != len(self.operations):
+            raise ValueError(f"CodeSpec.operations: lists an operation twice: {', '.join(self.operations)}")
         if self.min_steps < 1:
             raise ValueError(f"CodeSpec.min_steps: must be >= 1, got {self.min_steps}")
         if self.max_steps < self.min_steps:
@@ -262,28 +287,35 @@ class CodeProblem:
         return json.dumps(self.code_tests().to_json(), sort_keys=True)
 
 
-LONGEST_STEP_LINE = max(len(op.line.format(k=9)) for op in STEPS.values())
 LONGEST_PRINT_LINE = max(len(final.line) for final in FINALS.values())
 
 
 def max_prompt_bytes(spec: CodeSpec) -> int:
     """Upper bound of a prompt's UTF-8 length: ``len(PROMPT_PREFIX) + max_steps * longest
     phrase + 2 * (max_steps - 1) (", ") + 2 ("; ") + longest final phrase + 1 (".")``."""
-    phrase = max(len(op.phrase.format(k=spec.max_constant)) for op in STEPS.values())
+    phrase = max(len(STEPS[name].phrase.format(k=spec.max_constant)) for name in spec.operations)
     final = max(len(f.phrase) for f in FINALS.values())
     return len(PROMPT_PREFIX) + spec.max_steps * phrase + 2 * (spec.max_steps - 1) + 2 + final + 1
 
 
 def max_program_bytes(spec: CodeSpec, style: ProgramStyle = "lines") -> int:
     """Upper bound of a reference program's length in ``style`` (``nested`` programs are
-    shorter than ``lines``, so they share its bound): the module docstring's formula, plus
-    for ``commented`` a comment line per step and one for the print,
-    ``max_steps * (len("# ") + longest phrase + 1) + len("# ") + longest final phrase + 1``."""
-    bound = len(READ_LINE) + 1 + spec.max_steps * (LONGEST_STEP_LINE + 1) + LONGEST_PRINT_LINE
+    shorter than ``lines``, so they share its bound)::
+
+        len(READ_LINE) + 1 + max_steps * max_{op in operations} step_bytes(op) + LONGEST_PRINT_LINE
+            (+ len("# ") + longest final phrase + 1 for ``commented``: the print's comment line)
+
+    with step_bytes(op) = len(line) + 1, plus len("# ") + len(phrase) + 1 for ``commented``
+    (the comment line above it), the constant at ``max_constant`` (one digit)."""
+
+    def step_bytes(name: str) -> int:
+        op = STEPS[name]
+        size = len(op.line.format(k=spec.max_constant)) + 1
+        return size + (2 + len(op.phrase.format(k=spec.max_constant)) + 1 if style == "commented" else 0)
+
+    bound = len(READ_LINE) + 1 + spec.max_steps * max(map(step_bytes, spec.operations)) + LONGEST_PRINT_LINE
     if style == "commented":
-        phrase = max(len(op.phrase.format(k=spec.max_constant)) for op in STEPS.values())
-        final = max(len(f.phrase) for f in FINALS.values())
-        bound += spec.max_steps * (2 + phrase + 1) + 2 + final + 1
+        bound += 2 + max(len(f.phrase) for f in FINALS.values()) + 1
     return bound
 
 
@@ -325,7 +357,7 @@ def sample_problem(rng: random.Random, spec: CodeSpec, max_tries: int = 1000) ->
     for _ in range(max_tries):
         steps = []
         for _ in range(k):
-            name = rng.choice(STEP_NAMES)
+            name = rng.choice(spec.operations)
             steps.append(Step(name, rng.randint(1, spec.max_constant) if STEPS[name].uses_constant else None))
         problem = CodeProblem(steps=tuple(steps), final=rng.choice(FINAL_NAMES))
         tests = _draw_tests(rng, spec, problem)

@@ -44,6 +44,11 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "demo-code.yaml"
 
 
+CONSTANT_FREE = ("sort", "reverse", "evens", "odds", "double", "square", "increment", "decrement", "halve",
+                 "negate", "last_digit")
+"""Every operation that takes no constant (a task whose statements hold no digit)."""
+
+
 @pytest.fixture(scope="module")
 def problems() -> list[CodeProblem]:
     return make_code_dataset(1500, seed=5)
@@ -96,7 +101,7 @@ def test_every_reference_program_passes_its_own_tests_in_both_styles(problems: l
 def test_reference_programs_pass_as_real_processes(problems: list[CodeProblem]) -> None:
     # One problem per final and per step kind, run by a fresh interpreter as the sandbox does.
     chosen: dict[str, CodeProblem] = {}
-    for problem in problems:
+    for problem in [*problems, *make_code_dataset(200, seed=5, spec=CodeSpec(operations=CONSTANT_FREE))]:
         for key in (f"final:{problem.final}", *(f"step:{s.name}" for s in problem.steps)):
             chosen.setdefault(key, problem)
     assert len(chosen) == len(FINALS) + len(STEPS)
@@ -208,6 +213,26 @@ def test_the_bounds_hold_for_every_constant_and_step() -> None:
         assert len(problem.commented_solution) <= max_program_bytes(spec, "commented")
 
 
+def test_constant_free_operations_give_statements_without_a_digit_and_correct_programs() -> None:
+    spec = CodeSpec(max_steps=3, n_tests=3, operations=CONSTANT_FREE)
+    problems = make_code_dataset(400, seed=3, spec=spec)
+    assert not any(ch.isdigit() for p in problems for ch in p.prompt)
+    assert {step.name for p in problems for step in p.steps} == set(CONSTANT_FREE)
+    for problem in problems[:150]:
+        for program in (problem.solution, problem.commented_solution, problem.nested_solution):
+            for case in problem.tests:
+                assert run_in_process(program, case.input) == case.output, (problem.prompt, program)
+        assert len(problem.prompt) <= max_prompt_bytes(spec)
+        assert len(problem.commented_solution) <= max_program_bytes(spec, "commented")
+
+
+def test_the_default_operations_are_the_original_nine() -> None:
+    # Changing them would change every problem a seed draws (and the demo's held-out set).
+    assert CodeSpec().operations == ("sort", "reverse", "evens", "odds", "add", "sub", "mul", "above", "below")
+    prompts = [p.prompt for p in make_code_dataset(5, seed=0)]
+    assert prompts == [p.prompt for p in make_code_dataset(5, seed=0, spec=CodeSpec(operations=CodeSpec().operations))]
+
+
 def test_splits_are_distinct_and_sized() -> None:
     problems = make_code_dataset(200, seed=1)
     train, heldout, sft = split_code_problems(problems, n_train=120, n_heldout=30, seed=1)
@@ -298,6 +323,10 @@ def test_prepared_code_rows_load_as_code_records(tmp_path: Path) -> None:
         ({"task": "code", "max_constant": 12}, "max_constant"),
         ({"task": "code", "n_tests": 1}, "n_tests"),
         ({"task": "python"}, "task"),
+        ({"operations": ["sort"]}, "pipeline.synthetic_data.operations: applies to task code only"),
+        ({"task": "code", "operations": ["sort", "cube"]}, "operations.1"),
+        ({"task": "code", "operations": []}, "pipeline.synthetic_data.operations: must name at least one"),
+        ({"task": "code", "operations": ["sort", "sort"]}, "pipeline.synthetic_data.operations: lists an operation twice"),
     ],
 )
 def test_config_errors_name_the_field(settings: dict[str, Any], message: str) -> None:
@@ -324,6 +353,7 @@ def test_the_code_task_has_its_own_step_defaults_and_round_trips() -> None:
         ("min_list_len", 0, "CodeSpec.min_list_len"),
         ("max_value", 0, "CodeSpec.max_value"),
         ("max_constant", 10, "CodeSpec.max_constant"),
+        ("operations", ("sort", "cube"), "CodeSpec.operations: .*unknown: cube"),
     ],
 )
 def test_spec_errors_name_the_field(field: str, value: Any, message: str) -> None:
@@ -332,8 +362,8 @@ def test_spec_errors_name_the_field(field: str, value: Any, message: str) -> Non
 
 
 def test_steps_and_problems_validate_their_fields() -> None:
-    with pytest.raises(ValueError, match="Step.name: unknown step 'square'"):
-        Step("square")
+    with pytest.raises(ValueError, match="Step.name: unknown step 'cube'"):
+        Step("cube")
     with pytest.raises(ValueError, match="Step.constant: step 'add' needs"):
         Step("add")
     with pytest.raises(ValueError, match="Step.constant: step 'sort' takes no"):
