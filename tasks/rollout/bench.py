@@ -7,7 +7,10 @@ long-tailed length workload, and the stall per weight update in both interrupt m
     stall per update = first /pause sent -> last /resume answered (UpdateStats.stall_s),
     measured while the server is generating, split into its phases (pause, load,
     set version, resume); stall / load = mean stall / mean load, where load is the
-    weight loader's own time (fetch from the store, reload in place, prefix-cache reset).
+    weight loader's own time (reload in place, prefix-cache reset; the fetch from the store
+    too unless it was fetched before the pause);
+    fetch before pause = :meth:`ServerWeightLoader.prefetch`, as the scheduler runs it
+    for a server on its host: generation goes on meanwhile, so it is not stall.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class StallRow:
     stall_over_load: float
     """stall_s_mean / load_s_mean."""
     interrupted_mean: float
+    prefetch_s_mean: float = 0.0
+    """Fetching the version before the pause (generation running), mean."""
 
 
 def long_tailed_lengths(n: int, settings: BenchSettings) -> list[int]:
@@ -94,6 +99,7 @@ async def measure_stalls(
     from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, server_weight_version
 
     stats = []
+    prefetch_s = []
     initial = server_weight_version(handle) or 0
     with ServerWeightLoader(store_uri, {}, cache_dir) as loader:
         async with RolloutClient([handle], interrupt_mode=mode, initial_version=initial) as client:
@@ -104,14 +110,18 @@ async def measure_stalls(
                     *(client.generate_group(prompt, 1, 256, 1.0, ignore_eos=True) for _ in range(8))
                 )
                 await asyncio.sleep(1.0)  # let the generations get going
+                begun = time.perf_counter()
+                await asyncio.to_thread(loader.prefetch, version, [handle])  # as the scheduler does
+                prefetch_s.append(time.perf_counter() - begun)
                 stats.append(await client.update_weights(version, loader.for_version(version)))
                 await generation
-    return stall_row(mode, stats)
+    return stall_row(mode, stats, prefetch_s)
 
 
-def stall_row(mode: str, stats: list[Any]) -> StallRow:
+def stall_row(mode: str, stats: list[Any], prefetch_s: list[float] | None = None) -> StallRow:
     """Means over the updates' :class:`~asyncrl.tasks.rollout.samples.UpdateStats`; the load is
-    the loader's own time (mean over servers), so stall / load says what the update adds to it."""
+    the loader's own time (mean over servers), so stall / load says what the update adds to
+    it; ``prefetch_s``: each update's fetch before its pause."""
     stall_mean = statistics.fmean(s.stall_s for s in stats)
     load_mean = statistics.fmean(statistics.fmean(s.load_s.values()) for s in stats)
     return StallRow(
@@ -125,6 +135,7 @@ def stall_row(mode: str, stats: list[Any]) -> StallRow:
         resume_s_mean=statistics.fmean(s.phase_s["set_version"] + s.phase_s["resume"] for s in stats),
         stall_over_load=stall_mean / load_mean,
         interrupted_mean=statistics.fmean(s.interrupted_segments for s in stats),
+        prefetch_s_mean=statistics.fmean(prefetch_s) if prefetch_s else 0.0,
     )
 
 
@@ -187,12 +198,13 @@ def format_tables(result: dict[str, Any]) -> str:
     ]
     lines += [f"| {r['concurrency']} | {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} |"
               for r in result["throughput"]]
-    lines += ["", "| interrupt mode | updates | stall mean (s) | stall p50 (s) | stall max (s) | pause (s) "
-              "| load (s) | version + resume (s) | stall / load | interrupted |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['mode']} | {r['updates']} | {r['stall_s_mean']:.3f} | {r['stall_s_p50']:.3f} | {r['stall_s_max']:.3f} | "
-              f"{r['pause_s_mean']:.3f} | {r['load_s_mean']:.3f} | {r['resume_s_mean']:.3f} | {r['stall_over_load']:.2f} | "
-              f"{r['interrupted_mean']:.1f} |" for r in result["update_stall"]]
+    lines += ["", "| interrupt mode | updates | fetch before pause (s) | stall mean (s) | stall p50 (s) | stall max (s) "
+              "| pause (s) | load (s) | version + resume (s) | stall / load | interrupted |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['mode']} | {r['updates']} | {r.get('prefetch_s_mean', 0.0):.3f} | {r['stall_s_mean']:.3f} | "
+              f"{r['stall_s_p50']:.3f} | {r['stall_s_max']:.3f} | {r['pause_s_mean']:.3f} | {r['load_s_mean']:.3f} | "
+              f"{r['resume_s_mean']:.3f} | {r['stall_over_load']:.2f} | {r['interrupted_mean']:.1f} |"
+              for r in result["update_stall"]]
     return "\n".join(lines)
 
 

@@ -43,7 +43,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +60,7 @@ from asyncrl.tasks.rollout.http_errors import error_text as _error_text
 
 if TYPE_CHECKING:
     import torch
+    from asyncrl.tasks.rollout.routing import ServerAddress
     from asyncrl.tasks.rollout.server import RolloutServerHandle
 
 logger = logging.getLogger(__name__)
@@ -496,6 +497,30 @@ class ServerWeightLoader:
 
     def for_version(self, version: int) -> Callable[[RolloutServerHandle], WeightUpdateReport]:
         return lambda handle: self.load(handle, version)
+
+    def prefetch(self, version: int, servers: Sequence[ServerAddress]) -> bool:
+        """Fetch ``version`` into the servers' weight cache from this process, before an
+        update pauses generation, when one of ``servers`` is on this host (a loopback URL:
+        the cache directory names the same files for it and for us). The worker's load then
+        finds the version cached (complete and verified, :func:`fetch_weight_version`) and
+        only reloads, so the fetch leaves the stall: generation goes on meanwhile.
+
+        Returns whether the version is in the cache now. Servers elsewhere fetch in their
+        load, as before. A failure is logged, not raised: the load fetches again and
+        reports it (an unknown version, a corrupt file)."""
+        from urllib.parse import urlsplit
+
+        from asyncrl.tasks.rollout.server import is_loopback
+
+        if not any(is_loopback(urlsplit(server.url).hostname or "") for server in servers):
+            return False
+        cache = Path(self._cache_dir or DEFAULT_CACHE_DIR)  # as the worker names it
+        try:
+            fetch_weight_version(self._root_uri, self._options, version, cache)
+        except Exception as exc:  # noqa: BLE001 - the load fetches again and reports it
+            logger.warning("prefetching weight version %d failed (the load will fetch it): %s", version, redact(str(exc)))
+            return False
+        return True
 
     def close(self) -> None:
         self._http.close()

@@ -226,6 +226,7 @@ def run_scheduler(
                     scorer=scorer,
                     weight_loader=weight_loader.for_version,
                     episodes=episodes,
+                    weight_prefetch=lambda version: weight_loader.prefetch(version, handles),
                 )
                 return await controller.run(stop_async)
         finally:

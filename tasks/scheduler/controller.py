@@ -538,6 +538,7 @@ class RolloutController:
         scorer: RewardScorer,
         weight_loader: Callable[[int], Callable[[Any], Any]],
         episodes: EpisodeRunner | None = None,
+        weight_prefetch: Callable[[int], object] | None = None,
     ) -> None:
         self.settings = settings
         self.root = root
@@ -547,6 +548,10 @@ class RolloutController:
         self.generator = generator
         self.scorer = scorer
         self.weight_loader = weight_loader
+        self.weight_prefetch = weight_prefetch
+        """Fetches a version onto the servers' host before its update pauses generation
+        (:meth:`~asyncrl.tasks.rollout.weight_sync.ServerWeightLoader.prefetch`); None: the
+        load fetches it during the pause."""
         self.episodes = episodes
         """Runs each group as n agent episodes (``rollout.episode``); None: single-turn samples."""
         self.weights = WeightStore(root)
@@ -885,8 +890,9 @@ class RolloutController:
                 await self._flush(partial=True)
 
     async def _watch_weights(self, stop: asyncio.Event) -> None:
-        """Push each newly published version to every server (pause, load, resume), as soon
-        as the trainer rings the weights doorbell (``weight_poll_seconds`` is the fallback)."""
+        """Push each newly published version to every server (fetch it onto their host
+        where :attr:`weight_prefetch` can, then pause, load, resume), as soon as the trainer
+        rings the weights doorbell (``weight_poll_seconds`` is the fallback)."""
         while not stop.is_set():
             latest = await asyncio.to_thread(self.weights.latest)
             if latest is not None:
@@ -894,6 +900,8 @@ class RolloutController:
                 # gate asks for it next.
                 await asyncio.to_thread(self.version_updates, latest)
             if latest is not None and latest > self.generator.current_version:
+                if self.weight_prefetch is not None:  # generation goes on meanwhile
+                    await asyncio.to_thread(self.weight_prefetch, latest)
                 stats = await self.generator.update_weights(latest, self.weight_loader(latest))
                 self._version_changed.set()
                 # after the wake-up: the lineage read must not hold up admission; a bound it

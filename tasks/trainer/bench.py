@@ -10,6 +10,11 @@ Reported per variant: micro-batches, real tokens, positions computed (padding in
 packing efficiency (:func:`packing_efficiency`: real tokens over the budget per packed
 micro-batch, over count x longest per fixed one), seconds per update and trained tokens/s
 (real tokens per second of update).
+
+A second table times a whole decoupled-PPO step of one mini-batch on the packed batch,
+with log pi_prox from a separate forward pass (``separate``) and from the update's own
+forward pass (``reused``, what :func:`~asyncrl.tasks.trainer.step.run_rl_step` does when
+:func:`~asyncrl.tasks.trainer.step.reuses_update_forward` holds).
 """
 
 from __future__ import annotations
@@ -129,6 +134,48 @@ def run_trainer_bench(engine: TrainEngine, settings: BenchSettings) -> list[Benc
     return rows
 
 
+def run_proximal_bench(engine: TrainEngine, settings: BenchSettings) -> list[BenchRow]:
+    """Time ``repeats`` decoupled steps of one mini-batch (packed) per way of getting log
+    pi_prox (after one warm-up step each): ``separate`` (:func:`compute_proximal`, then the
+    update) and ``reused`` (the update's own forward pass)."""
+    from asyncrl.tasks.trainer.batch import build_micro_batches
+    from asyncrl.tasks.trainer.step import RLSettings, UpdateStats, compute_proximal, ppo_update
+
+    items = _items(settings, engine.vocab_size)
+    sequences = [item.sequence for item in items]
+    lengths = [len(s) for s in sequences]
+    groups = get_packer("ffd")(lengths, settings.budget)
+    batches = build_micro_batches(sequences, groups, "packed")
+    rl = RLSettings(objective="decoupled", micro_batch_tokens=settings.budget)
+    indices = list(range(len(items)))
+
+    def separate() -> None:
+        ppo_update(engine, items, compute_proximal(engine, items, indices, rl), batches, rl, UpdateStats())
+
+    def reused() -> None:
+        ppo_update(engine, items, None, batches, rl, UpdateStats(), proximal_from_forward={})
+
+    rows = []
+    for name, step in (("separate", separate), ("reused", reused)):
+        step()  # warm-up
+        started = time.perf_counter()
+        for _ in range(settings.repeats):
+            step()
+        seconds = (time.perf_counter() - started) / settings.repeats
+        rows.append(
+            BenchRow(
+                variant=name,
+                micro_batches=len(batches),
+                real_tokens=sum(lengths),
+                computed_positions=sum(b.slots for b in batches),
+                packing_efficiency=packing_efficiency(lengths, groups, settings.budget),
+                seconds_per_update=seconds,
+                tokens_per_s=sum(lengths) / seconds,
+            )
+        )
+    return rows
+
+
 def format_table(rows: list[BenchRow]) -> str:
     header = f"{'variant':<8} {'micro':>6} {'tokens':>8} {'computed':>9} {'pack eff':>9} {'s/update':>9} {'tokens/s':>10}"
     lines = [header, "-" * len(header)]
@@ -161,7 +208,14 @@ def cmd_bench_trainer(args: argparse.Namespace) -> int:
     packed, fixed = rows
     speedup = packed.tokens_per_s / fixed.tokens_per_s
     print(f"dynamic micro-batching: {speedup:.2f}x the tokens/s of fixed-count micro-batches")
-    result = {"settings": asdict(settings), "model": str(model_dir), "rows": [asdict(r) for r in rows], "speedup": speedup}
+    print("\ndecoupled PPO step, one mini-batch, log pi_prox from:")
+    proximal_rows = run_proximal_bench(engine, settings)
+    print(format_table(proximal_rows).replace("s/update", "  s/step"))
+    separate, reused = proximal_rows
+    print(f"the update's own forward pass: {separate.seconds_per_update / reused.seconds_per_update:.2f}x the steps/s "
+          "of a separate proximal pass")
+    result = {"settings": asdict(settings), "model": str(model_dir), "rows": [asdict(r) for r in rows], "speedup": speedup,
+              "proximal_rows": [asdict(r) for r in proximal_rows]}  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

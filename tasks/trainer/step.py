@@ -10,7 +10,11 @@ Phases, in order:
    dropped (counted and warned about, never trained);
 3. proximal log-probs log pi_prox of every trained token of the kept samples, with the
    parameters as they are at the start of the step, without gradient (decoupled objective
-   only); with them, the train/inference mismatch figures of the step (:func:`step_mismatch`);
+   only); with them, the train/inference mismatch figures of the step (:func:`step_mismatch`).
+   A step with a single optimizer update and a forward pass without dropout
+   (:func:`reuses_update_forward`) takes them from the update's own forward pass instead
+   of a separate one: its parameters are the step-start ones, so
+   log pi_prox = stop_gradient(log pi_theta) there and u_t = 1 (the clip is inactive);
 4. the groups are split into ``mini_batches`` contiguous mini-batches; each is packed
    into token-budget micro-batches, whose losses are accumulated (one backward each)
    and normalised by the trained-token count N of the whole mini-batch; then one
@@ -197,6 +201,8 @@ class RLStepResult:
     micro_batches: int
     packing_efficiency: float
     proximal_time_s: float
+    """The separate proximal pass (0 when the step took log pi_prox from its update's
+    forward pass: :func:`reuses_update_forward`)."""
     update_time_s: float
     rank_token_imbalance: float = 1.0
     """Largest rank's sequence tokens over the mean over ranks (1.0: perfectly even, or one rank)."""
@@ -428,6 +434,32 @@ def compute_proximal(
     return dict(zip(indices, values))
 
 
+def reuses_update_forward(module: torch.nn.Module, settings: RLSettings, updates: int) -> bool:
+    """Whether a step takes log pi_prox from its update's own forward pass: the decoupled
+    objective, ``updates`` = 1 optimizer update in the step (one mini-batch with samples
+    left) and a forward pass that computes in train mode what it computes in eval mode: no
+    dropout module with p > 0 and no positive ``*dropout*``, ``*pdrop`` or ``*jitter*``
+    value in the model config (transformers applies attention dropout and MoE router
+    jitter from the config in train mode only).
+
+    Then the update's forward runs on the step-start parameters, so its detached
+    log-probs are log pi_prox, and the separate proximal pass (about a third of a step's
+    compute) is skipped. With several updates every mini-batch after the first trains on
+    moved parameters, so pi_prox needs its own pass."""
+    from torch.nn.modules.dropout import _DropoutNd
+
+    if settings.objective != "decoupled" or updates != 1:
+        return False
+    if any(isinstance(m, _DropoutNd) and m.p > 0 for m in module.modules()):
+        return False
+    config = getattr(module, "config", None)
+    values = vars(config).items() if config is not None else ()
+    return not any(
+        ("dropout" in key or "jitter" in key or key.endswith("pdrop")) and isinstance(value, (int, float)) and value > 0
+        for key, value in values
+    )
+
+
 def ppo_update(
     engine: TrainEngine,
     items: Sequence[TrainItem],
@@ -435,9 +467,17 @@ def ppo_update(
     batches: Sequence[MicroBatch],
     settings: RLSettings,
     stats: UpdateStats,
+    *,
+    proximal_from_forward: dict[int, torch.Tensor] | None = None,
 ) -> None:
     """One optimizer update over ``batches``, this rank's micro-batches of one mini-batch of
     ``items`` (collective: every rank calls it for the same mini-batch).
+
+    ``proximal``: log pi_prox of each item's trained tokens (decoupled objective). Or,
+    when the caller established :func:`reuses_update_forward`, ``proximal`` is None and
+    ``proximal_from_forward`` an empty dict: each micro-batch's log pi_prox is then
+    stop_gradient(log pi_theta) of its own forward pass, and the per-item values are
+    recorded into that dict (for the step's mismatch figures).
 
     Each micro-batch's loss is normalised by the trained-token count of the whole
     mini-batch, N = sum over ranks r of the trained tokens of rank r's micro-batches
@@ -455,7 +495,7 @@ def ppo_update(
     import torch
 
     decoupled = settings.objective == "decoupled"
-    if decoupled and proximal is None:
+    if decoupled and proximal is None and proximal_from_forward is None:
         raise ValueError("the decoupled objective needs proximal log-probs")
     local_tokens = sum(batch.output_tokens for batch in batches)
     (normaliser,) = all_reduce_floats([float(local_tokens)], "sum")
@@ -475,6 +515,10 @@ def ppo_update(
             prox = None
             if decoupled and proximal is not None:
                 prox = batch.expand([proximal[i] for i in batch.sample_ids]).to(device)
+            elif decoupled and proximal_from_forward is not None:
+                mask = batch.loss_mask.to(device)
+                prox = torch.where(mask, logp_theta.detach(), torch.zeros_like(logp_theta))
+                proximal_from_forward.update(zip(batch.sample_ids, batch.split(prox.cpu())))
             loss, loss_stats = decoupled_ppo_loss(
                 logp_theta,
                 prox,
@@ -532,14 +576,15 @@ def run_rl_step(
         if members:  # empty when every sample of these groups was dropped as stale
             plan.append(rank_shares(items, members, world)[rank])
 
-    started = time.perf_counter()
     proximal = None
-    mismatch: dict[str, float] = {}
-    if settings.objective == "decoupled":
+    from_forward: dict[int, torch.Tensor] | None = None
+    proximal_time = 0.0
+    if reuses_update_forward(engine.module, settings, len(plan)):
+        from_forward = {}
+    elif settings.objective == "decoupled":
+        started = time.perf_counter()
         proximal = compute_proximal(engine, items, [i for local in plan for i in local], settings)
-    proximal_time = time.perf_counter() - started
-    if proximal is not None:
-        mismatch = step_mismatch(items, proximal)
+        proximal_time = time.perf_counter() - started
 
     started = time.perf_counter()
     stats = UpdateStats()
@@ -550,12 +595,14 @@ def run_rl_step(
         index_groups = packer(lengths, settings.micro_batch_tokens) if lengths else []
         # Micro-batch sample ids index into `items` (packer indices mapped through `local`).
         batches = [_reindex(batch, local) for batch in build_micro_batches(sequences, index_groups, layout)]
-        ppo_update(engine, items, proximal, batches, settings, stats)
+        ppo_update(engine, items, proximal, batches, settings, stats, proximal_from_forward=from_forward)
         sequence_tokens += sum(lengths)
         output_tokens += sum(s.trained_count for s in sequences)
         context_tokens += sum(len(s.output_ids) - s.trained_count for s in sequences)
         micro_count += len(batches)
     update_time = time.perf_counter() - started
+    proximal = from_forward if from_forward is not None else proximal
+    mismatch = step_mismatch(items, proximal) if proximal is not None else {}
     local = RLStepResult(
         prepared=prepared,
         update=stats,

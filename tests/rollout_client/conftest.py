@@ -25,9 +25,10 @@ from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, Rol
 from asyncrl.tasks.rollout.weight_sync import update_server_weights
 
 API_KEY = "rollout-client-test-key"
-NUM_VERSIONS = 20
-"""Published versions 0..19: each of the two mid-generation update tests uses one (or up to
-5 when its update split no sample and it retries), the idle update one, the canary test two,
+NUM_VERSIONS = 21
+"""Published versions 0..20: each of the two mid-generation update tests uses one (or up to
+5 when its update split no sample and it retries), the idle update one, the prefetched
+update one, the canary test two,
 the recording proxy's update between turns one and its mid-turn updates (recompute, keep)
 one each (or up to 3); a failed update uses none."""
 PERTURBATION_STD = 0.02

@@ -29,11 +29,11 @@ def test_report_lists_every_row() -> None:
                        for c in (1, 4)],
         "update_stall": [{"mode": m, "updates": 2, "stall_s_mean": 0.5, "stall_s_p50": 0.45, "stall_s_max": 0.7,
                           "pause_s_mean": 0.1, "load_s_mean": 0.3, "resume_s_mean": 0.1, "stall_over_load": 5 / 3,
-                          "interrupted_mean": 8.0} for m in ("recompute", "keep")],
+                          "interrupted_mean": 8.0, "prefetch_s_mean": 0.02} for m in ("recompute", "keep")],
     }
     table = format_tables(result)
     assert "| 4 | 400 | 1.00 | 400 |" in table
-    assert "| keep | 2 | 0.500 | 0.450 | 0.700 | 0.100 | 0.300 | 0.100 | 1.67 | 8.0 |" in table
+    assert "| keep | 2 | 0.020 | 0.500 | 0.450 | 0.700 | 0.100 | 0.300 | 0.100 | 1.67 | 8.0 |" in table
 
 
 def _update(stall: float, pause: float, load: float, resume: float) -> UpdateStats:
@@ -42,7 +42,9 @@ def _update(stall: float, pause: float, load: float, resume: float) -> UpdateSta
 
 
 def test_stall_row_splits_the_stall_into_its_phases() -> None:
-    row = stall_row("keep", [_update(0.2, 0.05, 0.1, 0.05), _update(0.4, 0.1, 0.2, 0.1), _update(0.3, 0.1, 0.1, 0.1)])
+    updates = [_update(0.2, 0.05, 0.1, 0.05), _update(0.4, 0.1, 0.2, 0.1), _update(0.3, 0.1, 0.1, 0.1)]
+    row = stall_row("keep", updates, [0.01, 0.03, 0.02])
+    assert row.prefetch_s_mean == pytest.approx(0.02) and stall_row("keep", updates).prefetch_s_mean == 0.0
     assert row.stall_s_mean == pytest.approx(0.3) and row.stall_s_p50 == pytest.approx(0.3)
     assert row.stall_s_max == pytest.approx(0.4)
     assert row.pause_s_mean == pytest.approx(0.25 / 3) and row.resume_s_mean == pytest.approx(0.25 / 3)

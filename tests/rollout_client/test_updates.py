@@ -192,6 +192,35 @@ def test_a_failed_weight_load_takes_the_server_out_and_says_why(
 
 
 @pytest.mark.slow
+def test_a_version_fetched_before_the_pause_loads_from_the_cache_and_serves_its_weights(
+    server_a: RolloutServerHandle, weights_root: str, weight_cache_dir: Any, hf_models: Callable[[int], Any],
+    helpers: Any,
+) -> None:
+    """What the scheduler does for a server on its host: fetch the version into the server's
+    cache while generation goes on, then update; the worker's load finds it cached (no fetch
+    in the pause) and the server samples with the new weights."""
+    from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader
+
+    async def run(loader: ServerWeightLoader) -> tuple[int, list[SampleOutput]]:
+        async with RolloutClient([server_a], interrupt_mode="keep") as client:
+            new = client.current_version + 1
+            assert await asyncio.to_thread(loader.prefetch, new, [server_a])
+            reports = []
+            await client.update_weights(new, lambda handle: reports.append(loader.load(handle, new)))
+            ((worker,),) = [report.workers for report in reports]
+            assert worker.cached and worker.version == new, worker
+            assert worker.file_sha256 == worker.model_sha256  # the load's own check of what it loaded
+            return new, await client.generate_group(PROMPT, 2, 16, ignore_eos=True)
+
+    with ServerWeightLoader(weights_root, None, str(weight_cache_dir)) as loader:
+        new, samples = asyncio.run(run(loader))
+    model = hf_models(new)
+    for sample in samples:
+        assert sample.token_versions == [new] * 16
+        reference = helpers.reference_logprobs(model, None, PROMPT, sample.output_token_ids, 16)
+        assert _max_diff(reference, sample.behaviour_logprobs) < LOGPROB_TOLERANCE
+
+
 def test_an_update_of_an_idle_server_skips_the_pause_and_serves_the_new_weights(
     server_a: RolloutServerHandle, loader: Callable[[int], Any], hf_models: Callable[[int], Any], helpers: Any
 ) -> None:

@@ -145,3 +145,30 @@ def test_a_corrupt_version_is_not_cached(tmp_path: Path) -> None:
         fetch_weight_version(root_uri, {}, 1, cache)
     assert cached(cache, root_uri) == []
     assert fs.exists(root, paths.weights_complete_marker(1))
+
+
+def test_prefetch_fills_the_cache_of_a_server_on_this_host_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before an update pauses generation, the scheduler fetches the version into the cache
+    its servers on this host load from: the worker's load then finds it cached (verified)."""
+    from asyncrl.tasks.rollout.routing import ServerEndpoint
+
+    root_uri = f"file://{tmp_path / 'run'}"
+    store = WeightStore(open_root(root_uri))
+    for version in range(2):
+        publish(store, tmp_path / "local", version)
+    cache = tmp_path / "cache"
+    here, elsewhere = ServerEndpoint("http://127.0.0.1:8001"), ServerEndpoint("http://10.1.2.3:8001")
+    with weight_sync.ServerWeightLoader(root_uri, {}, str(cache)) as loader:
+        assert loader.prefetch(1, [elsewhere]) is False  # that server fetches in its own load
+        assert not cache.exists()
+        assert loader.prefetch(1, [elsewhere, here]) is True
+        assert cached(cache, root_uri) == ["v000001"]
+        model_dir, was_cached = fetch_weight_version(root_uri, {}, 1, cache)  # what the worker's load does
+        assert was_cached and json.loads((model_dir / "config.json").read_text()) == {"v": 1}
+        # An unpublished version: logged, not raised; the load fetches again and reports it.
+        with caplog.at_level("WARNING", logger=weight_sync.__name__):
+            assert loader.prefetch(7, [here]) is False
+        assert "prefetching weight version 7 failed" in caplog.text and "available" in caplog.text
+        assert cached(cache, root_uri) == ["v000001"]

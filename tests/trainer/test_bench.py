@@ -7,7 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asyncrl.tasks.trainer.bench import BenchSettings, add_trainer_bench, format_table, run_trainer_bench
+from asyncrl.tasks.trainer.bench import (
+    BenchSettings,
+    add_trainer_bench,
+    format_table,
+    run_proximal_bench,
+    run_trainer_bench,
+)
 
 
 def test_bench_rows_compare_packed_and_padded(engine: Any) -> None:
@@ -23,6 +29,14 @@ def test_bench_rows_compare_packed_and_padded(engine: Any) -> None:
     assert "packed" in format_table([packed, fixed])
 
 
+def test_proximal_rows_time_both_ways_on_one_batch(engine: Any) -> None:
+    settings = BenchSettings(sequences=16, min_len=16, max_len=128, budget=256, repeats=1)
+    separate, reused = run_proximal_bench(engine, settings)
+    assert (separate.variant, reused.variant) == ("separate", "reused")
+    assert separate.real_tokens == reused.real_tokens and separate.micro_batches == reused.micro_batches > 1
+    assert separate.seconds_per_update > 0 and reused.seconds_per_update > 0
+
+
 def test_cli_entry_prints_table_and_writes_json(tiny_model_dir: Path, tmp_path: Path, capsys: Any) -> None:
     parser = argparse.ArgumentParser(prog="asyncrl bench")
     add_trainer_bench(parser.add_subparsers(dest="bench", required=True))
@@ -36,4 +50,6 @@ def test_cli_entry_prints_table_and_writes_json(tiny_model_dir: Path, tmp_path: 
     assert "tokens/s" in printed and "dynamic micro-batching:" in printed
     result = json.loads(out.read_text())
     assert [row["variant"] for row in result["rows"]] == ["packed", "fixed"]
+    assert [row["variant"] for row in result["proximal_rows"]] == ["separate", "reused"]
+    assert "steps/s of a separate proximal pass" in printed
     assert result["speedup"] > 0

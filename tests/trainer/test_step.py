@@ -73,6 +73,62 @@ def test_proximal_equal_to_behaviour_gives_the_standard_ppo_update(
     assert _max_diff(off_decoupled, _params(engine)) > 1e-5
 
 
+def test_one_update_takes_proximal_from_its_forward_and_matches_the_separate_pass(
+    shared_engine: Any, engine: Any, trajectories: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One mini-batch: log pi_prox = stop_gradient(log pi_theta) of the update's own forward
+    pass, the same update, losses and mismatch figures as the separate proximal pass (the
+    reference: the step with that pass forced), without the pass."""
+    import asyncrl.tasks.trainer.step as step
+
+    # Off-policy behaviour log-probs spread over three versions: w != 1 and capped tokens.
+    groups = [trajectories.group(f"g{k}", [1.0, 0.0, 0.5], versions=[0, 1, 2]) for k in range(4)]
+    settings = RLSettings(mini_batches=1, micro_batch_tokens=64, behav_weight_cap=2.0)
+    assert step.reuses_update_forward(engine.module, settings, 1)
+    reused = run_rl_step(engine, groups, settings, trainer_updates=2)
+    after_reused = _params(engine)
+
+    shared_engine.reset()
+    initial = _params(engine)
+    monkeypatch.setattr(step, "reuses_update_forward", lambda *args: False)
+    separate = run_rl_step(engine, groups, settings, trainer_updates=2)
+    after_separate = _params(engine)
+
+    assert reused.micro_batches == separate.micro_batches > 2 and reused.update.updates == separate.update.updates == 1
+    assert reused.proximal_time_s == 0.0 < separate.proximal_time_s
+    assert _max_diff(initial, after_separate) > 1e-4
+    assert _max_diff(after_reused, after_separate) < 1e-6
+    means, reference = reused.update.means(), separate.update.means()
+    for name in ("loss", "behav_weight_mean", "behav_weight_max", "behav_capped_fraction", "approx_kl", "grad_norm"):
+        assert means[name] == pytest.approx(reference[name], rel=1e-5, abs=1e-7), name
+    assert 0 < means["behav_capped_fraction"] < 1 and means["clip_fraction"] == reference["clip_fraction"] == 0.0
+    assert reused.mismatch.keys() == separate.mismatch.keys() and reused.mismatch
+    for name, value in separate.mismatch.items():
+        assert reused.mismatch[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+
+
+def test_the_proximal_pass_stays_where_the_forward_cannot_stand_for_it(engine: Any) -> None:
+    """Several updates in a step (later mini-batches train on moved parameters), the
+    standard objective, dropout as a module or in the model config: a separate pass."""
+    from types import SimpleNamespace
+
+    import asyncrl.tasks.trainer.step as step
+
+    one = RLSettings(mini_batches=1)
+    assert step.reuses_update_forward(engine.module, one, 1)
+    assert not step.reuses_update_forward(engine.module, RLSettings(mini_batches=2), 2)
+    assert not step.reuses_update_forward(engine.module, RLSettings(objective="standard"), 1)
+    assert not step.reuses_update_forward(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)), one, 1)
+    assert step.reuses_update_forward(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)), one, 1)
+    with_config = torch.nn.Linear(2, 2)
+    with_config.config = SimpleNamespace(attention_dropout=0.1, hidden_size=2)  # type: ignore[assignment]
+    assert not step.reuses_update_forward(with_config, one, 1)
+    with_config.config = SimpleNamespace(router_jitter_noise=0.01)  # type: ignore[assignment]
+    assert not step.reuses_update_forward(with_config, one, 1)
+    with_config.config = SimpleNamespace(attention_dropout=0.0, resid_pdrop=0.0, classifier_dropout=None)  # type: ignore[assignment]
+    assert step.reuses_update_forward(with_config, one, 1)
+
+
 def test_micro_batch_split_does_not_change_the_update(shared_engine: Any, engine: Any, trajectories: Any) -> None:
     """Loss normalised by the mini-batch's tokens: one big micro-batch or many small ones, same step."""
     groups = [trajectories.group(f"g{k}", [1.0, 0.0, 0.0, 1.0], versions=0) for k in range(3)]
