@@ -63,8 +63,10 @@ CHUNK_BYTES = 8 * MIB
 SIZES = ("0.5b", "tiny")
 """``--size`` presets: ``0.5b`` = Qwen2.5-0.5B's shape, ``tiny`` = :class:`TinyModelSpec` (3 M)."""
 CHECKSUM_TENSOR = "model.embed_tokens.weight"
-SERVER_DTYPE = "float32"
-"""The rollout server's dtype (``--dtype float32`` in :func:`server_command`)."""
+SERVER_DTYPES = ("float32", "bfloat16")
+"""``--server-dtype`` choices: the rollout server's ``--dtype``. The checkpoint is bfloat16;
+a float32 server converts every tensor on each load, a bfloat16 one (what a GPU serves in)
+copies it as it is."""
 LINK_NAMES = types.MappingProxyType({
     "disk_write": "disk write (sequential, fsync)",
     "disk_read_direct": "disk read (O_DIRECT)",
@@ -107,10 +109,16 @@ class WeightSyncBenchSettings:
     max_model_len: int = 512
     seed: int = 0
     server_start_timeout_s: float = 900.0
+    server_dtype: str = "float32"
+    """The rollout server's dtype, one of :data:`SERVER_DTYPES`."""
 
     def __post_init__(self) -> None:
         if self.size not in SIZES:
             raise ValueError(f"WeightSyncBenchSettings.size must be one of {SIZES}, got {self.size!r}")
+        if self.server_dtype not in SERVER_DTYPES:
+            raise ValueError(
+                f"WeightSyncBenchSettings.server_dtype must be one of {SERVER_DTYPES}, got {self.server_dtype!r}"
+            )
         for name, low in (("repeats", 1), ("probe_mib", 8), ("max_model_len", 16), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -316,7 +324,7 @@ class VersionDigest:
     """Fingerprint of its bytes cast to the server's dtype (what the model holds)."""
 
 
-def write_version(base: Path, target: Path, seed: int) -> VersionDigest:
+def write_version(base: Path, target: Path, seed: int, server_dtype: str = "float32") -> VersionDigest:
     """A copy of checkpoint ``base`` at ``target`` whose embedding (:data:`CHECKSUM_TENSOR`,
     tied to the LM head) is new random N(0, 0.02^2) values from ``seed``; return its digests."""
     import torch
@@ -333,7 +341,7 @@ def write_version(base: Path, target: Path, seed: int) -> VersionDigest:
             old = tensors[CHECKSUM_TENSOR]
             new = (0.02 * torch.randn(old.shape, generator=generator, dtype=torch.float32)).to(old.dtype)
             tensors[CHECKSUM_TENSOR] = new
-            digest = VersionDigest(tensor_fingerprint(new), tensor_fingerprint(new.to(getattr(torch, SERVER_DTYPE))))
+            digest = VersionDigest(tensor_fingerprint(new), tensor_fingerprint(new.to(getattr(torch, server_dtype))))
         save_file(tensors, str(target / file.name), metadata={"format": "pt"})
         del tensors
     if digest is None:
@@ -431,7 +439,7 @@ def bench_backend(
     with httpx.Client() as http:
         for version in range(first_version, first_version + settings.repeats):
             source = work_dir / f"{backend.name}-v{version}"
-            digest = write_version(base, source, seed=settings.seed + version)
+            digest = write_version(base, source, seed=settings.seed + version, server_dtype=settings.server_dtype)
             version_bytes = dir_bytes(source)
             seconds["publish"].append(_timed(lambda: store.publish(version, source)))
             seconds["fetch"].append(
@@ -496,7 +504,7 @@ def run_weight_sync_bench(
     config = RolloutServerConfig(
         model_dir=base, kv_cache_gib=settings.kv_cache_gib, max_model_len=settings.max_model_len,
         served_model_name="weight-sync-bench", start_timeout_s=settings.server_start_timeout_s,
-        log_path=work_dir / "server.log",
+        log_path=work_dir / "server.log", dtype=settings.server_dtype,
     )  # fmt: skip
     phases: list[dict[str, Any]] = []
     loads: list[dict[str, Any]] = []
@@ -520,7 +528,7 @@ def run_weight_sync_bench(
             "size": settings.size,
             "parameters": spec.num_parameters(),
             "dtype": "bfloat16",
-            "server_dtype": SERVER_DTYPE,
+            "server_dtype": settings.server_dtype,
             "vocab_size": spec.vocab_size,
             "hidden_size": spec.hidden_size,
             "num_layers": spec.num_layers,
@@ -584,7 +592,7 @@ def cmd_bench_weight_sync(args: argparse.Namespace) -> int:
     try:
         settings = WeightSyncBenchSettings(
             size=args.size, repeats=args.repeats, probe_mib=args.probe_mib, kv_cache_gib=args.kv_cache_gib,
-            max_model_len=args.max_model_len,
+            max_model_len=args.max_model_len, server_dtype=args.server_dtype,
         )  # fmt: skip
     except ValueError as exc:
         print(f"bench weight-sync: {exc}", file=sys.stderr)
@@ -615,6 +623,8 @@ def add_weight_sync_bench(subparsers: argparse._SubParsersAction[argparse.Argume
                         help="MiB of the disk and memory link probes (a multiple of 8)")  # fmt: skip
     parser.add_argument("--kv-cache-gib", type=float, default=defaults.kv_cache_gib)
     parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    parser.add_argument("--server-dtype", choices=SERVER_DTYPES, default=defaults.server_dtype,
+                        help="the rollout server's dtype (the checkpoint is bfloat16)")  # fmt: skip
     parser.add_argument("--s3-endpoint", default=None,
                         help="also run on this S3 endpoint (credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")  # fmt: skip
     parser.add_argument("--s3-bucket", default="asyncrl-bench", help="bucket on --s3-endpoint (created if missing)")

@@ -86,6 +86,7 @@ def test_every_phase_crosses_known_links() -> None:
         ("max_model_len", 0, "WeightSyncBenchSettings.max_model_len"),
         ("kv_cache_gib", 0.0, "WeightSyncBenchSettings.kv_cache_gib must be > 0, got 0.0"),
         ("server_start_timeout_s", -1, "WeightSyncBenchSettings.server_start_timeout_s"),
+        ("server_dtype", "float16", "WeightSyncBenchSettings.server_dtype must be one of .'float32', 'bfloat16'., got 'float16'"),
     ],
 )
 def test_bad_settings_name_the_field(field: str, value: Any, message: str) -> None:
@@ -124,6 +125,9 @@ def test_versions_differ_in_bytes_and_hashes(tmp_path: Path) -> None:
     assert all(first[name].dtype == torch.bfloat16 for name in first)
     assert all(torch.equal(first[name], second[name]) for name in first if name != "model.embed_tokens.weight")
     assert (tmp_path / "v1" / "tokenizer.json").is_file()
+    # What a bfloat16 server holds after loading it: the file's bytes as they are.
+    same = write_version(base, tmp_path / "v3", seed=1, server_dtype="bfloat16")
+    assert same.file_sha256 == same.model_sha256 == one.file_sha256
 
 
 def test_streaming_estimate_and_tables() -> None:
@@ -154,6 +158,9 @@ def test_cli_refuses_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
     args = build_parser().parse_args(["bench", "weight-sync", "--repeats", "0"])
     assert cmd_bench_weight_sync(args) == 2
     assert "WeightSyncBenchSettings.repeats" in capsys.readouterr().err
+    assert build_parser().parse_args(["bench", "weight-sync", "--server-dtype", "bfloat16"]).server_dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "weight-sync", "--server-dtype", "float16"])
 
 
 def test_s3_needs_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
