@@ -340,6 +340,23 @@ def test_a_published_version_is_loaded_when_the_trainer_rings_and_admits_at_once
     assert sorted(written_groups(root_dir)) == [0, 1, 2, 3]
 
 
+def test_a_new_version_is_fetched_before_the_update_pauses_generation(tmp_path: Path) -> None:
+    """``weight_prefetch`` (the scheduler's fetch onto its servers' host) runs for the new
+    version before the update, whose load then only reloads it."""
+    root_dir = tmp_path / "run"
+    generator = ScriptedGenerator()
+    events: list[tuple[str, int]] = []
+    ctrl = RolloutController(
+        settings(), open_root(str(root_dir)), PromptSchedule(records(20), seed=0),
+        render=lambda r: r.prompt, codec=DigitCodec(), generator=generator, scorer=ExactScorer(),
+        weight_loader=lambda version: (lambda address: events.append(("load", version))),
+        weight_prefetch=lambda version: events.append(("prefetch", version)),
+    )  # fmt: skip
+    publish(root_dir, 1, tmp_path)
+    asyncio.run(run_for(ctrl, 0.5))
+    assert events == [("prefetch", 1), ("load", 1)] and generator.updates == [1]
+
+
 class RecordingScorer:
     """Scores every request 1.0 and keeps it, to see where each row's samples were sent."""
 
