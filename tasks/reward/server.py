@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -59,6 +58,7 @@ from urllib.parse import urlsplit
 from asyncrl.configs.loading import ConfigError, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot, open_root
+from asyncrl.tasks.network import is_loopback
 from asyncrl.tasks.reward.pool import PoolStats, RewardPool, RewardPoolError
 from asyncrl.tasks.reward.registry import (
     TOKEN_ENV,
@@ -316,17 +316,8 @@ def check_arguments(host: str, port: int, token: str | None) -> None:
         raise ConfigError(f"--port: {port} is not in 0-65535 (0 picks a free port)")
     if token is not None and not token.strip():
         raise ConfigError(f"{TOKEN_ENV} is set but empty: unset it (no authentication) or set a token")
-    if token is None and not _is_loopback(host):
+    if token is None and not is_loopback(host):
         raise ConfigError(f"--host {host!r} is not loopback: set {TOKEN_ENV} so that only clients with the token score")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: cannot tell, so treat it as reachable from outside
 
 
 def build_parser() -> argparse.ArgumentParser:

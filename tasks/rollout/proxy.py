@@ -48,8 +48,8 @@ from asyncrl.tasks.rollout.conversation import (
     EpisodeTokens,
     TurnPlan,
 )
+from asyncrl.tasks.network import is_loopback
 from asyncrl.tasks.rollout.routing import NoLiveServerError
-from asyncrl.tasks.rollout.server import is_loopback
 from asyncrl.tasks.rollout.samples import SampleOutput
 
 logger = logging.getLogger(__name__)

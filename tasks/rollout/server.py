@@ -48,7 +48,6 @@ key is set):
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import errno
 import os
@@ -66,6 +65,7 @@ from types import TracebackType
 from typing import Self
 
 import httpx
+from asyncrl.tasks.network import is_loopback
 from asyncrl.tasks.process_group import (
     check_cpu_cores,
     check_session_nice,
@@ -226,16 +226,6 @@ class RolloutServerHandle:
     def headers(self) -> dict[str, str]:
         """HTTP headers for every request: ``Authorization: Bearer <key>`` when a key is set."""
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is ``localhost`` or a loopback IP literal (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _url_host(host: str) -> str:

@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -56,6 +57,7 @@ from asyncrl.storage import paths
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WEIGHT_SUFFIX, WeightIntegrityError, WeightStore
+from asyncrl.tasks.network import is_loopback
 from asyncrl.tasks.rollout.http_errors import error_text as _error_text
 
 if TYPE_CHECKING:
@@ -508,10 +510,6 @@ class ServerWeightLoader:
         Returns whether the version is in the cache now. Servers elsewhere fetch in their
         load, as before. A failure is logged, not raised: the load fetches again and
         reports it (an unknown version, a corrupt file)."""
-        from urllib.parse import urlsplit
-
-        from asyncrl.tasks.rollout.server import is_loopback
-
         if not any(is_loopback(urlsplit(server.url).hostname or "") for server in servers):
             return False
         cache = Path(self._cache_dir or DEFAULT_CACHE_DIR)  # as the worker names it
