@@ -201,7 +201,7 @@ def format_tables(result: dict[str, Any]) -> str:
     lines += ["", "| interrupt mode | updates | fetch before pause (s) | stall mean (s) | stall p50 (s) | stall max (s) "
               "| pause (s) | load (s) | version + resume (s) | stall / load | interrupted |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['mode']} | {r['updates']} | {r.get('prefetch_s_mean', 0.0):.3f} | {r['stall_s_mean']:.3f} | "
+    lines += [f"| {r['mode']} | {r['updates']} | {r['prefetch_s_mean']:.3f} | {r['stall_s_mean']:.3f} | "
               f"{r['stall_s_p50']:.3f} | {r['stall_s_max']:.3f} | {r['pause_s_mean']:.3f} | {r['load_s_mean']:.3f} | "
               f"{r['resume_s_mean']:.3f} | {r['stall_over_load']:.2f} | {r['interrupted_mean']:.1f} |"
               for r in result["update_stall"]]

@@ -25,6 +25,7 @@ import math
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,6 +99,28 @@ def _items(settings: BenchSettings, vocab_size: int) -> list[Any]:
     return items
 
 
+def timed_row(
+    name: str, step: Callable[[], object], lengths: list[int], groups: list[list[int]], batches: list[Any],
+    budget: int | None, repeats: int,
+) -> BenchRow:
+    """Time ``repeats`` calls of ``step`` (after one warm-up call) over ``batches``, the
+    micro-batches ``groups`` of sequences of ``lengths``; seconds per call and real tokens/s."""
+    step()  # warm-up
+    started = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    seconds = (time.perf_counter() - started) / repeats
+    return BenchRow(
+        variant=name,
+        micro_batches=len(batches),
+        real_tokens=sum(lengths),
+        computed_positions=sum(b.slots for b in batches),
+        packing_efficiency=packing_efficiency(lengths, groups, budget),
+        seconds_per_update=seconds,
+        tokens_per_s=sum(lengths) / seconds,
+    )
+
+
 def run_trainer_bench(engine: TrainEngine, settings: BenchSettings) -> list[BenchRow]:
     """Time ``repeats`` PPO updates per variant (after one warm-up update each)."""
     from asyncrl.tasks.trainer.batch import build_micro_batches
@@ -114,23 +137,10 @@ def run_trainer_bench(engine: TrainEngine, settings: BenchSettings) -> list[Benc
     rows = []
     for name, (groups, layout, budget) in variants.items():
         batches = build_micro_batches(sequences, groups, layout)  # type: ignore[arg-type]
-        ppo_update(engine, items, None, batches, rl, UpdateStats())  # warm-up
-        started = time.perf_counter()
-        for _ in range(settings.repeats):
-            ppo_update(engine, items, None, batches, rl, UpdateStats())
-        seconds = (time.perf_counter() - started) / settings.repeats
-        real = sum(lengths)
-        rows.append(
-            BenchRow(
-                variant=name,
-                micro_batches=len(batches),
-                real_tokens=real,
-                computed_positions=sum(b.slots for b in batches),
-                packing_efficiency=packing_efficiency(lengths, groups, budget),
-                seconds_per_update=seconds,
-                tokens_per_s=real / seconds,
-            )
-        )
+        def update() -> None:
+            ppo_update(engine, items, None, batches, rl, UpdateStats())  # noqa: B023 - timed at once
+
+        rows.append(timed_row(name, update, lengths, groups, batches, budget, settings.repeats))
     return rows
 
 
@@ -155,25 +165,10 @@ def run_proximal_bench(engine: TrainEngine, settings: BenchSettings) -> list[Ben
     def reused() -> None:
         ppo_update(engine, items, None, batches, rl, UpdateStats(), proximal_from_forward={})
 
-    rows = []
-    for name, step in (("separate", separate), ("reused", reused)):
-        step()  # warm-up
-        started = time.perf_counter()
-        for _ in range(settings.repeats):
-            step()
-        seconds = (time.perf_counter() - started) / settings.repeats
-        rows.append(
-            BenchRow(
-                variant=name,
-                micro_batches=len(batches),
-                real_tokens=sum(lengths),
-                computed_positions=sum(b.slots for b in batches),
-                packing_efficiency=packing_efficiency(lengths, groups, settings.budget),
-                seconds_per_update=seconds,
-                tokens_per_s=sum(lengths) / seconds,
-            )
-        )
-    return rows
+    return [
+        timed_row(name, step, lengths, groups, batches, settings.budget, settings.repeats)
+        for name, step in (("separate", separate), ("reused", reused))
+    ]
 
 
 def format_table(rows: list[BenchRow]) -> str:

@@ -601,8 +601,8 @@ def run_rl_step(
         context_tokens += sum(len(s.output_ids) - s.trained_count for s in sequences)
         micro_count += len(batches)
     update_time = time.perf_counter() - started
-    proximal = from_forward if from_forward is not None else proximal
-    mismatch = step_mismatch(items, proximal) if proximal is not None else {}
+    prox_values = from_forward if from_forward is not None else proximal
+    mismatch = step_mismatch(items, prox_values) if prox_values is not None else {}
     local = RLStepResult(
         prepared=prepared,
         update=stats,
