@@ -11,6 +11,8 @@ long-tailed length workload, and the stall per weight update in both interrupt m
     too unless it was fetched before the pause);
     fetch before pause = :meth:`ServerWeightLoader.prefetch`, as the scheduler runs it
     for a server on its host: generation goes on meanwhile, so it is not stall.
+    server start = spawn -> first answer to the start-up warm-up (``RolloutServer``'s
+    ``__enter__``); ``--worker-in-own-process`` measures vLLM's CPU default beside ours.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class BenchSettings:
     length_exponent: float = 1.2
     updates_per_mode: int = 5
     seed: int = 0
+    worker_in_engine_process: bool = True
+    """``RolloutServerConfig.worker_in_engine_process`` of the measured server."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,8 @@ def run_rollout_bench(model_dir: Path | None, settings: BenchSettings) -> dict[s
     lengths = long_tailed_lengths(settings.requests, settings)
     prompt = list(range(10, 42))
     config = RolloutServerConfig(model_dir=model_dir, kv_cache_gib=2.0, log_path=work / "server.log",
-                                 max_model_len=len(prompt) + settings.max_tokens + 8)
+                                 max_model_len=len(prompt) + settings.max_tokens + 8,
+                                 worker_in_engine_process=settings.worker_in_engine_process)
 
     async def measure(server: RolloutServer) -> tuple[list[ThroughputRow], list[StallRow]]:
         async with RolloutClient([server.handle]) as client:
@@ -177,10 +182,13 @@ def run_rollout_bench(model_dir: Path | None, settings: BenchSettings) -> dict[s
             stalls.append(await measure_stalls(server.handle, prompt, mode, store_uri, chunk, str(work / "cache")))
         return throughput, stalls
 
+    started = time.perf_counter()
     with RolloutServer(config) as server:
+        start_s = time.perf_counter() - started
         throughput, stalls = asyncio.run(measure(server))
     return {
         "settings": asdict(settings),
+        "server_start_s": start_s,
         "length_mean": statistics.fmean(lengths),
         "length_p90": sorted(lengths)[int(0.9 * (len(lengths) - 1))],
         "throughput": [asdict(row) for row in throughput],
@@ -189,7 +197,9 @@ def run_rollout_bench(model_dir: Path | None, settings: BenchSettings) -> dict[s
 
 
 def format_tables(result: dict[str, Any]) -> str:
+    where = "in the engine-core process" if result["settings"]["worker_in_engine_process"] else "in its own process"
     lines = [
+        f"server start: {result['server_start_s']:.1f} s (model worker {where})",
         f"workload: {result['settings']['requests']} requests, output length mean {result['length_mean']:.0f}, "
         f"p90 {result['length_p90']} (long-tailed, ignore_eos)",
         "",
@@ -211,7 +221,7 @@ def format_tables(result: dict[str, Any]) -> str:
 def cmd_bench_rollout(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         concurrencies=tuple(args.concurrency), requests=args.requests, max_tokens=args.max_tokens,
-        updates_per_mode=args.updates, seed=args.seed,
+        updates_per_mode=args.updates, seed=args.seed, worker_in_engine_process=not args.worker_in_own_process,
     )
     result = run_rollout_bench(Path(args.model) if args.model else None, settings)
     print(format_tables(result))
@@ -231,6 +241,8 @@ def add_rollout_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument("--updates", type=int, default=defaults.updates_per_mode, help="weight updates per mode")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--worker-in-own-process", action="store_true",
+                        help="run vLLM's model worker in a process of its own (vLLM's CPU default)")
     parser.add_argument("--json", default=None, help="also write the result as JSON here")
     parser.set_defaults(handler=cmd_bench_rollout)
     return parser

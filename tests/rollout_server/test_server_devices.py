@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.tasks.rollout import server
 from asyncrl.tasks.rollout.server import RolloutServerConfig, server_command, server_env
 
 
@@ -53,3 +54,31 @@ def test_unset_device_settings_change_nothing(tmp_path: Path, monkeypatch: pytes
     assert server_env(config)["CUDA_VISIBLE_DEVICES"] == "1"  # inherited
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert "CUDA_VISIBLE_DEVICES" not in server_env(config)
+
+
+def test_on_cpu_the_worker_runs_in_the_engine_process_with_cores_less_one_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "vllm_is_cpu_build", lambda: True)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(server, "usable_cpus", lambda: frozenset(range(4)))
+    env = server_env(RolloutServerConfig(model_dir=tmp_path))
+    assert (env["VLLM_ENABLE_V1_MULTIPROCESSING"], env["OMP_NUM_THREADS"]) == ("0", "3")
+    assert server_env(RolloutServerConfig(model_dir=tmp_path, cpu_cores=(0,)))["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's setting wins
+    assert server_env(RolloutServerConfig(model_dir=tmp_path))["OMP_NUM_THREADS"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("cpu_build", "settings"),
+    [(True, {"worker_in_engine_process": False}), (True, {"tensor_parallel_size": 2}), (False, {})],
+)
+def test_the_worker_keeps_its_own_process_when_not_asked_sharded_or_on_a_gpu_build(
+    cpu_build: bool, settings: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "vllm_is_cpu_build", lambda: cpu_build)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    env = server_env(RolloutServerConfig(model_dir=tmp_path, **settings))  # type: ignore[arg-type]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
+
