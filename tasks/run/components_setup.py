@@ -141,7 +141,7 @@ def _vllm_launch(
     session_nice: int | None = None,
 ) -> RolloutServerConfig:
     """A vLLM server of the run on ``placement``: the rollout section's host, key, KV cache,
-    parallelism and longest sequence, the model's dtype; no CUDA graphs without GPUs."""
+    worker process, parallelism and longest sequence, the model's dtype; no CUDA graphs without GPUs."""
     rollout = config.rollout
     return RolloutServerConfig(
         model_dir=model_dir,
@@ -149,6 +149,7 @@ def _vllm_launch(
         port=port,
         api_key=rollout.api_key_value(),
         kv_cache_gib=rollout.kv_cache_gib,
+        worker_in_engine_process=rollout.worker_in_engine_process,
         max_model_len=config.longest_sequence,
         seed=seed,
         log_path=log_path,

@@ -22,7 +22,7 @@ import asyncrl.tasks.trainer.process as trainer_module
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.process_group import kill_group, machine_cpus, usable_cpus
 from asyncrl.tasks.rollout.server import RolloutServer, server_command, server_env
-from asyncrl.tasks.run.components_setup import rl_trainer_launch, server_config
+from asyncrl.tasks.run.components_setup import evaluator_server_config, rl_trainer_launch, server_config
 from asyncrl.tasks.run.context import run_paths
 from asyncrl.tasks.run.devices import (
     CUDA_ENV,
@@ -242,6 +242,7 @@ def test_rollout_devices_pin_the_started_server_here(tmp_path: Path, monkeypatch
     assert launch.cpu_cores == (TARGET,) and launch.cuda_visible_devices is None
     monkeypatch.setattr(server_module, "server_command", lambda config, model_dir, port: [sys.executable, "-c", REPORTER])
     monkeypatch.delenv(CUDA_ENV, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     server = RolloutServer(launch)
     server.start()
     try:
@@ -249,6 +250,17 @@ def test_rollout_devices_pin_the_started_server_here(tmp_path: Path, monkeypatch
     finally:
         server.stop()
     assert report["cpus"] == [TARGET] and report["cuda"] is None
+    # The CPU build runs the model worker in the engine core, on the one pinned CPU: max(1, 1 - 1) threads.
+    assert report["omp"] == ("1" if server_module.vllm_is_cpu_build() else None)
+
+
+def test_the_worker_process_choice_reaches_every_vllm_server_of_the_run(tmp_path: Path) -> None:
+    own = run_config(tmp_path, rollout={"num_servers": 2, "worker_in_engine_process": False})
+    configs = [*every_server_config(own, run_paths(own), model_dir(tmp_path), NO_GPU),
+               evaluator_server_config(own, run_paths(own), model_dir(tmp_path), NO_GPU)]  # fmt: skip
+    assert [c.worker_in_engine_process for c in configs] == [False, False, False]
+    (default,) = every_server_config(run_config(tmp_path), run_paths(own), model_dir(tmp_path), NO_GPU)
+    assert default.worker_in_engine_process
 
 
 def test_gpu_devices_reach_the_started_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
