@@ -81,4 +81,3 @@ def test_the_worker_keeps_its_own_process_when_not_asked_sharded_or_on_a_gpu_bui
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     env = server_env(RolloutServerConfig(model_dir=tmp_path, **settings))  # type: ignore[arg-type]
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
-
