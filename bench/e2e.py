@@ -109,6 +109,8 @@ class E2EBenchSettings:
     rollout_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[0])
     trainer_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[1])
     kv_cache_gib: float = 1.0
+    max_groups_in_flight: int | None = None
+    """``rollout.max_groups_in_flight`` of every run (None: the staleness gate alone)."""
     work_dir: Path | None = None
     """Model, prompt file, run roots and logs; None = a new temporary directory."""
     json_path: Path | None = None
@@ -125,6 +127,8 @@ class E2EBenchSettings:
             raise ValueError(f"etas: a value repeats: {self.etas}")
         if not self.modes or any(m not in INTERRUPT_MODES for m in self.modes) or len(set(self.modes)) != len(self.modes):
             raise ValueError(f"modes: must be distinct values of {list(INTERRUPT_MODES)}, got {self.modes!r}")
+        if self.max_groups_in_flight is not None and self.max_groups_in_flight < 1:
+            raise ValueError(f"max_groups_in_flight: must be >= 1 or None, got {self.max_groups_in_flight}")
         for name in ("steps", "batch_groups", "n_samples", "max_new_tokens", "max_prompt_tokens", "n_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -151,9 +155,13 @@ class E2EBenchSettings:
         return [(0, self.modes[0])] + [(eta, mode) for eta in sorted(self.etas) if eta > 0 for mode in self.modes]
 
     def concurrency(self, eta: int) -> int:
-        """Most samples a run keeps in flight: c = (eta + 1) * B * n (the staleness gate admits
-        at most (i + eta + 1) * B groups while the servers hold version i)."""
-        return (eta + 1) * self.batch_groups * self.n_samples
+        """Most samples a run keeps in flight: c = min((eta + 1) * B, G) * n (the staleness gate
+        admits at most (i + eta + 1) * B groups while the servers hold version i; G =
+        ``max_groups_in_flight``, no cap when None)."""
+        groups = (eta + 1) * self.batch_groups
+        if self.max_groups_in_flight is not None:
+            groups = min(groups, self.max_groups_in_flight)
+        return groups * self.n_samples
 
 
 @dataclass(frozen=True)
@@ -510,6 +518,7 @@ def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path,
                 "kv_cache_gib": settings.kv_cache_gib,
                 "shard_groups": 1,  # every finished group is written at once: no batching delay
                 "shard_seconds": 1.0,
+                "max_groups_in_flight": settings.max_groups_in_flight,
                 "cpu_cores": None if cores["rollout"] is None else list(cores["rollout"]),
             },
             "trainer": {
@@ -604,7 +613,8 @@ def format_tables(result: Mapping[str, Any]) -> str:
         f"{w['budget_mean']:.0f}, p50 {w['budget_p50']}, p90 {w['budget_p90']}, max {w['budget_max']} tokens "
         f"(long-tailed, EOS ignored); {result['settings']['steps']} steps of {result['settings']['batch_groups']} groups"
         + (f"; {w['code_groups']} code groups" if w.get("code_groups") else ""),
-        f"CPUs: rollout {result['settings']['rollout_cores']}, trainer {result['settings']['trainer_cores']}",
+        f"CPUs: rollout {result['settings']['rollout_cores']}, trainer {result['settings']['trainer_cores']}"
+        + (f"; at most {cap} groups in flight" if (cap := result["settings"].get("max_groups_in_flight")) else ""),
         "standalone server: " + ", ".join(f"{r['tokens_per_s']:.0f} tokens/s at c={r['concurrency']}" for r in s["throughput"]),
         f"T_gen {s['t_gen_s']:.1f} s (batch by batch), T_train {_fmt(result.get('t_train_s'), '.1f')} s "
         f"(eta=0 step times): ideal synchronous {_fmt(result.get('ideal_sync_s'), '.1f')} s, "
@@ -675,6 +685,7 @@ def settings_from_args(args: argparse.Namespace) -> E2EBenchSettings:
         )),
         code_share=float(preset.get("code_share", defaults.code_share)),
         seed=args.seed,
+        max_groups_in_flight=args.max_groups_in_flight,
         rollout_cores=defaults.rollout_cores if args.rollout_cores == "auto" else _cores(args.rollout_cores),
         trainer_cores=defaults.trainer_cores if args.trainer_cores == "auto" else _cores(args.trainer_cores),
         work_dir=Path(args.work_dir) if args.work_dir else None,
@@ -706,6 +717,8 @@ def add_e2e_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help=f"budget of the longest reference solution (default {defaults.max_new_tokens}, or the workload's)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--max-groups-in-flight", type=int, default=None,
+                        help="rollout.max_groups_in_flight of every run (default: none, the staleness gate alone)")  # fmt: skip
     parser.add_argument("--rollout-cores", default="auto", help="comma-separated CPU ids, 'auto' (first half) or 'none'")
     parser.add_argument("--trainer-cores", default="auto", help="comma-separated CPU ids, 'auto' (second half) or 'none'")
     parser.add_argument("--work-dir", default=None, help="keep the model, prompts, run roots and logs here")

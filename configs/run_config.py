@@ -85,6 +85,11 @@ class RolloutConfig(StrictModel):
     """...or when the oldest unwritten group has waited this long, whichever comes first."""
     weight_poll_seconds: float = Field(0.5, gt=0.0)
     """How often the scheduler looks for a newly published weight version."""
+    max_groups_in_flight: int | None = Field(None, ge=1)
+    """Most prompt groups generating or being scored at once, over all servers (AReaL's
+    ``max_concurrent_rollouts``): a group is admitted only below it, so the oldest batches
+    share the servers with fewer samples and finish sooner. The staleness rule still bounds
+    admission; None: the rule alone, up to (eta + 1) x ``trainer.batch_groups`` groups."""
     ignore_eos: bool = False
     """Generate every sample to its full budget, ignoring end-of-sequence tokens (benchmarks:
     output lengths set by the budgets alone, identical in every run)."""

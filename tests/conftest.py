@@ -1,8 +1,8 @@
 """Session-wide settings and shared servers of the test suite.
 
 One SeaweedFS, one moto server and one tiny model per test session; the rollout tests
-share one vLLM server (see tests/support/vllm_server.py). Helpers live in tests/support
-(on pytest's pythonpath).
+share one vLLM server (``server_a`` in tests/rollout_client/conftest.py). Helpers live in
+tests/support (on pytest's pythonpath).
 """
 
 from __future__ import annotations

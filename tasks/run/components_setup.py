@@ -181,6 +181,7 @@ def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_
         shard_groups=rollout.shard_groups,
         shard_seconds=rollout.shard_seconds,
         weight_poll_seconds=rollout.weight_poll_seconds,
+        max_groups_in_flight=rollout.max_groups_in_flight,
         seed=config.seed,
         max_groups=max_groups,
     )

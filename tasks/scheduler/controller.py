@@ -143,6 +143,9 @@ class ControllerSettings:
     weight_poll_seconds: float = 0.5
     admit_poll_seconds: float = 0.05
     seed: int = 0
+    max_groups_in_flight: int | None = None
+    """Admit a group only while fewer are generating or being scored (None: the gate alone).
+    A restart sends the groups admitted before it out again at once, over the cap if need be."""
     max_groups: int | None = None
     """Admit at most this many groups in total (None: until stopped); with ``dynamic_filter``,
     filtered groups do not count, so the run still produces this many kept groups."""
@@ -679,6 +682,10 @@ class RolloutController:
                     # A group in flight may yet be filtered out and another admitted instead.
                     await asyncio.wait(set(in_flight), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                     continue
+            cap = self.settings.max_groups_in_flight
+            if cap is not None and len(in_flight) >= cap:
+                await asyncio.wait(set(in_flight), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                continue
             if not self.gate.try_admit():
                 # Woken by the next weight update (the only thing that opens the gate);
                 # the poll interval is a fallback.

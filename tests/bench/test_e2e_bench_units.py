@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,6 +171,19 @@ def test_settings_sweep_and_concurrency() -> None:
     assert sweep[0] == (0, "recompute") and len(sweep) == 9  # eta = 0 once, then 4 etas x 2 modes
     assert sweep[1:3] == [(1, "recompute"), (1, "keep")]
     assert settings.concurrency(0) == 16 and settings.concurrency(2) == 48
+    capped = E2EBenchSettings(rollout_cores=None, trainer_cores=None, batch_groups=4, n_samples=4, max_groups_in_flight=8)
+    assert capped.concurrency(0) == 16 and capped.concurrency(4) == 32  # min((eta + 1) * B, 8) groups of 4
+
+
+def test_the_cap_on_groups_in_flight_reaches_every_run(tmp_path: Path) -> None:
+    from asyncrl.bench.e2e import Workload, bench_run_config
+
+    args = ["bench", "e2e", "--rollout-cores", "none", "--trainer-cores", "none"]
+    capped = settings_from_args(build_parser().parse_args([*args, "--max-groups-in-flight", "8"]))
+    workload = Workload(tmp_path / "model", tmp_path / "train.parquet", ((1, 2),), (4,))
+    assert bench_run_config(capped, workload, tmp_path, eta=4, mode="keep").rollout.max_groups_in_flight == 8
+    default = settings_from_args(build_parser().parse_args(args))
+    assert bench_run_config(default, workload, tmp_path, eta=4, mode="keep").rollout.max_groups_in_flight is None
 
 
 @pytest.mark.parametrize(
@@ -183,6 +197,7 @@ def test_settings_sweep_and_concurrency() -> None:
         ({"modes": ()}, "modes"),
         ({"steps": 0}, "steps"),
         ({"batch_groups": 0}, "batch_groups"),
+        ({"max_groups_in_flight": 0}, "max_groups_in_flight"),
         ({"max_new_tokens": 2000}, "micro_batch_tokens"),
         ({"rollout_cores": (-1,)}, "rollout_cores"),
         ({"trainer_cores": (max(machine_cpus()) + 1,)}, "trainer_cores"),
@@ -258,6 +273,9 @@ def test_report_has_every_run_and_the_bound() -> None:
     assert "| 0 | sync | 60.0 | 50.0 | 0.83 | 1.00 | 0.83 | 100 | 0.31 | 0.020 | 1.25 | 0.910 | 0 | 0:128 |" in table
     assert "| 2 | keep | 40.0 | 30.0 | 0.75 | 1.50 | 1.25 | 150 | 0.60 | 0.040 | n/a | 0.900 | 2 | 0:90 1:30 2:8 |" in table
     assert "| 4 | recompute | failed: ComponentFailed: trainer failed: boom |" in table
+    assert "groups in flight" not in table
+    capped = format_tables(json.loads(json.dumps({**result, "settings": {**settings, "max_groups_in_flight": 8}})))
+    assert "; at most 8 groups in flight" in capped
     assert not math.isnan(result["overlap_bound"])
 
 

@@ -68,6 +68,7 @@ def test_later_override_wins_and_source_is_untouched() -> None:
     [
         (["trainer.batch_groups=0"], "trainer.batch_groups: Input should be greater than or equal to 1"),
         (["rollout.eta=-1"], "rollout.eta: Input should be greater than or equal to 0"),
+        (["rollout.max_groups_in_flight=0"], "rollout.max_groups_in_flight: Input should be greater than or equal to 1"),
         (["trainer.batch_size=8"], "trainer.batch_size: unknown key"),
         (["bogus.section=1"], "bogus: unknown key"),
         (["trainer.batch_groups=many"], "trainer.batch_groups: Input should be a valid integer"),

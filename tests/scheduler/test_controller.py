@@ -47,6 +47,9 @@ class ScriptedGenerator:
         self.calls: list[list[int]] = []
         self.updates: list[int] = []
         self.streamed = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        """Most groups generating at once."""
 
     async def generate_group(
         self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
@@ -55,9 +58,14 @@ class ScriptedGenerator:
         self.calls.append(list(prompt_token_ids))
         if self.fail_on is not None and len(self.calls) == self.fail_on:
             raise ConnectionError("rollout server went away")
-        if prompt_token_ids[0] in self.hang_on:
-            await asyncio.Event().wait()
-        await asyncio.sleep(self.delay_s)
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if prompt_token_ids[0] in self.hang_on:
+                await asyncio.Event().wait()
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
         version = self.current_version
         out = list(reversed(prompt_token_ids))[:max_new_tokens]
         self.streamed += n * len(out)
@@ -163,6 +171,19 @@ def test_gate_holds_rollout_at_the_bound_until_a_new_version(tmp_path: Path) -> 
     versions = {s.token_versions[0] for shard in ShardReader(open_root(str(root_dir)), RUN_ID).list_shards()
                 for g in ShardReader(open_root(str(root_dir)), RUN_ID).read_groups(shard) for s in g}
     assert versions == {0, 1}
+
+
+@pytest.mark.parametrize("cap", [None, 2])
+def test_groups_in_flight_stay_under_the_cap_and_every_admitted_group_is_written(tmp_path: Path, cap: int | None) -> None:
+    """B = 2, eta = 1: the gate alone lets 4 groups generate at once; a cap of 2 admits the
+    next group only when one is done, and the run still writes every group in order."""
+    root_dir = tmp_path / "run"
+    generator = ScriptedGenerator(delay_s=0.15)
+    ctrl = controller(root_dir, generator, max_groups=4, max_groups_in_flight=cap)
+    asyncio.run(run_for(ctrl, 3.0))
+    assert generator.peak_in_flight == (4 if cap is None else cap)
+    assert written_groups(root_dir) == [0, 1, 2, 3]
+    assert ctrl.stats.admitted == 4
 
 
 def test_rewards_and_prompts_reach_the_shards(tmp_path: Path) -> None:
@@ -395,3 +416,14 @@ def test_a_mixed_batch_goes_to_each_row_s_reward_and_the_shards_keep_the_task(tm
     summary = ctrl.stats.summary()
     assert summary["samples/code"] == 3 and summary["reward_mean/judge"] == 1.0 and summary["reward_wait_s"] >= 0.0
     assert summary["reasons/code/ok"] == 3 and summary["reasons/math/ok"] == 3
+
+
+def test_the_run_config_cap_reaches_the_controller(tmp_path: Path) -> None:
+    from asyncrl.configs.run_config import RunConfig
+    from asyncrl.tasks.run.components_setup import controller_settings
+
+    sections = {"model": {"path": str(tmp_path / "m")}, "data": {"train_path": str(tmp_path / "t.parquet")},
+                "storage": {"root": str(tmp_path / "store")}}  # fmt: skip
+    capped = RunConfig.model_validate({**sections, "rollout": {"max_groups_in_flight": 3}})
+    assert controller_settings(capped, (), None).max_groups_in_flight == 3
+    assert controller_settings(RunConfig.model_validate(sections), (), None).max_groups_in_flight is None
