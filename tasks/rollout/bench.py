@@ -156,12 +156,23 @@ def perturbed_versions(model_dir: Path, store_uri: str, count: int, seed: int, w
     return list(range(1, count + 1))
 
 
-def run_rollout_bench(model_dir: Path | None, settings: BenchSettings) -> dict[str, Any]:
+def run_rollout_bench(model_dir: Path | None, settings: BenchSettings, work_dir: Path | None = None) -> dict[str, Any]:
+    """Throughput by concurrency, then the stall of each interrupt mode's updates, on one
+    server. Its model, weight versions and log go to ``work_dir`` (kept), else to a temporary
+    directory removed afterwards (two copies of the model per weight version: ~250 MB for the
+    tiny model's default 10 updates)."""
+    if work_dir is None:
+        with tempfile.TemporaryDirectory(prefix="asyncrl-bench-rollout-") as scratch:
+            return _measure_rollout(model_dir, settings, Path(scratch))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return _measure_rollout(model_dir, settings, work_dir)
+
+
+def _measure_rollout(model_dir: Path | None, settings: BenchSettings, work: Path) -> dict[str, Any]:
     from asyncrl.tasks.model.tiny import write_tiny_model
     from asyncrl.tasks.rollout.client import RolloutClient
     from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
 
-    work = Path(tempfile.mkdtemp(prefix="asyncrl-bench-rollout-"))
     model_dir = model_dir or write_tiny_model(work / "model", seed=settings.seed)
     store_uri = f"file://{work / 'store'}"
     n_updates = settings.updates_per_mode * len(INTERRUPT_MODES)
@@ -223,7 +234,8 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
         concurrencies=tuple(args.concurrency), requests=args.requests, max_tokens=args.max_tokens,
         updates_per_mode=args.updates, seed=args.seed, worker_in_engine_process=not args.worker_in_own_process,
     )
-    result = run_rollout_bench(Path(args.model) if args.model else None, settings)
+    result = run_rollout_bench(Path(args.model) if args.model else None, settings,
+                               Path(args.work_dir) if args.work_dir else None)
     print(format_tables(result))
     print(json.dumps(result))
     if args.json:
@@ -243,6 +255,8 @@ def add_rollout_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--worker-in-own-process", action="store_true",
                         help="run vLLM's model worker in a process of its own (vLLM's CPU default)")
+    parser.add_argument("--work-dir", default=None,
+                        help="keep the model, weight versions and server log here (default: a temporary directory, removed)")
     parser.add_argument("--json", default=None, help="also write the result as JSON here")
     parser.set_defaults(handler=cmd_bench_rollout)
     return parser

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from asyncrl.tasks.rollout.bench import BenchSettings, format_tables, long_tailed_lengths, stall_row
+import asyncrl.tasks.rollout.bench as bench_module
+from asyncrl.cli.main import build_parser
+from asyncrl.tasks.rollout.bench import BenchSettings, format_tables, long_tailed_lengths, run_rollout_bench, stall_row
 from asyncrl.tasks.rollout.samples import UpdateStats
 
 
@@ -53,3 +57,27 @@ def test_stall_row_splits_the_stall_into_its_phases() -> None:
     assert row.load_s_mean == pytest.approx(0.4 / 3)
     assert row.stall_over_load == pytest.approx(0.3 / (0.4 / 3))
     assert row.interrupted_mean == 3
+
+
+def test_the_bench_keeps_its_files_only_in_a_work_dir_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model, versions and log (~250 MB by default) go to a temporary directory that is
+    removed afterwards, even when the measurement fails; ``--work-dir`` keeps them."""
+    used: list[Path] = []
+
+    def measure(model_dir: Path | None, settings: BenchSettings, work: Path) -> dict[str, Any]:
+        used.append(work)
+        (work / "server.log").write_text("log")
+        if settings.seed == 1:
+            raise RuntimeError("server failed")
+        return {"work": str(work)}
+
+    monkeypatch.setattr(bench_module, "_measure_rollout", measure)
+    assert run_rollout_bench(None, BenchSettings()) == {"work": str(used[0])}
+    with pytest.raises(RuntimeError, match="server failed"):
+        run_rollout_bench(None, BenchSettings(seed=1))
+    assert not used[0].exists() and not used[1].exists()
+    kept = tmp_path / "kept"
+    run_rollout_bench(None, BenchSettings(), kept)
+    assert used[2] == kept and (kept / "server.log").read_text() == "log"
+    args = build_parser().parse_args(["bench", "rollout", "--work-dir", str(kept)])
+    assert args.work_dir == str(kept) and build_parser().parse_args(["bench", "rollout"]).work_dir is None
