@@ -496,7 +496,7 @@ class SyntheticDataConfig(StrictModel):
             max_list_len=self.max_list_len,
             max_value=self.max_value,
             max_constant=self.max_constant,
-            operations=tuple(self.operations),
+            operations=self.operations,
         )
 
 

@@ -92,10 +92,10 @@ STEPS: dict[str, _Op] = {
     "last_digit": _Op("last digits", "a=[x%10 for x in a]", False, lambda a, k: [x % 10 for x in a],
                       "[x%10 for x in {e}]"),
 }
-"""List -> list operations: statement phrase, program line, reference semantics. The first
-nine are :data:`DEFAULT_OPERATIONS`; the rest take no constant (a task whose statements hold
+"""List -> list operations: statement phrase, program line, reference semantics. Those of
+:data:`DEFAULT_OPERATIONS` come first; the rest take no constant (a task whose statements hold
 no digit to copy into the program)."""
-DEFAULT_OPERATIONS: tuple[str, ...] = STEP_NAMES[:9]
+DEFAULT_OPERATIONS: tuple[str, ...] = ("sort", "reverse", "evens", "odds", "add", "sub", "mul", "above", "below")
 """The operations problems draw from unless :attr:`CodeSpec.operations` says otherwise."""
 
 @dataclass(frozen=True)
