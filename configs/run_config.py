@@ -87,9 +87,10 @@ class RolloutConfig(StrictModel):
     """How often the scheduler looks for a newly published weight version."""
     max_groups_in_flight: int | None = Field(None, ge=1)
     """Most prompt groups generating or being scored at once, over all servers (AReaL's
-    ``max_concurrent_rollouts``): a group is admitted only below it, so the oldest batches
-    share the servers with fewer samples and finish sooner. The staleness rule still bounds
-    admission; None: the rule alone, up to (eta + 1) x ``trainer.batch_groups`` groups."""
+    ``max_concurrent_rollouts``): a group is admitted only below it, which bounds what the
+    servers hold at once (KV cache, open agent episodes). The staleness rule still bounds
+    admission; None: the rule alone, up to (eta + 1) x ``trainer.batch_groups`` groups. On the
+    e2e bench a cap did not shorten a run (README, "Groups in flight")."""
     ignore_eos: bool = False
     """Generate every sample to its full budget, ignoring end-of-sequence tokens (benchmarks:
     output lengths set by the budgets alone, identical in every run)."""
