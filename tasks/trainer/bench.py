@@ -196,8 +196,10 @@ def cmd_bench_trainer(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         seed=args.seed,
     )
-    model_dir = Path(args.model) if args.model else write_tiny_model(Path(tempfile.mkdtemp(prefix="asyncrl-bench-")) / "tiny")
-    engine = build_engine(model_dir, EngineSettings(optimizer=OptimizerConfig(lr=1e-5), zero_stage=args.zero_stage))
+    # A generated tiny model lives only until the engine has loaded it.
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-trainer-") as scratch:
+        model_dir = Path(args.model) if args.model else write_tiny_model(Path(scratch) / "tiny")
+        engine = build_engine(model_dir, EngineSettings(optimizer=OptimizerConfig(lr=1e-5), zero_stage=args.zero_stage))
     rows = run_trainer_bench(engine, settings)
     print(format_table(rows))
     packed, fixed = rows
@@ -209,7 +211,7 @@ def cmd_bench_trainer(args: argparse.Namespace) -> int:
     separate, reused = proximal_rows
     print(f"the update's own forward pass: {separate.seconds_per_update / reused.seconds_per_update:.2f}x the steps/s "
           "of a separate proximal pass")
-    result = {"settings": asdict(settings), "model": str(model_dir), "rows": [asdict(r) for r in rows], "speedup": speedup,
+    result = {"settings": asdict(settings), "model": args.model or "tiny (generated)", "rows": [asdict(r) for r in rows], "speedup": speedup,
               "proximal_rows": [asdict(r) for r in proximal_rows]}  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from asyncrl.tasks.trainer.bench import (
     BenchSettings,
@@ -52,4 +55,29 @@ def test_cli_entry_prints_table_and_writes_json(tiny_model_dir: Path, tmp_path: 
     assert [row["variant"] for row in result["rows"]] == ["packed", "fixed"]
     assert [row["variant"] for row in result["proximal_rows"]] == ["separate", "reused"]
     assert "steps/s of a separate proximal pass" in printed
-    assert result["speedup"] > 0
+    assert result["speedup"] > 0 and result["model"] == str(tiny_model_dir)
+
+
+def test_a_generated_model_is_removed_after_the_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --model the bench writes the tiny model to a temporary directory that is gone afterwards."""
+    import asyncrl.tasks.model.tiny as tiny
+
+    written: list[Path] = []
+    write = tiny.write_tiny_model
+    monkeypatch.setattr(tiny, "write_tiny_model", lambda path, **kw: written.append(path) or write(path, **kw))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # read TMPDIR again
+    try:
+        parser = argparse.ArgumentParser(prog="asyncrl bench")
+        add_trainer_bench(parser.add_subparsers(dest="bench", required=True))
+        out = tmp_path / "out" / "bench.json"
+        out.parent.mkdir()
+        args = parser.parse_args(["trainer", "--sequences", "4", "--max-len", "32", "--budget", "64", "--repeats", "1",
+                                  "--json", str(out)])  # fmt: skip
+        assert args.handler(args) == 0
+    finally:
+        tempfile.tempdir = None
+    assert json.loads(out.read_text())["model"] == "tiny (generated)"
+    (model,) = written
+    assert model.parent.name.startswith("asyncrl-bench-trainer-") and model.parent.parent == tmp_path
+    assert not model.parent.exists()
