@@ -671,19 +671,15 @@ class RolloutController:
         return self.written.missing_below(self.gate.stats().admitted)
 
     async def _admit_loop(self, stop: asyncio.Event, in_flight: set[asyncio.Task[None]]) -> None:
-        limit = self.settings.max_groups
+        limit, cap = self.settings.max_groups, self.settings.max_groups_in_flight
         while not stop.is_set():
             self._raise_failure()
-            if limit is not None:
-                stats = self.gate.stats()
-                if stats.admitted - stats.released >= limit:
-                    if not in_flight:
-                        return
-                    # A group in flight may yet be filtered out and another admitted instead.
-                    await asyncio.wait(set(in_flight), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-            cap = self.settings.max_groups_in_flight
-            if cap is not None and len(in_flight) >= cap:
+            all_admitted = limit is not None and self._admitted_kept() >= limit
+            if all_admitted and not in_flight:
+                return
+            if all_admitted or (cap is not None and len(in_flight) >= cap):
+                # Wait for a group to finish: at max_groups it may yet be filtered out and
+                # another admitted instead; at the cap it makes room for the next one.
                 await asyncio.wait(set(in_flight), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                 continue
             if not self.gate.try_admit():
@@ -697,6 +693,11 @@ class RolloutController:
             self._save_state()  # before dispatch: see module docstring
             self.stats.admitted += 1
             self._dispatch(index, in_flight)
+
+    def _admitted_kept(self) -> int:
+        """Groups admitted and not released by filtering (what ``max_groups`` counts)."""
+        stats = self.gate.stats()
+        return stats.admitted - stats.released
 
     def _dispatch(self, index: int, in_flight: set[asyncio.Task[None]]) -> None:
         if self._order and index <= self._order[-1]:

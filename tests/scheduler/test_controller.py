@@ -416,14 +416,3 @@ def test_a_mixed_batch_goes_to_each_row_s_reward_and_the_shards_keep_the_task(tm
     summary = ctrl.stats.summary()
     assert summary["samples/code"] == 3 and summary["reward_mean/judge"] == 1.0 and summary["reward_wait_s"] >= 0.0
     assert summary["reasons/code/ok"] == 3 and summary["reasons/math/ok"] == 3
-
-
-def test_the_run_config_cap_reaches_the_controller(tmp_path: Path) -> None:
-    from asyncrl.configs.run_config import RunConfig
-    from asyncrl.tasks.run.components_setup import controller_settings
-
-    sections = {"model": {"path": str(tmp_path / "m")}, "data": {"train_path": str(tmp_path / "t.parquet")},
-                "storage": {"root": str(tmp_path / "store")}}  # fmt: skip
-    capped = RunConfig.model_validate({**sections, "rollout": {"max_groups_in_flight": 3}})
-    assert controller_settings(capped, (), None).max_groups_in_flight == 3
-    assert controller_settings(RunConfig.model_validate(sections), (), None).max_groups_in_flight is None
