@@ -77,6 +77,7 @@ from asyncrl.tasks.process_group import (
 )
 from asyncrl.tasks.rollout.auth import API_KEY_ENV
 from asyncrl.tasks.rollout.client import GENERATE_PATH
+from asyncrl.tasks.rollout.vllm_platform import FORK_ENGINE_CORE_ENV
 
 WORKER_EXTENSION = "asyncrl.tasks.rollout.weight_sync.WeightSyncExtension"
 AUTH_MIDDLEWARE = "asyncrl.tasks.rollout.auth.BearerAuthMiddleware"
@@ -173,8 +174,10 @@ class RolloutServerConfig:
     a third spawned process that imports vLLM again, which takes ~14 s of every start on 2 cores
     and busy-polls a queue between the two. The worker's OpenMP threads are then the server's
     cores less one, at least one (:func:`cpu_worker_threads`, the count vLLM's CPU binding
-    gives its worker); an ``OMP_NUM_THREADS`` in the environment wins. False = vLLM's CPU
-    default, the multiprocess executor."""
+    gives its worker); an ``OMP_NUM_THREADS`` in the environment wins. The engine core itself
+    is then forked from the API server rather than spawned (:mod:`asyncrl.tasks.rollout.vllm_platform`):
+    it does not import vLLM again either, ~9.5 s of every start here. False = vLLM's CPU
+    default, the multiprocess executor and spawned processes."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
@@ -379,12 +382,14 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
     """The server's environment: ours plus dev mode, KV cache size, (if set) the key and
     (if set) ``CUDA_VISIBLE_DEVICES``; on CPU with ``worker_in_engine_process``,
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (which lets vLLM keep its ``uni`` executor on CPU;
-    the API server still runs the engine core in its own process) and ``OMP_NUM_THREADS``.
+    the API server still runs the engine core in its own process), ``OMP_NUM_THREADS`` and
+    :data:`~asyncrl.tasks.rollout.vllm_platform.FORK_ENGINE_CORE_ENV` (that process forked,
+    not spawned; otherwise an inherited value is removed).
 
     ``VLLM_CPU_KVCACHE_SPACE`` = ceil(kv_cache_gib): the CPU backend reads an integer.
     Inherited key variables are removed so that a server without a key has none.
     """
-    env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, "VLLM_API_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, "VLLM_API_KEY", FORK_ENGINE_CORE_ENV)}
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(-(-config.kv_cache_gib // 1))))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -397,6 +402,7 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices
     if config.worker_in_engine_process and config.tensor_parallel_size == 1 and vllm_is_cpu_build():
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env[FORK_ENGINE_CORE_ENV] = "1"
         env.setdefault("OMP_NUM_THREADS", str(cpu_worker_threads(config.cpu_cores)))
     return env
 

@@ -10,6 +10,7 @@ import pytest
 
 from asyncrl.tasks.rollout import server
 from asyncrl.tasks.rollout.server import RolloutServerConfig, server_command, server_env
+from asyncrl.tasks.rollout.vllm_platform import FORK_ENGINE_CORE_ENV
 
 
 @pytest.mark.parametrize(
@@ -64,6 +65,7 @@ def test_on_cpu_the_worker_runs_in_the_engine_process_with_cores_less_one_thread
     monkeypatch.setattr(server, "usable_cpus", lambda: frozenset(range(4)))
     env = server_env(RolloutServerConfig(model_dir=tmp_path))
     assert (env["VLLM_ENABLE_V1_MULTIPROCESSING"], env["OMP_NUM_THREADS"]) == ("0", "3")
+    assert env[FORK_ENGINE_CORE_ENV] == "1"  # the engine core is forked (tasks/rollout/vllm_platform.py)
     assert server_env(RolloutServerConfig(model_dir=tmp_path, cpu_cores=(0,)))["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's setting wins
     assert server_env(RolloutServerConfig(model_dir=tmp_path))["OMP_NUM_THREADS"] == "2"
@@ -79,5 +81,7 @@ def test_the_worker_keeps_its_own_process_when_not_asked_sharded_or_on_a_gpu_bui
     monkeypatch.setattr(server, "vllm_is_cpu_build", lambda: cpu_build)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv(FORK_ENGINE_CORE_ENV, "1")  # inherited from a server's own process tree
     env = server_env(RolloutServerConfig(model_dir=tmp_path, **settings))  # type: ignore[arg-type]
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
+    assert FORK_ENGINE_CORE_ENV not in env  # vLLM's own start method

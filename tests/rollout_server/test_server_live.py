@@ -287,6 +287,12 @@ def test_set_weight_version_round_trips(live: LiveServer) -> None:
     assert server_weight_version(live.handle) == 2
 
 
+def vdso_mapping(pid: int) -> str:
+    """The address range of process ``pid``'s vDSO (``/proc/<pid>/maps``)."""
+    (line,) = [line for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if line.endswith("[vdso]")]
+    return line.split()[0]
+
+
 def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
     """Kill the engine core: the supervisor (no restarts allowed) raises with the log tail,
     the group and the entry are gone."""
@@ -297,6 +303,11 @@ def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
     assert engine_pids, listing
     if vllm_is_cpu_build():  # the model worker runs inside the engine core: no third vLLM process
         assert "Worker" not in listing, listing
+        # ... and the engine core is forked from the API server, not spawned: its vDSO is mapped
+        # where the API server's is. A spawned one is a new exec, which ASLR maps elsewhere.
+        assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"
+        vdso = {pid: vdso_mapping(pid) for pid in (live.handle.pid, engine_pids[0])}
+        assert vdso[engine_pids[0]] == vdso[live.handle.pid], vdso
     os.kill(engine_pids[0], signal.SIGKILL)
     live.thread.join(180)
     assert not live.thread.is_alive()
