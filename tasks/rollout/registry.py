@@ -80,6 +80,13 @@ def read_server(root: RunRoot, name: str) -> ServerRecord:
 
 
 def list_servers(root: RunRoot) -> list[ServerRecord]:
-    """Every registered server, sorted by name."""
+    """Every registered server, sorted by name. An entry removed between the listing and its
+    read (a server unregistered meanwhile) is left out, not an error."""
     names = [entry[: -len(_SUFFIX)] for entry in fs.list_dir(root, SERVERS_DIR) if entry.endswith(_SUFFIX)]
-    return [read_server(root, name) for name in sorted(names)]
+    records = []
+    for name in sorted(names):
+        try:
+            records.append(read_server(root, name))
+        except FileNotFoundError:
+            continue
+    return records

@@ -419,6 +419,7 @@ class RolloutServer:
         self._handle: RolloutServerHandle | None = None
         self._probe_url = ""
         self._warmed = False
+        self._tmp_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def config(self) -> RolloutServerConfig:
@@ -449,6 +450,9 @@ class RolloutServer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         nonce = secrets.token_hex(8)
         command = server_command(config, model_dir, port) + served_name_args(config, model_dir, nonce)
+        # vLLM leaves files in the temporary directory at every start (its engine's IPC sockets,
+        # a rendezvous file), more after a kill: they go to one of the server's own, removed by stop().
+        self._tmp_dir = tempfile.TemporaryDirectory(prefix="asyncrl-rollout-tmp-")
         with open(log_path, "ab") as log:
             log.write(("$ " + " ".join(command) + "\n").encode())
             log.flush()
@@ -457,7 +461,7 @@ class RolloutServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=server_env(config),
+                env={**server_env(config), "TMPDIR": self._tmp_dir.name},
                 start_new_session=True,
                 # Only system calls run between fork and exec (resolved before the fork).
                 preexec_fn=child_setup_hook(  # noqa: PLW1509
@@ -604,12 +608,16 @@ class RolloutServer:
         """Kill the server's process group (SIGTERM, SIGKILL after the grace period); idempotent.
 
         Returns the server's exit status (None if it was never started). Waits until no
-        process of the group is left (orphaned engine processes included).
+        process of the group is left (orphaned engine processes included), then removes the
+        server's temporary directory.
         """
         process = self._process
         if process is None:
             return None
-        return kill_group(process, self._config.stop_grace_s)
+        code = kill_group(process, self._config.stop_grace_s)
+        if self._tmp_dir is not None:
+            self._tmp_dir.cleanup()
+        return code
 
     def __enter__(self) -> Self:
         self.start()

@@ -78,13 +78,14 @@ def trainer_command(launch: TrainerLaunch) -> list[str]:
         raise ValueError(f"nnodes must be >= 1, got {launch.nnodes}")
     if launch.nnodes > 1 and not launch.rendezvous:
         raise ValueError(f"nnodes={launch.nnodes} needs a rendezvous host:port")
+    torchrun = [launch.python, "-m", "torch.distributed.run", f"--log-dir={torchrun_log_dir(launch)}"]
     if launch.nproc == 1 and launch.nnodes == 1:
         command = [launch.python, "-m", MODULE]
     elif launch.nnodes == 1:
-        command = [launch.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch.nproc}", "-m", MODULE]
+        command = [*torchrun, "--standalone", f"--nproc-per-node={launch.nproc}", "-m", MODULE]
     else:
         command = [
-            launch.python, "-m", "torch.distributed.run", f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc}",
+            *torchrun, f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rendezvous}", "-m", MODULE,
         ]  # fmt: skip
     command += ["--config", str(launch.config_path), "--mode", launch.mode]
@@ -95,6 +96,12 @@ def trainer_command(launch: TrainerLaunch) -> list[str]:
     if launch.wait_timeout_s is not None:
         command += ["--wait-timeout", str(launch.wait_timeout_s)]
     return command + list(launch.overrides)
+
+
+def torchrun_log_dir(launch: TrainerLaunch) -> Path:
+    """Where torchrun keeps its per-start directory (a failed rank's error file): beside the
+    trainer's log, instead of a ``torchelastic_*`` directory in ``/tmp`` that nothing removes."""
+    return launch.log_path.parent / "torchrun"
 
 
 def torch_extensions_dir() -> Path:

@@ -52,3 +52,22 @@ def test_corrupt_entry_is_named(tmp_path: Path) -> None:
     put_atomic_replace(root, server_entry("s"), b"{not json")
     with pytest.raises(ValueError, match="rollout/servers/s.json: corrupt rollout server entry"):
         read_server(root, "s")
+
+
+def test_an_entry_removed_between_listing_and_reading_is_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server unregisters (its supervisor saw it die) while another process lists the
+    registry: the listing goes on without it (seen: a test's poll crashed on this race)."""
+    from asyncrl.tasks.rollout import registry
+
+    root = open_root(f"file://{tmp_path}/run")
+    for name, port in (("a", 1), ("b", 2)):
+        register_server(root, name, handle(port))
+    listed = registry.fs.list_dir
+
+    def list_then_unregister(*args: object, **kwargs: object) -> list[str]:
+        names = listed(*args, **kwargs)  # type: ignore[arg-type]
+        unregister_server(root, "a")
+        return names
+
+    monkeypatch.setattr(registry.fs, "list_dir", list_then_unregister)
+    assert [r.name for r in list_servers(root)] == ["b"]

@@ -295,7 +295,7 @@ def vdso_mapping(pid: int) -> str:
 
 def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
     """Kill the engine core: the supervisor (no restarts allowed) raises with the log tail,
-    the group and the entry are gone."""
+    the group, the entry and the server's temporary directory are gone."""
     listing = subprocess.run(
         ["ps", "-o", "pid=,comm=", "-g", str(live.handle.pgid)], capture_output=True, text=True, check=True
     ).stdout
@@ -308,6 +308,10 @@ def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
         assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"
         vdso = {pid: vdso_mapping(pid) for pid in (live.handle.pid, engine_pids[0])}
         assert vdso[engine_pids[0]] == vdso[live.handle.pid], vdso
+    # vLLM's temporary files (its engine's IPC sockets, a rendezvous file) are in the server's own directory.
+    environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{live.handle.pid}/environ").read_bytes().split(b"\0") if entry)
+    tmp_dir = Path(environ[b"TMPDIR"].decode())
+    assert tmp_dir.name.startswith("asyncrl-rollout-tmp-") and any(tmp_dir.iterdir())
     os.kill(engine_pids[0], signal.SIGKILL)
     live.thread.join(180)
     assert not live.thread.is_alive()
@@ -317,4 +321,5 @@ def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
     assert "exited with status" in str(error) and error.log_tail
     with pytest.raises(ProcessLookupError):
         os.killpg(live.handle.pgid, 0)
+    assert not tmp_dir.exists()  # removed with the server, after a crash too
     assert list_servers(open_root(live.root_uri)) == []

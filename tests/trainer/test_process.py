@@ -40,9 +40,10 @@ def _waiting_config(tmp_path: Path, tiny_model_dir: Path) -> Path:
 
 
 def test_command_line() -> None:
-    launch = TrainerLaunch(Path("c.yaml"), Path("l.log"), overrides=("trainer.max_steps=2",), nproc=2, python="py")
+    launch = TrainerLaunch(Path("c.yaml"), Path("logs/l.log"), overrides=("trainer.max_steps=2",), nproc=2, python="py")
     assert trainer_command(launch) == [
-        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "asyncrl.tasks.trainer.main",
+        "py", "-m", "torch.distributed.run", "--log-dir=logs/torchrun", "--standalone", "--nproc-per-node=2",
+        "-m", "asyncrl.tasks.trainer.main",
         "--config", "c.yaml", "--mode", "rl", "trainer.max_steps=2",
     ]
 
@@ -51,13 +52,13 @@ def test_command_line_of_one_node_of_several() -> None:
     launch = TrainerLaunch(Path("c.yaml"), Path("l.log"), nproc=2, nnodes=3, rendezvous="head:29400", python="py",
                            work_dir=Path("/local/w"))  # fmt: skip
     assert trainer_command(launch) == [
-        "py", "-m", "torch.distributed.run", "--nnodes=3", "--nproc-per-node=2", "--rdzv-backend=c10d",
+        "py", "-m", "torch.distributed.run", "--log-dir=torchrun", "--nnodes=3", "--nproc-per-node=2", "--rdzv-backend=c10d",
         "--rdzv-endpoint=head:29400", "-m", "asyncrl.tasks.trainer.main",
         "--config", "c.yaml", "--mode", "rl", "--work-dir", "/local/w",
     ]  # fmt: skip
     # One process per node on several nodes still needs torchrun's rendezvous.
     single = trainer_command(TrainerLaunch(Path("c.yaml"), Path("l.log"), nnodes=2, rendezvous="10.0.0.1:29400", python="py"))
-    assert single[:6] == ["py", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
+    assert single[4:7] == ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
     assert trainer_command(TrainerLaunch(Path("c.yaml"), Path("l.log"), python="py"))[:3] == ["py", "-m", "asyncrl.tasks.trainer.main"]
 
 
