@@ -12,7 +12,8 @@ long-tailed length workload, and the stall per weight update in both interrupt m
     fetch before pause = :meth:`ServerWeightLoader.prefetch`, as the scheduler runs it
     for a server on its host: generation goes on meanwhile, so it is not stall.
     server start = spawn -> first answer to the start-up warm-up (``RolloutServer``'s
-    ``__enter__``); ``--worker-in-own-process`` measures vLLM's CPU default beside ours.
+    ``__enter__``); ``--worker-in-own-process`` measures vLLM's CPU default beside ours,
+    ``--spawn-engine-core`` the engine core spawned as vLLM's CPU platform asks.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class BenchSettings:
     seed: int = 0
     worker_in_engine_process: bool = True
     """``RolloutServerConfig.worker_in_engine_process`` of the measured server."""
+    fork_engine_core: bool = True
+    """``RolloutServerConfig.fork_engine_core`` of the measured server."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,8 @@ def run_rollout_bench(model_dir: Path | None, settings: BenchSettings, work_dir:
 def _measure_rollout(model_dir: Path | None, settings: BenchSettings, work: Path) -> dict[str, Any]:
     from asyncrl.tasks.model.tiny import write_tiny_model
     from asyncrl.tasks.rollout.client import RolloutClient
-    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, server_env
+    from asyncrl.tasks.rollout.vllm_platform import FORK_ENGINE_CORE_ENV
 
     model_dir = model_dir or write_tiny_model(work / "model", seed=settings.seed)
     store_uri = f"file://{work / 'store'}"
@@ -181,7 +185,8 @@ def _measure_rollout(model_dir: Path | None, settings: BenchSettings, work: Path
     prompt = list(range(10, 42))
     config = RolloutServerConfig(model_dir=model_dir, kv_cache_gib=2.0, log_path=work / "server.log",
                                  max_model_len=len(prompt) + settings.max_tokens + 8,
-                                 worker_in_engine_process=settings.worker_in_engine_process)
+                                 worker_in_engine_process=settings.worker_in_engine_process,
+                                 fork_engine_core=settings.fork_engine_core)
 
     async def measure(server: RolloutServer) -> tuple[list[ThroughputRow], list[StallRow]]:
         async with RolloutClient([server.handle]) as client:
@@ -200,6 +205,7 @@ def _measure_rollout(model_dir: Path | None, settings: BenchSettings, work: Path
     return {
         "settings": asdict(settings),
         "server_start_s": start_s,
+        "engine_core_forked": FORK_ENGINE_CORE_ENV in server_env(config),
         "length_mean": statistics.fmean(lengths),
         "length_p90": sorted(lengths)[int(0.9 * (len(lengths) - 1))],
         "throughput": [asdict(row) for row in throughput],
@@ -208,9 +214,11 @@ def _measure_rollout(model_dir: Path | None, settings: BenchSettings, work: Path
 
 
 def format_tables(result: dict[str, Any]) -> str:
-    where = "in the engine-core process" if result["settings"]["worker_in_engine_process"] else "in its own process"
+    settings = result["settings"]
+    where = "in the engine-core process" if settings["worker_in_engine_process"] else "in its own process"
+    started = "forked" if result["engine_core_forked"] else "spawned"
     lines = [
-        f"server start: {result['server_start_s']:.1f} s (model worker {where})",
+        f"server start: {result['server_start_s']:.1f} s (model worker {where}, engine core {started})",
         f"workload: {result['settings']['requests']} requests, output length mean {result['length_mean']:.0f}, "
         f"p90 {result['length_p90']} (long-tailed, ignore_eos)",
         "",
@@ -233,6 +241,7 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         concurrencies=tuple(args.concurrency), requests=args.requests, max_tokens=args.max_tokens,
         updates_per_mode=args.updates, seed=args.seed, worker_in_engine_process=not args.worker_in_own_process,
+        fork_engine_core=not args.spawn_engine_core,
     )
     result = run_rollout_bench(Path(args.model) if args.model else None, settings,
                                Path(args.work_dir) if args.work_dir else None)
@@ -255,6 +264,8 @@ def add_rollout_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--worker-in-own-process", action="store_true",
                         help="run vLLM's model worker in a process of its own (vLLM's CPU default)")
+    parser.add_argument("--spawn-engine-core", action="store_true",
+                        help="spawn vLLM's engine core as vLLM's CPU platform asks, instead of forking it")
     parser.add_argument("--work-dir", default=None,
                         help="keep the model, weight versions and server log here (default: a temporary directory, removed)")
     parser.add_argument("--json", default=None, help="also write the result as JSON here")

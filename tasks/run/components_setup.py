@@ -150,6 +150,7 @@ def _vllm_launch(
         api_key=rollout.api_key_value(),
         kv_cache_gib=rollout.kv_cache_gib,
         worker_in_engine_process=rollout.worker_in_engine_process,
+        fork_engine_core=rollout.fork_engine_core,
         max_model_len=config.longest_sequence,
         seed=seed,
         log_path=log_path,

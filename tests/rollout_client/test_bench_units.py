@@ -28,6 +28,7 @@ def test_report_lists_every_row() -> None:
     result = {
         "settings": {"requests": 8, "worker_in_engine_process": False},
         "server_start_s": 38.04,
+        "engine_core_forked": False,
         "length_mean": 40.0,
         "length_p90": 90,
         "throughput": [{"concurrency": c, "output_tokens": 100 * c, "seconds": 1.0, "tokens_per_s": 100.0 * c}
@@ -37,7 +38,7 @@ def test_report_lists_every_row() -> None:
                           "interrupted_mean": 8.0, "prefetch_s_mean": 0.02} for m in ("recompute", "keep")],
     }
     table = format_tables(result)
-    assert table.startswith("server start: 38.0 s (model worker in its own process)\n")
+    assert table.startswith("server start: 38.0 s (model worker in its own process, engine core spawned)\n")
     assert "| 4 | 400 | 1.00 | 400 |" in table
     assert "| keep | 2 | 0.020 | 0.500 | 0.450 | 0.700 | 0.100 | 0.300 | 0.100 | 1.67 | 8.0 |" in table
 

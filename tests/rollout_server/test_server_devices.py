@@ -66,6 +66,9 @@ def test_on_cpu_the_worker_runs_in_the_engine_process_with_cores_less_one_thread
     env = server_env(RolloutServerConfig(model_dir=tmp_path))
     assert (env["VLLM_ENABLE_V1_MULTIPROCESSING"], env["OMP_NUM_THREADS"]) == ("0", "3")
     assert env[FORK_ENGINE_CORE_ENV] == "1"  # the engine core is forked (tasks/rollout/vllm_platform.py)
+    monkeypatch.setenv(FORK_ENGINE_CORE_ENV, "1")  # inherited: a server that asks for vLLM's spawn has none
+    spawned = server_env(RolloutServerConfig(model_dir=tmp_path, fork_engine_core=False))
+    assert FORK_ENGINE_CORE_ENV not in spawned and spawned["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert server_env(RolloutServerConfig(model_dir=tmp_path, cpu_cores=(0,)))["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's setting wins
     assert server_env(RolloutServerConfig(model_dir=tmp_path))["OMP_NUM_THREADS"] == "2"

@@ -255,12 +255,12 @@ def test_rollout_devices_pin_the_started_server_here(tmp_path: Path, monkeypatch
 
 
 def test_the_worker_process_choice_reaches_every_vllm_server_of_the_run(tmp_path: Path) -> None:
-    own = run_config(tmp_path, rollout={"num_servers": 2, "worker_in_engine_process": False})
+    own = run_config(tmp_path, rollout={"num_servers": 2, "worker_in_engine_process": False, "fork_engine_core": False})
     configs = [*every_server_config(own, run_paths(own), model_dir(tmp_path), NO_GPU),
                evaluator_server_config(own, run_paths(own), model_dir(tmp_path), NO_GPU)]  # fmt: skip
-    assert [c.worker_in_engine_process for c in configs] == [False, False, False]
+    assert [(c.worker_in_engine_process, c.fork_engine_core) for c in configs] == [(False, False)] * 3
     (default,) = every_server_config(run_config(tmp_path), run_paths(own), model_dir(tmp_path), NO_GPU)
-    assert default.worker_in_engine_process
+    assert default.worker_in_engine_process and default.fork_engine_core
 
 
 def test_gpu_devices_reach_the_started_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
