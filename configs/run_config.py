@@ -80,7 +80,7 @@ class RolloutConfig(StrictModel):
     its own. No effect on GPUs (``RolloutServerConfig.worker_in_engine_process``)."""
     fork_engine_core: bool = True
     """CPU servers with the worker in the engine core: the engine-core process is forked from
-    vLLM's API server, not spawned (no second import of vLLM: a start ~8 s shorter on 2
+    vLLM's API server, not spawned (no second import of vLLM: a start 8-10 s shorter on 2
     cores); False = vLLM's spawn (``RolloutServerConfig.fork_engine_core``)."""
     shard_groups: int = Field(4, ge=1)
     """The scheduler writes groups in admission order, a shard as soon as a batch of

