@@ -9,7 +9,6 @@ import os
 
 import pytest
 
-from asyncrl.tasks.rollout import vllm_platform
 from asyncrl.tasks.rollout.vllm_platform import (
     FORK_ENGINE_CORE_ENV,
     FORKING_CPU_PLATFORM,
@@ -51,7 +50,7 @@ def test_the_forking_platform_runs_vllm_s_cpu_set_up_then_forks(monkeypatch: pyt
 
     from asyncrl.tasks.rollout.vllm_forking_platform import ForkingCpuPlatform
 
-    assert vllm_platform.FORKING_CPU_PLATFORM == f"{ForkingCpuPlatform.__module__}.{ForkingCpuPlatform.__qualname__}"
+    assert FORKING_CPU_PLATFORM == f"{ForkingCpuPlatform.__module__}.{ForkingCpuPlatform.__qualname__}"
     seen: list[object] = []
 
     def cpu_set_up(cls: type, vllm_config: object) -> None:  # what vLLM's CPU platform does to the method
