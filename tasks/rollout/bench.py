@@ -219,7 +219,7 @@ def format_tables(result: dict[str, Any]) -> str:
     started = "forked" if result["engine_core_forked"] else "spawned"
     lines = [
         f"server start: {result['server_start_s']:.1f} s (model worker {where}, engine core {started})",
-        f"workload: {result['settings']['requests']} requests, output length mean {result['length_mean']:.0f}, "
+        f"workload: {settings['requests']} requests, output length mean {result['length_mean']:.0f}, "
         f"p90 {result['length_p90']} (long-tailed, ignore_eos)",
         "",
         "| concurrency | output tokens | seconds | tokens/s |",

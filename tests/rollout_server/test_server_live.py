@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import process_scan
 import s3_servers
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
@@ -309,7 +310,7 @@ def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
         vdso = {pid: vdso_mapping(pid) for pid in (live.handle.pid, engine_pids[0])}
         assert vdso[engine_pids[0]] == vdso[live.handle.pid], vdso
     # vLLM's temporary files (its engine's IPC sockets, a rendezvous file) are in the server's own directory.
-    environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{live.handle.pid}/environ").read_bytes().split(b"\0") if entry)
+    environ = dict(entry.split(b"=", 1) for entry in process_scan.initial_environ(live.handle.pid))
     tmp_dir = Path(environ[b"TMPDIR"].decode())
     assert tmp_dir.name.startswith("asyncrl-rollout-tmp-") and any(tmp_dir.iterdir())
     os.kill(engine_pids[0], signal.SIGKILL)

@@ -48,6 +48,11 @@ def _pids() -> list[int]:
     return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
 
 
+def initial_environ(pid: int) -> list[bytes]:
+    """The ``NAME=value`` entries process ``pid`` was started with (``/proc/<pid>/environ``)."""
+    return [entry for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if entry]
+
+
 def processes_with_env(name: str, value: str) -> list[ProcessRecord]:
     """Live processes whose initial environment holds ``name=value``, and all their
     descendants (a process that rewrote its title may have overwritten its environment)."""
@@ -60,7 +65,7 @@ def processes_with_env(name: str, value: str) -> list[ProcessRecord]:
             continue
         parents[pid] = stat[1]
         try:
-            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if needle in initial_environ(pid):
                 marked.add(pid)
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
