@@ -214,6 +214,30 @@ def training_only_s(step_metrics: Mapping[int, Mapping[str, float]]) -> float:
     return float(sum(m["step_time_s"] for m in step_metrics.values()))
 
 
+def first_batch_wait_s(step_metrics: Mapping[int, Mapping[str, float]], ready_at: float) -> float:
+    """The pipeline's fill: how long the trainer waited for its first batch,
+
+        first_batch_wait_s = (time - step_time_s of the lowest-numbered step) - ready_at
+
+    (a step's ``time`` is recorded when it ends, so ``time - step_time_s`` is when it began).
+    At eta = 0 it is the first batch's generation; at eta > 0 the first batch is generated
+    beside every group the staleness rule admitted with it."""
+    if not step_metrics:
+        raise ValueError("first_batch_wait_s: no step was trained")
+    first = step_metrics[min(step_metrics)]
+    return float(first["time"]) - float(first["step_time_s"]) - ready_at
+
+
+def trainer_idle_s(step_metrics: Mapping[int, Mapping[str, float]], ready_at: float) -> float:
+    """The trainer's waits for data after its first batch, so that wall = fill + steps + idle:
+
+        trainer_idle_s = rl_wall_s - first_batch_wait_s - training_only_s
+
+    At eta = 0 it is the generation of every later batch; at eta > 0 the time the rollout
+    did not keep up with the trainer."""
+    return rl_wall_s(step_metrics, ready_at) - first_batch_wait_s(step_metrics, ready_at) - training_only_s(step_metrics)
+
+
 def staleness_counts(step_metrics: Mapping[int, Mapping[str, float]]) -> dict[int, int]:
     """Samples per staleness value s (trainer version - oldest token version) over all steps:
     the sum of each step's ``staleness/count_<s>`` (samples dropped as too stale included)."""
@@ -259,6 +283,8 @@ def run_figures(
     """One configuration's own figures:
 
         wall_s                     = W (:func:`rl_wall_s`)
+        first_batch_wait_s         = :func:`first_batch_wait_s` (the pipeline's fill)
+        trainer_idle_s             = :func:`trainer_idle_s` (W = fill + T_train + idle)
         trained_tokens_per_s       = trained tokens (:func:`trained_tokens`) / W
         gen_tokens_per_s           = output tokens of the samples the scheduler finished /
                                      the scheduler's lifetime (ControllerStats.summary)
@@ -289,6 +315,8 @@ def run_figures(
         "mode": mode,
         "steps": len(step_metrics),
         "wall_s": wall,
+        "first_batch_wait_s": first_batch_wait_s(step_metrics, ready_at),
+        "trainer_idle_s": trainer_idle_s(step_metrics, ready_at),
         "trained_tokens": tokens,
         "trained_tokens_per_s": tokens / wall,
         "gen_tokens_per_s": gen,
@@ -557,10 +585,14 @@ def run_e2e_bench(settings: E2EBenchSettings, progress: Callable[[str], None] | 
     result (see :func:`format_tables`). A configuration that fails is recorded with its
     ``error`` and the sweep goes on."""
     from asyncrl.tasks.run.rl import train_run
+    from asyncrl.tasks.trainer.jit_ops import ensure_jit_ops_built
 
     say = progress or (lambda line: None)
     work = settings.work_dir or Path(tempfile.mkdtemp(prefix="asyncrl-bench-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
+    # A fresh environment compiles DeepSpeed's CPU collective op in its first trainer start
+    # (~70 s): built here, it stays out of the first run's wall.
+    say(ensure_jit_ops_built())
     workload = prepare_workload(work, settings)
     say(f"workload ready in {work}; measuring the standalone server")
     standalone = measure_standalone(workload, settings, work)
@@ -620,23 +652,24 @@ def format_tables(result: Mapping[str, Any]) -> str:
         f"(eta=0 step times): ideal synchronous {_fmt(result.get('ideal_sync_s'), '.1f')} s, "
         f"ideal overlap bound {_fmt(result.get('overlap_bound'), '.2f')}x",
         "limit: T_gen + T_train at eta 0, max(T_gen at the run's concurrency, the run's T_train) at eta > 0; "
-        "efficiency = limit / wall",
+        "efficiency = limit / wall; wall = first batch (the pipeline's fill) + the run's step times + trainer idle",
         "dropped: samples over the staleness bound; wasted tok.: their tokens; cut tok.: tokens generated but "
         "never written (groups cut by a stop or the end of the run)",
         "",
-        "| eta | mode | wall (s) | limit (s) | efficiency | speed-up vs eta 0 | speed-up vs ideal sync "
-        "| trained tok/s | rollout util. | stall frac. | reward wait/step (s) | packing eff. | staleness max "
+        "| eta | mode | wall (s) | limit (s) | efficiency | first batch (s) | trainer idle (s) "
+        "| speed-up vs eta 0 | speed-up vs ideal sync | trained tok/s | rollout util. | stall frac. | reward wait/step (s) | packing eff. | staleness max "
         "| staleness (value:samples) | dropped | wasted tok. | cut tok. | filtered groups |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "|" + " --- |" * 20,
     ]
     for r in result.get("runs", []):
         mode = "sync" if r["eta"] == 0 else r["mode"]
         if "error" in r:
-            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 15)
+            lines.append(f"| {r['eta']} | {mode} | failed: {r['error'].splitlines()[0][:80]} |" + " |" * 17)
             continue
         lines.append(
             f"| {r['eta']} | {mode} | {r['wall_s']:.1f} | {_fmt(r.get('limit_s'), '.1f')} | "
-            f"{_fmt(r.get('efficiency'), '.2f')} | {_fmt(r.get('speedup'), '.2f')} | "
+            f"{_fmt(r.get('efficiency'), '.2f')} | {_fmt(r.get('first_batch_wait_s'), '.1f')} | "
+            f"{_fmt(r.get('trainer_idle_s'), '.1f')} | {_fmt(r.get('speedup'), '.2f')} | "
             f"{_fmt(r.get('speedup_over_ideal_sync'), '.2f')} | {r['trained_tokens_per_s']:.0f} | "
             f"{r['rollout_utilisation']:.2f} | {r['weight_sync_stall_fraction']:.3f} | "
             f"{_fmt(r.get('reward_wait_per_step_s'), '.2f')} | {r['packing_efficiency']:.3f} | "

@@ -13,6 +13,7 @@ import pytest
 from asyncrl.bench.e2e import (
     E2EBenchSettings,
     compare_runs,
+    first_batch_wait_s,
     format_tables,
     mean_packing_efficiency,
     overlap_bound,
@@ -26,6 +27,7 @@ from asyncrl.bench.e2e import (
     staleness_counts,
     standalone_tokens_per_s,
     trained_tokens,
+    trainer_idle_s,
     training_only_s,
 )
 from asyncrl.cli.main import build_parser
@@ -66,6 +68,17 @@ def test_tokens_step_times_packing_and_staleness_sum_over_steps() -> None:
     assert list(staleness_counts({1: STEPS[3], 2: STEPS[1]})) == [0, 1, 2]  # sorted by staleness
 
 
+def test_wall_splits_into_fill_steps_and_idle() -> None:
+    # step 1 ended at 10 s after 4 s of work: the trainer began at 6 s; 40 s = 6 + 12 + 22
+    assert first_batch_wait_s(STEPS, READY) == pytest.approx(6.0)
+    assert trainer_idle_s(STEPS, READY) == pytest.approx(22.0)
+    assert first_batch_wait_s({3: STEPS[3], 2: STEPS[2]}, READY) == pytest.approx(20.0)  # the lowest step number
+    no_waits = {1: step(4.0, 10, 4.0, 1.0, {0: 1}), 2: step(9.0, 10, 5.0, 1.0, {0: 1})}
+    assert (first_batch_wait_s(no_waits, READY), trainer_idle_s(no_waits, READY)) == pytest.approx((0.0, 0.0))
+    with pytest.raises(ValueError, match="no step"):
+        first_batch_wait_s({}, READY)
+
+
 def test_overlap_bound() -> None:
     assert overlap_bound(10.0, 10.0) == pytest.approx(2.0)
     assert overlap_bound(30.0, 10.0) == pytest.approx(4 / 3)
@@ -82,6 +95,7 @@ def test_run_figures() -> None:
                  "weight_updates": 3}
     figures = run_figures(2, "keep", STEPS, scheduler, READY, standalone_tokens_per_s=600.0)
     assert figures["wall_s"] == pytest.approx(40.0)
+    assert (figures["first_batch_wait_s"], figures["trainer_idle_s"]) == pytest.approx((6.0, 22.0))
     assert figures["trained_tokens_per_s"] == pytest.approx(3000 / 40)
     assert figures["rollout_utilisation"] == pytest.approx(0.6)  # streamed (server work), not only finished
     assert figures["gen_tokens_per_s"] == pytest.approx(300.0)
@@ -254,7 +268,7 @@ def test_report_has_every_run_and_the_bound() -> None:
     runs = [
         run_row(0, 60.0, training=20.0, trained_tokens_per_s=100.0, rollout_utilisation=0.31,
                 weight_sync_stall_fraction=0.02, packing_efficiency=0.91, staleness_max=0, staleness_counts={0: 128},
-                reward_wait_per_step_s=1.25),
+                reward_wait_per_step_s=1.25, first_batch_wait_s=2.5, trainer_idle_s=37.5),
         run_row(2, 40.0, mode="keep", trained_tokens_per_s=150.0, rollout_utilisation=0.6,
                 weight_sync_stall_fraction=0.04, packing_efficiency=0.9, staleness_max=2,
                 staleness_counts={"0": 90, "1": 30, "2": 8}),  # keys as JSON gives them back
@@ -269,9 +283,15 @@ def test_report_has_every_run_and_the_bound() -> None:
     table = format_tables(json.loads(json.dumps(result)))
     assert "ideal overlap bound 1.67x" in table and "T_gen 30.0 s" in table and "T_train 20.0 s" in table
     assert "ideal synchronous 50.0 s" in table
-    # wall, limit, efficiency, speed-up vs eta 0, vs ideal sync, tok/s, util., stall, reward wait, packing, staleness
-    assert "| 0 | sync | 60.0 | 50.0 | 0.83 | 1.00 | 0.83 | 100 | 0.31 | 0.020 | 1.25 | 0.910 | 0 | 0:128 |" in table
-    assert "| 2 | keep | 40.0 | 30.0 | 0.75 | 1.50 | 1.25 | 150 | 0.60 | 0.040 | n/a | 0.900 | 2 | 0:90 1:30 2:8 |" in table
+    # wall, limit, efficiency, first batch, trainer idle, speed-up vs eta 0, vs ideal sync, tok/s, util., stall,
+    # reward wait, packing, staleness
+    assert ("| 0 | sync | 60.0 | 50.0 | 0.83 | 2.5 | 37.5 | 1.00 | 0.83 | 100 | 0.31 | 0.020 | 1.25 | 0.910 | 0 "
+            "| 0:128 |") in table
+    assert ("| 2 | keep | 40.0 | 30.0 | 0.75 | n/a | n/a | 1.50 | 1.25 | 150 | 0.60 | 0.040 | n/a | 0.900 | 2 "
+            "| 0:90 1:30 2:8 |") in table
+    header, rule = [line for line in table.splitlines() if line.startswith("| eta") or line.startswith("| ---")]
+    assert header.count("|") == rule.count("|") == next(line for line in table.splitlines()
+                                                         if line.startswith("| 4 | recompute")).count("|")
     assert "| 4 | recompute | failed: ComponentFailed: trainer failed: boom |" in table
     assert "groups in flight" not in table
     capped = format_tables(json.loads(json.dumps({**result, "settings": {**settings, "max_groups_in_flight": 8}})))
