@@ -39,6 +39,9 @@ def test_quick_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
         assert run["staleness_max"] <= run["eta"] and run["dropped_stale"] == 0
         assert 0 < run["rollout_utilisation"] and 0 <= run["weight_sync_stall_fraction"] < 1
         assert 0 < run["packing_efficiency"] <= 1
+        # wall = the wait for the first batch + the steps + the trainer's waits after it
+        assert 0 < run["first_batch_wait_s"] < run["wall_s"] and run["trainer_idle_s"] >= -0.01
+        assert run["first_batch_wait_s"] + run["training_only_s"] + run["trainer_idle_s"] == pytest.approx(run["wall_s"])
     # Synchronous: generation waits for every step's weights. Asynchronous, the updates the
     # scheduler made are checked against the versions in the shards below (with eta = 2 it may
     # have generated every group before the trainer published anything).
