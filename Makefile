@@ -40,7 +40,7 @@ $(VENV)/.installed: pyproject.toml
 	# load beside the CPU torch and break transformers' model imports; vLLM text
 	# generation does not need them.
 	$(VPY) -m pip uninstall -y torchvision torchaudio torchcodec
-	# DeepSpeed compiles its CPU collective op on first use (~70 s): once here, not inside
+	# DeepSpeed compiles its CPU collective op on first use (38 s on 2 idle cores): once here, not inside
 	# the first trainer start (a first run's wall, a benchmark's first measurement).
 	$(VPY) -m asyncrl.tasks.trainer.jit_ops
 	touch $@

@@ -591,7 +591,7 @@ def run_e2e_bench(settings: E2EBenchSettings, progress: Callable[[str], None] | 
     work = settings.work_dir or Path(tempfile.mkdtemp(prefix="asyncrl-bench-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
     # A fresh environment compiles DeepSpeed's CPU collective op in its first trainer start
-    # (~70 s): built here, it stays out of the first run's wall.
+    # (38 s on 2 idle cores): built here, it stays out of the first run's wall.
     say(ensure_jit_ops_built())
     workload = prepare_workload(work, settings)
     say(f"workload ready in {work}; measuring the standalone server")

@@ -1,11 +1,12 @@
 """DeepSpeed's just-in-time compiled ops, built before the first trainer needs them.
 
 On CPU, ``deepspeed.init_distributed`` loads DeepSpeed's shared-memory collective op
-(``deepspeed_shm_comm``), which DeepSpeed compiles on first use: about 70 s on 2 cores,
-inside the first trainer start of a fresh environment (a user's first run, a benchmark's
-first measured run, whichever test starts a trainer first). Built once into
-``TORCH_EXTENSIONS_DIR`` (:func:`~asyncrl.tasks.trainer.process.torch_extensions_dir` by
-default), it then loads in milliseconds.
+(``deepspeed_shm_comm``), which DeepSpeed compiles on first use: 38 s on the idle 2-core
+machine, more beside a starting vLLM server, inside the first trainer start of a fresh
+environment (a user's first run, a benchmark's first measured run, whichever test starts a
+trainer first). Built once into ``TORCH_EXTENSIONS_DIR``
+(:func:`~asyncrl.tasks.trainer.process.with_torch_extensions_dir`), it then loads without
+compiling.
 
 ``make setup`` runs ``python -m asyncrl.tasks.trainer.jit_ops`` after installing, and the
 benchmarks that time trainers call :func:`ensure_jit_ops_built` before they measure. An
@@ -19,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from asyncrl.tasks.trainer.process import torch_extensions_dir
+from asyncrl.tasks.trainer.process import with_torch_extensions_dir
 
 JIT_OP_BUILDERS = ("ShareMemCommBuilder",)
 """The op builders the trainer's start loads (``deepspeed.comm.torch.build_shm_op``)."""
@@ -28,7 +29,8 @@ JIT_OP_BUILDERS = ("ShareMemCommBuilder",)
 def build_jit_ops(builders: Sequence[str] = JIT_OP_BUILDERS) -> list[str]:
     """Build (or, when built, load) each op of ``builders`` this accelerator has and this
     DeepSpeed install can compile; return the names of those it loaded. Builds into
-    ``TORCH_EXTENSIONS_DIR``, which must be set (see :func:`jit_ops_env`)."""
+    ``TORCH_EXTENSIONS_DIR``, which must be set (see
+    :func:`~asyncrl.tasks.trainer.process.with_torch_extensions_dir`)."""
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
@@ -42,15 +44,6 @@ def build_jit_ops(builders: Sequence[str] = JIT_OP_BUILDERS) -> list[str]:
     return loaded
 
 
-def jit_ops_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """``environ`` (this process's by default) with the trainer's ``TORCH_EXTENSIONS_DIR``
-    default, so the ops are built where :func:`~asyncrl.tasks.trainer.process.trainer_env`
-    makes the trainer look for them."""
-    env = dict(os.environ if environ is None else environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
-    return env
-
-
 class JitOpsBuildError(RuntimeError):
     """Building DeepSpeed's ops failed; the message carries the builder's output."""
 
@@ -61,7 +54,7 @@ def ensure_jit_ops_built(timeout_s: float = 900.0) -> str:
     try:
         done = subprocess.run(
             [sys.executable, "-m", __name__],
-            env=jit_ops_env(),
+            env=with_torch_extensions_dir(os.environ),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -76,7 +69,7 @@ def ensure_jit_ops_built(timeout_s: float = 900.0) -> str:
 
 
 def main() -> int:
-    os.environ.update(jit_ops_env())
+    os.environ.update(with_torch_extensions_dir(os.environ))
     loaded = build_jit_ops()
     where = os.environ["TORCH_EXTENSIONS_DIR"]
     print(f"DeepSpeed ops ready in {where}: {', '.join(loaded)}" if loaded else "no DeepSpeed op to build here")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,11 +112,17 @@ def torch_extensions_dir() -> Path:
     return Path(sys.prefix) / "torch_extensions"
 
 
+def with_torch_extensions_dir(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with :func:`torch_extensions_dir` as ``TORCH_EXTENSIONS_DIR`` unless it sets
+    one: where the trainer loads DeepSpeed's JIT ops and where they are built ahead
+    (:mod:`asyncrl.tasks.trainer.jit_ops`)."""
+    return {"TORCH_EXTENSIONS_DIR": str(torch_extensions_dir()), **environ}
+
+
 def trainer_env(launch: TrainerLaunch) -> dict[str, str]:
     """This process's environment without its process-group variables, with a per-venv
     ``TORCH_EXTENSIONS_DIR`` default (a Prefect worker is not started by ``make``), plus ``launch.env``."""
-    inherited = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    inherited.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
+    inherited = with_torch_extensions_dir({k: v for k, v in os.environ.items() if k not in DIST_ENV})
     return {**inherited, **launch.env}
 
 

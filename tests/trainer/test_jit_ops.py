@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.tasks.trainer.jit_ops import JitOpsBuildError, ensure_jit_ops_built, jit_ops_env
-from asyncrl.tasks.trainer.process import torch_extensions_dir
+from asyncrl.tasks.trainer.jit_ops import JitOpsBuildError, ensure_jit_ops_built
+from asyncrl.tasks.trainer.process import torch_extensions_dir, with_torch_extensions_dir
 
 
 def test_ops_build_where_the_trainer_looks_for_them() -> None:
-    assert jit_ops_env({})["TORCH_EXTENSIONS_DIR"] == str(torch_extensions_dir())
-    assert jit_ops_env({"TORCH_EXTENSIONS_DIR": "/elsewhere"})["TORCH_EXTENSIONS_DIR"] == "/elsewhere"
+    assert with_torch_extensions_dir({})["TORCH_EXTENSIONS_DIR"] == str(torch_extensions_dir())
+    assert with_torch_extensions_dir({"TORCH_EXTENSIONS_DIR": "/elsewhere"})["TORCH_EXTENSIONS_DIR"] == "/elsewhere"
 
 
-def test_the_cpu_collective_op_is_built_and_loads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_cpu_collective_op_is_built_and_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     # In the environment's own directory (make setup built it there; built now otherwise)
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     line = ensure_jit_ops_built()
