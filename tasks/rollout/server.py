@@ -49,9 +49,11 @@ key is set):
 from __future__ import annotations
 
 import errno
+import getpass
 import importlib.metadata
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -162,7 +164,8 @@ class RolloutServerConfig:
     """Parameter dtype (``--dtype``): the run's ``model.dtype``, the trainer's."""
     enforce_eager: bool = True
     """``--enforce-eager``: no CUDA graphs (on CPU they do not exist; on GPUs graphs are
-    captured once per start, faster generation for a slower start)."""
+    captured once per start, faster generation for a slower start), and nothing else
+    compiled either: the server runs with ``TORCH_COMPILE_DISABLE=1`` (:func:`server_env`)."""
     session_nice: int | None = None
     """Lower CPU priority (nice 0..19) of the server's whole session, so that on a machine
     with few cores the processes beside it (driver, trainer) are not starved by vLLM's
@@ -381,6 +384,17 @@ def cpu_worker_threads(cpu_cores: tuple[int, ...] | None) -> int:
     return max(1, cores - 1)
 
 
+def inductor_cache_dir() -> str:
+    """PyTorch inductor's default cache directory for this user: <temporary directory>/
+    torchinductor_<user name, with \\/:*?"<>| replaced by _> (torch's ``default_cache_dir``,
+    whose module takes 1.5 s to import)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
 def server_env(config: RolloutServerConfig) -> dict[str, str]:
     """The server's environment: ours plus dev mode, KV cache size, (if set) the key and
     (if set) ``CUDA_VISIBLE_DEVICES``; on CPU with ``worker_in_engine_process``,
@@ -391,6 +405,20 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
 
     ``VLLM_CPU_KVCACHE_SPACE`` = ceil(kv_cache_gib): the CPU backend reads an integer.
     Inherited key variables are removed so that a server without a key has none.
+
+    Compiling (values in the environment win over both):
+
+    * with ``enforce_eager``, ``TORCH_COMPILE_DISABLE=1``. ``--enforce-eager`` stops vLLM
+      compiling the model, but vLLM 0.32 still compiles two sampler helpers with inductor
+      (``torch.compile``) in the first request that returns log-probs: 14-16 s of every start
+      on 2 CPU cores, 8 s with inductor's cache warm. Eager, that request takes 0.15 s; the price is the
+      log-prob rank count, a comparison over batch x vocabulary per step that the compiled
+      helper fuses (measured on one core at batch 80: 82 ms eager against 4 ms compiled at
+      a 152k vocabulary, 0.08 ms eager at the tiny model's 320);
+    * ``TORCHINDUCTOR_CACHE_DIR`` = inductor's default for this user
+      (:func:`inductor_cache_dir`): the server's ``TMPDIR`` is its own, removed when it stops
+      (:meth:`RolloutServer.start`), and inductor would otherwise cache in it, so whatever a
+      server compiles would be compiled again at every start.
     """
     env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, "VLLM_API_KEY", FORK_ENGINE_CORE_ENV)}
     env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -398,6 +426,9 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
+    if config.enforce_eager:
+        env.setdefault("TORCH_COMPILE_DISABLE", "1")
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
     if config.api_key is not None:
         env[API_KEY_ENV] = config.api_key
         env["VLLM_API_KEY"] = config.api_key
@@ -559,12 +590,12 @@ class RolloutServer:
     def warm_up(self, timeout_s: float = 120.0) -> bool:
         """One short generation like the rollout client's (sampled log-probs, a prefill and
         ``WARM_UP_TOKENS`` decode steps) before the server reports ready; False if the server
-        gave no answer yet (asked again at the next readiness check). vllm-cpu 0.32 spends
-        about 2 s of one-time set-up in its first request that returns log-probs (0.15 s
-        after that; a request without log-probs does not trigger it): paid here, it does not
-        delay a run's first batch, nor a weight update whose pause waits for that step. A
-        server that refuses the request is left to the client's start-up check, which names
-        the reason."""
+        gave no answer yet (asked again at the next readiness check). vLLM 0.32 does one-time
+        set-up in its first request that returns log-probs (a request without log-probs does
+        not trigger it): compiling its sampler helpers, 14-16 s on 2 cores unless the server
+        is eager (:func:`server_env`; 0.15 s then). Paid here, it does not delay a run's first
+        batch, nor a weight update whose pause waits for that step. A server that refuses the
+        request is left to the client's start-up check, which names the reason."""
         body = {
             "token_ids": [0],
             "sampling_params": {

@@ -88,3 +88,26 @@ def test_the_worker_keeps_its_own_process_when_not_asked_sharded_or_on_a_gpu_bui
     env = server_env(RolloutServerConfig(model_dir=tmp_path, **settings))  # type: ignore[arg-type]
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
     assert FORK_ENGINE_CORE_ENV not in env  # vLLM's own start method
+
+
+def test_an_eager_server_compiles_nothing_unless_the_environment_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    assert server_env(RolloutServerConfig(model_dir=tmp_path))["TORCH_COMPILE_DISABLE"] == "1"
+    assert "TORCH_COMPILE_DISABLE" not in server_env(RolloutServerConfig(model_dir=tmp_path, enforce_eager=False))
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "0")  # the user's setting wins
+    assert server_env(RolloutServerConfig(model_dir=tmp_path))["TORCH_COMPILE_DISABLE"] == "0"
+
+
+def test_what_a_server_compiles_is_cached_where_inductor_caches_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    # Not in the server's own TMPDIR, which is removed with it: the directory this process's
+    # inductor would use, which outlives every server.
+    assert server_env(RolloutServerConfig(model_dir=tmp_path))["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's setting wins
+    assert server_env(RolloutServerConfig(model_dir=tmp_path))["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")

@@ -54,6 +54,8 @@ class LiveServer:
     thread: threading.Thread
     stop: threading.Event
     start_s: float
+    inductor_cache: Path
+    """``TORCHINDUCTOR_CACHE_DIR`` the server started with, its own."""
     outcome: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,15 +90,19 @@ def live(
 
     started = time.monotonic()
     thread = threading.Thread(target=run, name="rollout-supervisor", daemon=True)
-    thread.start()
-    deadline = started + START_TIMEOUT_S + 60
-    while not status.ready and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with pytest.MonkeyPatch.context() as env:  # the server's environment is taken at its start
+        env.setenv("TORCHINDUCTOR_CACHE_DIR", str(base / "inductor"))
+        thread.start()
+        deadline = started + START_TIMEOUT_S + 60
+        while not status.ready and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
     if not status.ready:
         stop.set()
         thread.join(60)
         raise RuntimeError(f"rollout server did not start: {outcome.get('error')!r}")
-    server = LiveServer(component.handle, root_uri, base / "cache", thread, stop, time.monotonic() - started, outcome)
+    server = LiveServer(
+        component.handle, root_uri, base / "cache", thread, stop, time.monotonic() - started, base / "inductor", outcome
+    )
     print(f"\nrollout server healthy after {server.start_s:.1f} s")
     try:
         yield server
@@ -153,6 +159,12 @@ def assert_serves(handle: RolloutServerHandle, model_dir: Path) -> tuple[list[in
     return tokens, logprobs
 
 
+def server_tmp_dir(pid: int) -> Path:
+    """The server's own temporary directory: ``TMPDIR`` of its process."""
+    environ = dict(entry.split(b"=", 1) for entry in process_scan.initial_environ(pid))
+    return Path(environ[b"TMPDIR"].decode())
+
+
 def file_tensor_sha(model_dir: Path, name: str) -> str:
     from safetensors import safe_open
 
@@ -168,6 +180,9 @@ def test_registered_and_completes_token_ids(live: LiveServer, tiny_model_dir: Pa
     assert len(tokens) == len(logprobs) == MAX_TOKENS
     assert all(lp <= 0.0 for lp in logprobs)
     assert server_weight_version(live.handle) is None  # vLLM starts at "default"
+    # Eager (the default) means nothing compiled, vLLM's sampler helpers for log-probs included:
+    # inductor left nothing in the cache directory the server was given.
+    assert not live.inductor_cache.exists() or not any(live.inductor_cache.iterdir())
 
 
 @pytest.mark.parametrize(
@@ -310,8 +325,7 @@ def test_engine_death_is_reported_and_group_is_killed(live: LiveServer) -> None:
         vdso = {pid: vdso_mapping(pid) for pid in (live.handle.pid, engine_pids[0])}
         assert vdso[engine_pids[0]] == vdso[live.handle.pid], vdso
     # vLLM's temporary files (its engine's IPC sockets, a rendezvous file) are in the server's own directory.
-    environ = dict(entry.split(b"=", 1) for entry in process_scan.initial_environ(live.handle.pid))
-    tmp_dir = Path(environ[b"TMPDIR"].decode())
+    tmp_dir = server_tmp_dir(live.handle.pid)
     assert tmp_dir.name.startswith("asyncrl-rollout-tmp-") and any(tmp_dir.iterdir())
     os.kill(engine_pids[0], signal.SIGKILL)
     live.thread.join(180)
