@@ -5,7 +5,7 @@ a vLLM server, the DeepSpeed trainer, the scheduler, the reward pool, MLflow lin
 once synchronously (eta = 0) and with every eta > 0 in every interrupt mode, with the
 rollout server and the trainer pinned to separate CPUs (``rollout.cpu_cores``,
 ``trainer.cpu_cores``; the driver process running the scheduler and the reward workers
-is not pinned). Per configuration (formulas in the functions that compute them):
+is not pinned), or placed on GPUs (``--gpus``: ``rollout.devices``, ``trainer.devices``). Per configuration (formulas in the functions that compute them):
 
 - wall W: the RL phase, from "every rollout server healthy" to the last step's metrics
   record (:func:`rl_wall_s`; start-up and shutdown are left out, ``train_run_wall_s``
@@ -56,6 +56,7 @@ from asyncrl.tasks.rollout.samples import INTERRUPT_MODES, InterruptMode
 
 if TYPE_CHECKING:
     from asyncrl.configs.run_config import RunConfig
+    from asyncrl.tasks.rollout.server import RolloutServerConfig
 
 STALENESS_COUNT_PREFIX = "staleness/count_"
 
@@ -108,6 +109,11 @@ class E2EBenchSettings:
     seed: int = 0
     rollout_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[0])
     trainer_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[1])
+    gpus: tuple[int, ...] | None = None
+    """GPU ids (as this process sees them) of the rollout server and the trainer: one id, which
+    they share (``placement.share_devices``, the server taking its share of the memory, as in
+    ``configs/gpu-check.yaml``), or two, (server, trainer). None: CPUs only. With GPUs no CPU
+    is pinned: ``rollout_cores`` and ``trainer_cores`` must be None."""
     kv_cache_gib: float = 1.0
     max_groups_in_flight: int | None = None
     """``rollout.max_groups_in_flight`` of every run (None: the staleness gate alone)."""
@@ -139,6 +145,14 @@ class E2EBenchSettings:
                 f"micro_batch_tokens: {self.micro_batch_tokens} is below max_prompt_tokens + "
                 f"max_new_tokens = {self.max_prompt_tokens + self.max_new_tokens}"
             )
+        if self.gpus is not None:
+            if not 1 <= len(self.gpus) <= 2 or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in self.gpus):
+                raise ValueError(f"gpus: one GPU id (shared) or two (rollout server, trainer), ints >= 0; got {self.gpus!r}")
+            if self.rollout_cores is not None or self.trainer_cores is not None:
+                raise ValueError(
+                    "gpus: the rollout server and the trainer run on GPUs; give no rollout_cores or trainer_cores "
+                    f"(CPU pinning) with them, got {self.rollout_cores!r} and {self.trainer_cores!r}"
+                )
         rollout = check_cpu_cores(self.rollout_cores, "rollout_cores")
         trainer = check_cpu_cores(self.trainer_cores, "trainer_cores")
         shared = sorted(set(rollout or ()) & set(trainer or ()))
@@ -149,6 +163,22 @@ class E2EBenchSettings:
             )
         object.__setattr__(self, "rollout_cores", rollout)
         object.__setattr__(self, "trainer_cores", trainer)
+
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """The run config's placement of the rollout server and the trainer (sections
+        ``rollout``, ``trainer``, ``placement``): GPU device ids with ``gpus``, else CPU pinning."""
+        if self.gpus is None:
+            return {
+                "rollout": {"cpu_cores": None if self.rollout_cores is None else list(self.rollout_cores)},
+                "trainer": {"cpu_cores": None if self.trainer_cores is None else list(self.trainer_cores)},
+                "placement": {},
+            }
+        server, trainer = self.gpus[0], self.gpus[-1]
+        return {
+            "rollout": {"devices": [[server]]},
+            "trainer": {"devices": [trainer]},
+            "placement": {"share_devices": server == trainer},
+        }
 
     def sweep(self) -> list[tuple[int, InterruptMode]]:
         """(eta, mode) of every run: eta = 0 once, first; then each eta > 0 in each mode."""
@@ -464,16 +494,9 @@ def measure_standalone(workload: Workload, settings: E2EBenchSettings, work: Pat
     decoding the budgets dominates); EOS is ignored, as in the runs."""
     from asyncrl.tasks.rollout.bench import measure_throughput
     from asyncrl.tasks.rollout.client import RolloutClient
-    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+    from asyncrl.tasks.rollout.server import RolloutServer
 
-    config = RolloutServerConfig(
-        model_dir=workload.model_dir,
-        kv_cache_gib=settings.kv_cache_gib,
-        max_model_len=settings.max_prompt_tokens + settings.max_new_tokens,
-        seed=settings.seed,
-        log_path=work / "standalone" / "server.log",
-        cpu_cores=settings.rollout_cores,
-    )
+    config = standalone_server_config(settings, workload, work)
     n = settings.n_samples
     batches = workload.batches(settings.batch_groups)
     all_lengths = [workload.budgets[k] for k in range(len(workload.budgets)) for _ in range(n)]
@@ -499,6 +522,29 @@ def measure_standalone(workload: Workload, settings: E2EBenchSettings, work: Pat
 
     with RolloutServer(config) as server:
         return asyncio.run(measure(server))
+
+
+def standalone_server_config(settings: E2EBenchSettings, workload: Workload, work: Path) -> RolloutServerConfig:
+    """The standalone server, launched as the runs' server is: on its CPUs, or on its GPU with
+    the memory share and the CUDA graphs a run's server gets there (no ``--enforce-eager`` on
+    a GPU machine; :func:`~asyncrl.tasks.run.devices.shared_gpu_memory_fraction` of the eta = 0
+    run's config)."""
+    from asyncrl.tasks.rollout.server import RolloutServerConfig
+    from asyncrl.tasks.run.devices import shared_gpu_memory_fraction
+
+    on_gpu = settings.gpus is not None
+    run = bench_run_config(settings, workload, work, 0, settings.modes[0]) if on_gpu else None
+    return RolloutServerConfig(
+        model_dir=workload.model_dir,
+        kv_cache_gib=settings.kv_cache_gib,
+        max_model_len=settings.max_prompt_tokens + settings.max_new_tokens,
+        seed=settings.seed,
+        log_path=work / "standalone" / "server.log",
+        cpu_cores=settings.rollout_cores,
+        cuda_visible_devices=None if settings.gpus is None else str(settings.gpus[0]),
+        gpu_memory_utilization=None if run is None else shared_gpu_memory_fraction(run, 0),
+        enforce_eager=not on_gpu,
+    )
 
 
 def _standalone_row(standalone: Mapping[str, Any], concurrency: int) -> Mapping[str, Any]:
@@ -528,7 +574,7 @@ def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path,
     from asyncrl.tasks.rollout.server import free_port
 
     name = f"bench-e2e-eta{eta}-{mode}"
-    cores = {"rollout": settings.rollout_cores, "trainer": settings.trainer_cores}
+    placement = settings.placement()
     return config_from_dict(
         {
             "name": name,
@@ -547,7 +593,7 @@ def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path,
                 "shard_groups": 1,  # every finished group is written at once: no batching delay
                 "shard_seconds": 1.0,
                 "max_groups_in_flight": settings.max_groups_in_flight,
-                "cpu_cores": None if cores["rollout"] is None else list(cores["rollout"]),
+                **placement["rollout"],
             },
             "trainer": {
                 "batch_groups": settings.batch_groups,
@@ -555,8 +601,9 @@ def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path,
                 "micro_batch_tokens": settings.micro_batch_tokens,
                 "checkpoint_every": settings.steps + 1,  # no checkpoint inside the timed phase
                 "optimizer": {"lr": 1.0e-5},
-                "cpu_cores": None if cores["trainer"] is None else list(cores["trainer"]),
+                **placement["trainer"],
             },
+            "placement": placement["placement"],
             # every code answer is run as a program: the sandbox's full load on the reward service
             "reward": {"pool": {"workers": 1}, "code": {"extract": "whole"}},
             "storage": {"root": str(work / "runs" / name / "store")},
@@ -645,7 +692,8 @@ def format_tables(result: Mapping[str, Any]) -> str:
         f"{w['budget_mean']:.0f}, p50 {w['budget_p50']}, p90 {w['budget_p90']}, max {w['budget_max']} tokens "
         f"(long-tailed, EOS ignored); {result['settings']['steps']} steps of {result['settings']['batch_groups']} groups"
         + (f"; {w['code_groups']} code groups" if w.get("code_groups") else ""),
-        f"CPUs: rollout {result['settings']['rollout_cores']}, trainer {result['settings']['trainer_cores']}"
+        (f"GPUs: rollout {gpus[0]}, trainer {gpus[-1]}" if (gpus := result["settings"].get("gpus"))
+         else f"CPUs: rollout {result['settings']['rollout_cores']}, trainer {result['settings']['trainer_cores']}")
         + (f"; at most {cap} groups in flight" if (cap := result["settings"].get("max_groups_in_flight")) else ""),
         "standalone server: " + ", ".join(f"{r['tokens_per_s']:.0f} tokens/s at c={r['concurrency']}" for r in s["throughput"]),
         f"T_gen {s['t_gen_s']:.1f} s (batch by batch), T_train {_fmt(result.get('t_train_s'), '.1f')} s "
@@ -691,6 +739,14 @@ def _cores(text: str) -> tuple[int, ...] | None:
     return None if text.strip().lower() == "none" else parse_int_list(text)
 
 
+def auto_cores(text: str, default: tuple[int, ...] | None, gpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """CPU ids of ``--rollout-cores`` / ``--trainer-cores``: 'auto' is ``default`` (half the
+    CPUs each) without ``--gpus`` and no pinning with it."""
+    if text == "auto":
+        return default if gpus is None else None
+    return _cores(text)
+
+
 def _modes(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -719,8 +775,10 @@ def settings_from_args(args: argparse.Namespace) -> E2EBenchSettings:
         code_share=float(preset.get("code_share", defaults.code_share)),
         seed=args.seed,
         max_groups_in_flight=args.max_groups_in_flight,
-        rollout_cores=defaults.rollout_cores if args.rollout_cores == "auto" else _cores(args.rollout_cores),
-        trainer_cores=defaults.trainer_cores if args.trainer_cores == "auto" else _cores(args.trainer_cores),
+        # With GPUs, 'auto' pins no CPU.
+        rollout_cores=auto_cores(args.rollout_cores, defaults.rollout_cores, args.gpus),
+        trainer_cores=auto_cores(args.trainer_cores, defaults.trainer_cores, args.gpus),
+        gpus=args.gpus,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         json_path=Path(args.json) if args.json else None,
     )
@@ -754,6 +812,9 @@ def add_e2e_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                         help="rollout.max_groups_in_flight of every run (default: none, the staleness gate alone)")  # fmt: skip
     parser.add_argument("--rollout-cores", default="auto", help="comma-separated CPU ids, 'auto' (first half) or 'none'")
     parser.add_argument("--trainer-cores", default="auto", help="comma-separated CPU ids, 'auto' (second half) or 'none'")
+    parser.add_argument("--gpus", type=parse_int_list, default=None,
+                        help="GPU ids: one, shared by the rollout server and the trainer, or server,trainer "
+                             "(default: none, CPUs; with GPUs 'auto' cores pin nothing)")  # fmt: skip
     parser.add_argument("--work-dir", default=None, help="keep the model, prompts, run roots and logs here")
     parser.add_argument("--json", default=None, help="also write the result as JSON here (updated after every run)")
     parser.set_defaults(handler=cmd_bench_e2e)

@@ -24,7 +24,9 @@
 #      tasks/model/tiny.py, as `make demo` does), generation tokens/s by concurrency and the
 #      stall of in-place weight updates in both interrupt modes;
 #   3. `asyncrl bench weight-sync --size 0.5b` on GPU 0: publish, fetch and in-place load of a
-#      Qwen2.5-0.5B-shaped version into a vLLM server on the GPU;
+#      Qwen2.5-0.5B-shaped version into a vLLM server on the GPU; then `asyncrl bench e2e --gpus 0`:
+#      the synchronous run and eta 4 (keep) on the tiny model, server and trainer sharing GPU 0
+#      (each run's efficiency against its limit, its fill and its weight-sync stall fraction);
 #   4. `asyncrl run configs/gpu-check.yaml`: data, a 60-step SFT warm start, 8 asynchronous RL
 #      steps with the vLLM server and the DeepSpeed trainer sharing GPU 0 (rollout.devices
 #      [[0]], trainer.devices [0], placement.share_devices), evaluation and registration;
@@ -32,7 +34,8 @@
 # The GPU's memory and utilisation are sampled every 2 s throughout (gpu-samples.txt), and
 # the processes holding GPU memory with their command lines (gpu-apps.txt).
 # It exits 0 when every step passed, 1 otherwise (2 for a usage error). About 6-9 minutes on
-# an H200 (steps 2-4 each start vLLM: 30-60 s apiece). Output under --out (default
+# an H200 before the e2e bench was added (steps 2-4 each start vLLM: 30-60 s apiece; the e2e
+# bench starts it three times), so allow 15. Output under --out (default
 # runs/gpu-check/<UTC time>): one log per step, the benches' JSON, the run's work folder.
 #
 # --dry-run prints the commands instead of running them and checks only what needs no GPU:
@@ -161,6 +164,19 @@ if sync:
             rows.append((f"weight sync 0.5B ({p['bytes'] / 1e9:.2f} GB): {p['phase']}",
                          f"{p['mean_s']:.3f} s ({p['mean_gb_s']:.2f} GB/s)"))
     rows.append(("weight sync: hashes verified", str(sync["hashes_verified"])))
+e2e = load("bench-e2e.json")
+if e2e:
+    steps = e2e.get("settings", {}).get("steps", "?")
+    for r in e2e.get("runs", []):
+        label = f"bench e2e (tiny model, {steps} steps): eta {r['eta']} {'sync' if r['eta'] == 0 else r['mode']}"
+        if "error" in r:
+            rows.append((label, "failed: " + r["error"].splitlines()[0][:120]))
+            continue
+        limit, efficiency = r.get("limit_s"), r.get("efficiency")
+        rows.append((label, f"wall {r['wall_s']:.1f} s, limit {'n/a' if limit is None else f'{limit:.1f} s'}, "
+                            f"efficiency {'n/a' if efficiency is None else f'{efficiency:.2f}'}, first batch "
+                            f"{r['first_batch_wait_s']:.1f} s, stall fraction {r['weight_sync_stall_fraction']:.3f} "
+                            f"({r['weight_updates']} updates)"))
 summary = load("store/summary.json")
 if summary:
     def pct(value):
@@ -278,6 +294,9 @@ if [ "$SKIP_BENCHES" = 0 ]; then
     --concurrency 1 16 64 --requests 64 --max-tokens 256 --updates 2 --json "$OUT/bench-rollout.json"
   step bench-weight-sync 360 env CUDA_VISIBLE_DEVICES="$GPU0" "$ASYNCRL" bench weight-sync \
     --size 0.5b --repeats 2 --probe-mib 256 --work-dir "$OUT/weight-sync" --json "$OUT/bench-weight-sync.json"
+  # GPU 0 of what this process sees, shared by the server and the trainer (as the run below).
+  step bench-e2e 480 "$ASYNCRL" bench e2e --gpus 0 --etas 0,4 --modes keep --steps 16 \
+    --work-dir "$OUT/e2e" --json "$OUT/bench-e2e.json"
 fi
 
 # --- 4. the pipeline: SFT and async RL with vLLM and DeepSpeed sharing GPU 0 --------------------

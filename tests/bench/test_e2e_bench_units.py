@@ -215,12 +215,41 @@ def test_the_cap_on_groups_in_flight_reaches_every_run(tmp_path: Path) -> None:
         ({"max_new_tokens": 2000}, "micro_batch_tokens"),
         ({"rollout_cores": (-1,)}, "rollout_cores"),
         ({"trainer_cores": (max(machine_cpus()) + 1,)}, "trainer_cores"),
+        ({"gpus": ()}, "gpus"),
+        ({"gpus": (0, 1, 2)}, "gpus"),
+        ({"gpus": (-1,)}, "gpus"),
+        ({"gpus": (0,), "rollout_cores": (min(usable_cpus()),)}, "gpus"),
     ],
 )
 def test_bad_settings_name_the_field(overrides: dict[str, Any], field: str) -> None:
     base: dict[str, Any] = {"rollout_cores": None, "trainer_cores": None}
     with pytest.raises(ValueError, match=f"^{field}"):
         E2EBenchSettings(**{**base, **overrides})
+
+
+@pytest.mark.parametrize(("gpus", "devices", "shared"), [("0", (0, 0), True), ("2,3", (2, 3), False)])
+def test_on_gpus_the_runs_and_the_standalone_server_get_the_same_devices(
+    gpus: str, devices: tuple[int, int], shared: bool, tmp_path: Path
+) -> None:
+    from asyncrl.bench.e2e import Workload, bench_run_config, standalone_server_config
+
+    settings = settings_from_args(build_parser().parse_args(["bench", "e2e", "--gpus", gpus]))
+    assert (settings.gpus, settings.rollout_cores, settings.trainer_cores) == (tuple(map(int, gpus.split(","))), None, None)
+    workload = Workload(tmp_path / "model", tmp_path / "train.parquet", ((1, 2),), (4,))
+    run = bench_run_config(settings, workload, tmp_path, eta=4, mode="keep")
+    assert (run.rollout.devices, run.trainer.devices) == ([(devices[0],)], (devices[1],))
+    assert run.placement.share_devices is shared
+    assert run.rollout.cpu_cores is None and run.trainer.cpu_cores is None
+    server = standalone_server_config(settings, workload, tmp_path)
+    assert server.cuda_visible_devices == str(devices[0]) and server.cpu_cores is None
+    # Launched as a run's server on a GPU machine: CUDA graphs, and the memory share when shared.
+    assert server.enforce_eager is False
+    assert server.gpu_memory_utilization == (0.45 if shared else None)
+    on_cpus = settings_from_args(build_parser().parse_args(["bench", "e2e", "--rollout-cores", "0", "--trainer-cores", "none"]))
+    cpu_server = standalone_server_config(on_cpus, workload, tmp_path)
+    assert (cpu_server.cpu_cores, cpu_server.cuda_visible_devices, cpu_server.enforce_eager) == ((0,), None, True)
+    cpu_run = bench_run_config(on_cpus, workload, tmp_path, eta=4, mode="keep")
+    assert (cpu_run.rollout.cpu_cores, cpu_run.rollout.devices, cpu_run.trainer.devices) == ((0,), None, None)
 
 
 def test_rollout_and_trainer_cores_must_be_separate() -> None:
@@ -296,6 +325,9 @@ def test_report_has_every_run_and_the_bound() -> None:
     assert "groups in flight" not in table
     capped = format_tables(json.loads(json.dumps({**result, "settings": {**settings, "max_groups_in_flight": 8}})))
     assert "; at most 8 groups in flight" in capped
+    assert "CPUs: rollout [0], trainer [1]" in table
+    on_gpu = format_tables(json.loads(json.dumps({**result, "settings": {**settings, "gpus": [0]}})))
+    assert "GPUs: rollout 0, trainer 0" in on_gpu and "CPUs:" not in on_gpu
     assert not math.isnan(result["overlap_bound"])
 
 

@@ -41,9 +41,10 @@ def test_dry_run_prints_the_commands_and_validates_the_config(tmp_path: Path) ->
     out = done.stdout
     assert f"configs/gpu-check.yaml validates with: work_dir={tmp_path}/check/work" in out
     lines = {line.split(" (limit")[0].removeprefix("[dry-run] "): line for line in out.splitlines() if "(limit" in line}
-    assert list(lines) == ["nvidia-smi", "versions", "ds-report", "bench-rollout", "bench-weight-sync", "run"]
+    assert list(lines) == ["nvidia-smi", "versions", "ds-report", "bench-rollout", "bench-weight-sync", "bench-e2e", "run"]
     assert "CUDA_VISIBLE_DEVICES=0" in lines["bench-rollout"] and "bench rollout" in lines["bench-rollout"]
     assert "bench weight-sync --size 0.5b" in lines["bench-weight-sync"]
+    assert "bench e2e --gpus 0 --etas 0,4" in lines["bench-e2e"] and "CUDA_VISIBLE_DEVICES" not in lines["bench-e2e"]
     assert f"run configs/gpu-check.yaml work_dir={tmp_path}/check/work storage.root={tmp_path}/check/store" in lines["run"]
     assert not (tmp_path / "check").exists()  # a dry run writes nothing
     skipped = run_script("--dry-run", "--skip-benches", "--out", str(tmp_path / "check"))
@@ -77,6 +78,12 @@ def test_figures_of_an_output_folder(tmp_path: Path) -> None:
     (tmp_path / "bench-rollout.json").write_text(json.dumps(rollout))
     load = {"backend": "local", "phase": "load", **phase_figures([1.0, 3.0], 2 * 10**9, ("disk", 2.0))}
     (tmp_path / "bench-weight-sync.json").write_text(json.dumps({"server_start_s": 41.5, "phases": [load], "hashes_verified": True}))
+    e2e_runs = [
+        {"eta": 0, "mode": "keep", "steps": 16, "wall_s": 20.0, "limit_s": 18.0, "efficiency": 0.9,
+         "first_batch_wait_s": 1.25, "weight_sync_stall_fraction": 0.012, "weight_updates": 15},
+        {"eta": 4, "mode": "keep", "error": "ComponentFailed: trainer failed: boom\nthe log tail"},
+    ]  # fmt: skip
+    (tmp_path / "bench-e2e.json").write_text(json.dumps({"settings": {"steps": 16}, "runs": e2e_runs}))
     (tmp_path / "store").mkdir()
     summary = PipelineSummary(
         run="gpu-check", steps=8, final_version=9, pass_at_1_before=0.25, pass_at_1_after=0.5, best_version=9,
@@ -98,6 +105,10 @@ def test_figures_of_an_output_folder(tmp_path: Path) -> None:
     assert rows["vLLM generation (tiny model), concurrency 16"] == "4000 tokens/s (8000 tokens in 2.00 s)"
     assert rows["vLLM weight update while generating, recompute (tiny model)"] == "stall 0.500 s, load 0.300 s (mean of 2)"
     assert rows["weight sync 0.5B (2.00 GB): load"] == "2.000 s (1.00 GB/s)"
+    assert rows["bench e2e (tiny model, 16 steps): eta 0 sync"] == (
+        "wall 20.0 s, limit 18.0 s, efficiency 0.90, first batch 1.2 s, stall fraction 0.012 (15 updates)"
+    )
+    assert rows["bench e2e (tiny model, 16 steps): eta 4 keep"] == "failed: ComponentFailed: trainer failed: boom"
     assert rows["asyncrl run: held-out pass@1"] == "25.0% -> 50.0%"
     assert rows["asyncrl run: wall time"] == "300 s (RL 90 s for 8 steps)"
     assert rows["RL step (DeepSpeed), step_time_s: mean of steps 2-3"] == "2.000 s"
@@ -139,7 +150,7 @@ def test_every_step_runs_and_a_failure_fails_the_check(tmp_path: Path) -> None:
                                               "CUDA_VISIBLE_DEVICES": "3"})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "gpu-check: run FAILED (status 3" in done.stderr and "FAILED steps: run " in done.stderr
-    for name in ("nvidia-smi", "versions", "ds-report", "bench-rollout", "bench-weight-sync"):
+    for name in ("nvidia-smi", "versions", "ds-report", "bench-rollout", "bench-weight-sync", "bench-e2e"):
         assert f"gpu-check: {name} passed" in done.stdout
     assert "asyncrl bench rollout --concurrency 1 16 64" in (out / "bench-rollout.log").read_text()
     assert "GPU 0: Fake GPU" in (out / "nvidia-smi.log").read_text()
