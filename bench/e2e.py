@@ -47,7 +47,7 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,7 @@ from asyncrl.tasks.rollout.samples import INTERRUPT_MODES, InterruptMode
 if TYPE_CHECKING:
     from asyncrl.configs.run_config import RunConfig
     from asyncrl.tasks.rollout.server import RolloutServerConfig
+    from asyncrl.tasks.run.devices import Machine
 
 STALENESS_COUNT_PREFIX = "staleness/count_"
 
@@ -524,27 +525,19 @@ def measure_standalone(workload: Workload, settings: E2EBenchSettings, work: Pat
         return asyncio.run(measure(server))
 
 
-def standalone_server_config(settings: E2EBenchSettings, workload: Workload, work: Path) -> RolloutServerConfig:
-    """The standalone server, launched as the runs' server is: on its CPUs, or on its GPU with
-    the memory share and the CUDA graphs a run's server gets there (no ``--enforce-eager`` on
-    a GPU machine; :func:`~asyncrl.tasks.run.devices.shared_gpu_memory_fraction` of the eta = 0
-    run's config)."""
-    from asyncrl.tasks.rollout.server import RolloutServerConfig
-    from asyncrl.tasks.run.devices import shared_gpu_memory_fraction
+def standalone_server_config(
+    settings: E2EBenchSettings, workload: Workload, work: Path, machine: Machine | None = None
+) -> RolloutServerConfig:
+    """The standalone server: launched as the eta = 0 run's server is on ``machine`` (default:
+    this one; :func:`~asyncrl.tasks.run.components_setup.server_config`: its CPUs, or its GPU
+    with CUDA graphs and its share of a shared GPU's memory), on a free port, with its log in
+    ``standalone/server.log``."""
+    from asyncrl.tasks.run.components_setup import server_config
+    from asyncrl.tasks.run.context import run_paths
 
-    on_gpu = settings.gpus is not None
-    run = bench_run_config(settings, workload, work, 0, settings.modes[0]) if on_gpu else None
-    return RolloutServerConfig(
-        model_dir=workload.model_dir,
-        kv_cache_gib=settings.kv_cache_gib,
-        max_model_len=settings.max_prompt_tokens + settings.max_new_tokens,
-        seed=settings.seed,
-        log_path=work / "standalone" / "server.log",
-        cpu_cores=settings.rollout_cores,
-        cuda_visible_devices=None if settings.gpus is None else str(settings.gpus[0]),
-        gpu_memory_utilization=None if run is None else shared_gpu_memory_fraction(run, 0),
-        enforce_eager=not on_gpu,
-    )
+    run = bench_run_config(settings, workload, work, 0, settings.modes[0])
+    launch = server_config(run, run_paths(run), workload.model_dir, 0, machine)
+    return replace(launch, port=0, log_path=work / "standalone" / "server.log")
 
 
 def _standalone_row(standalone: Mapping[str, Any], concurrency: int) -> Mapping[str, Any]:

@@ -232,6 +232,7 @@ def test_on_gpus_the_runs_and_the_standalone_server_get_the_same_devices(
     gpus: str, devices: tuple[int, int], shared: bool, tmp_path: Path
 ) -> None:
     from asyncrl.bench.e2e import Workload, bench_run_config, standalone_server_config
+    from asyncrl.tasks.run.devices import Machine
 
     settings = settings_from_args(build_parser().parse_args(["bench", "e2e", "--gpus", gpus]))
     assert (settings.gpus, settings.rollout_cores, settings.trainer_cores) == (tuple(map(int, gpus.split(","))), None, None)
@@ -240,13 +241,16 @@ def test_on_gpus_the_runs_and_the_standalone_server_get_the_same_devices(
     assert (run.rollout.devices, run.trainer.devices) == ([(devices[0],)], (devices[1],))
     assert run.placement.share_devices is shared
     assert run.rollout.cpu_cores is None and run.trainer.cpu_cores is None
-    server = standalone_server_config(settings, workload, tmp_path)
-    assert server.cuda_visible_devices == str(devices[0]) and server.cpu_cores is None
+    # GPU ids are those this process sees: here CUDA_VISIBLE_DEVICES=4,5,6,7.
+    gpu_machine = Machine(gpus=("4", "5", "6", "7"), gpu_source="fake: 4 GPUs")
+    server = standalone_server_config(settings, workload, tmp_path, gpu_machine)
+    assert server.cuda_visible_devices == str(4 + devices[0]) and server.cpu_cores is None
     # Launched as a run's server on a GPU machine: CUDA graphs, and the memory share when shared.
     assert server.enforce_eager is False
     assert server.gpu_memory_utilization == (0.45 if shared else None)
+    assert (server.port, server.log_path) == (0, tmp_path / "standalone" / "server.log")
     on_cpus = settings_from_args(build_parser().parse_args(["bench", "e2e", "--rollout-cores", "0", "--trainer-cores", "none"]))
-    cpu_server = standalone_server_config(on_cpus, workload, tmp_path)
+    cpu_server = standalone_server_config(on_cpus, workload, tmp_path, Machine(gpus=(), cpus=machine_cpus()))
     assert (cpu_server.cpu_cores, cpu_server.cuda_visible_devices, cpu_server.enforce_eager) == ((0,), None, True)
     cpu_run = bench_run_config(on_cpus, workload, tmp_path, eta=4, mode="keep")
     assert (cpu_run.rollout.cpu_cores, cpu_run.rollout.devices, cpu_run.trainer.devices) == ((0,), None, None)
