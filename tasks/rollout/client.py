@@ -36,6 +36,15 @@ loader for each, set the version, and resume. ``interrupt_mode``:
 A segment cut by a dead server has no spans: its tokens are kept only if no update
 touched that server while it ran (then they all carry the server's version), and are
 otherwise dropped and regenerated, so every kept token's version is known exactly.
+
+Rejoin: a server taken out of rotation (its requests moved to the others) is looked at again
+(``GET /v1/models``) ``rejoin_probe_s`` after it failed, then after twice as long at each
+failed look, up to :data:`MAX_REJOIN_WAIT_S`. Once it answers, the next weight update, after
+resuming the servers in rotation and under the same lock, aborts whatever it still runs,
+loads the new version into it, sets its version and resumes it, and only then puts it back
+in rotation: its tokens carry the version every other server has. A server that refused the
+key or lacks the endpoints (:class:`RolloutAuthError`, :class:`RolloutSetupError`) is not
+looked at again. Until an update comes, an answering server stays out.
 """
 
 from __future__ import annotations
@@ -99,6 +108,10 @@ class _ServerFailure(Exception):
         self.partial = partial
 
 
+MAX_REJOIN_WAIT_S = 600.0
+"""Longest wait between two looks at a server out of rotation (:func:`rejoin_wait_s`)."""
+REJOIN_LOOK_TIMEOUT_S = 5.0
+"""A look at a server out of rotation that gets no answer within this counts as failed."""
 KEEPALIVE_S = 2.0
 """Idle time after which the client drops a pooled connection (uvicorn closes at 5 s)."""
 
@@ -206,6 +219,23 @@ def _raise_stream_error(server: ServerState, error: object) -> None:
     raise _ServerFailure(f"stream error: {str(error)[:500]}")
 
 
+async def _call_loader(load: WeightLoader, address: Any) -> None:
+    """Run a weight loader for one server: awaited if a coroutine function, else in a thread
+    (and its result awaited if it is awaitable)."""
+    if inspect.iscoroutinefunction(load):
+        await load(address)
+        return
+    result = await asyncio.to_thread(load, address)
+    if inspect.isawaitable(result):
+        await result
+
+
+def rejoin_wait_s(base_s: float, attempts: int) -> float:
+    """Seconds before the next look at a server out of rotation after ``attempts`` failed looks
+    or rejoins: min(base_s * 2 ** attempts, :data:`MAX_REJOIN_WAIT_S`)."""
+    return min(base_s * 2.0 ** min(attempts, 32), MAX_REJOIN_WAIT_S)
+
+
 class RolloutClient:
     """Generates sample groups on a pool of vLLM servers and updates their weights in place.
 
@@ -230,6 +260,7 @@ class RolloutClient:
         control_timeout_s: float = 120.0,
         max_segments: int = 1000,
         stream_interval: int = 16,
+        rejoin_probe_s: float = 10.0,
     ) -> None:
         if interrupt_mode not in INTERRUPT_MODES:
             raise ValueError(f"interrupt_mode: must be one of {list(INTERRUPT_MODES)}, got {interrupt_mode!r}")
@@ -241,6 +272,8 @@ class RolloutClient:
             raise ValueError(
                 f"request_timeout_s and control_timeout_s must be > 0, got {request_timeout_s}, {control_timeout_s}"
             )
+        if not rejoin_probe_s > 0:
+            raise ValueError(f"rejoin_probe_s: must be > 0, got {rejoin_probe_s!r}")
         self._pool = ServerPool(list(servers))
         self._mode: InterruptMode = interrupt_mode
         self._initial_version = initial_version
@@ -254,6 +287,8 @@ class RolloutClient:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._update_lock = asyncio.Lock()
+        self._rejoin_probe_s = float(rejoin_probe_s)
+        self._watcher: asyncio.Task[None] | None = None
 
     # ----- lifecycle -----
 
@@ -280,8 +315,14 @@ class RolloutClient:
         await asyncio.gather(*(self._probe(server) for server in self._pool.live()))
         if not self._pool.live():
             raise self._pool.no_live_error()
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch_out_of_rotation(), name="rollout-rejoin-watch")
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -310,6 +351,10 @@ class RolloutClient:
     def failed_servers(self) -> dict[str, str]:
         """Servers out of rotation, by URL, with the reason."""
         return {s.url: s.failure for s in self._pool.servers if s.failure is not None}
+
+    def rejoining_servers(self) -> list[str]:
+        """Servers out of rotation that answered a look: the next weight update rejoins them."""
+        return [s.url for s in self._pool.servers if not s.live and s.answering]
 
     # ----- generation -----
 
@@ -499,9 +544,11 @@ class RolloutClient:
                 raise ValueError(f"version: {version} is not newer than the servers' current version {newest}")
             self._resumed.clear()
             try:
-                return await self._update_all(servers, version, load)
+                stats = await self._update_all(servers, version, load)
             finally:
                 self._resumed.set()
+            await self._rejoin(version, load)
+            return stats
 
     async def _update_all(self, servers: list[ServerState], version: int, load: WeightLoader) -> UpdateStats:
         failed: dict[str, str] = {}
@@ -532,12 +579,7 @@ class RolloutClient:
 
         async def run_loader(server: ServerState) -> None:
             begun = time.monotonic()
-            if inspect.iscoroutinefunction(load):
-                await load(server.address)
-            else:
-                result = await asyncio.to_thread(load, server.address)
-                if inspect.isawaitable(result):
-                    await result
+            await _call_loader(load, server.address)
             load_s[server.url] = time.monotonic() - begun
 
         mark = time.monotonic()
@@ -601,11 +643,12 @@ class RolloutClient:
             if not isinstance(result, BaseException):
                 kept.append(server)
                 continue
-            if isinstance(result, (RolloutAuthError, RolloutSetupError)) or not isinstance(result, Exception):
+            misconfigured = isinstance(result, (RolloutAuthError, RolloutSetupError))
+            if misconfigured or not isinstance(result, Exception):
                 fatal = fatal or result
             reason = f"{what} failed: {result}" if isinstance(result, _ServerFailure) else f"{what} failed: {result!r}"
             failed[server.url] = reason
-            self._take_out(server, reason)
+            self._take_out(server, reason, rejoinable=not misconfigured)
             await self._release_failed(server)
         if fatal is not None:
             # A broken deployment: the others may hold new weights under the old version label.
@@ -654,10 +697,79 @@ class RolloutClient:
             raise RuntimeError("RolloutClient is not started: use `async with RolloutClient(...)` or `await start()`")
         return self._http
 
-    def _take_out(self, server: ServerState, reason: str) -> None:
+    def _take_out(self, server: ServerState, reason: str, *, rejoinable: bool = True) -> None:
+        """Take ``server`` out of rotation; unless it is misconfigured (not ``rejoinable``),
+        look at it again after :func:`rejoin_wait_s` (module docstring, "Rejoin")."""
         if server.live:
             logger.warning("rollout server %s taken out of rotation: %s", server.url, reason)
+            server.rejoin_attempts = 0
         self._pool.take_out(server, reason)
+        server.answering = False
+        server.rejoin_at = (
+            time.monotonic() + rejoin_wait_s(self._rejoin_probe_s, server.rejoin_attempts) if rejoinable else None
+        )
+
+    # ----- rejoin (module docstring) -----
+
+    async def _watch_out_of_rotation(self) -> None:
+        """Look at every server out of rotation whose ``rejoin_at`` has come, for the client's life."""
+        while True:
+            await asyncio.sleep(min(1.0, self._rejoin_probe_s))
+            now = time.monotonic()
+            due = [
+                s for s in self._pool.servers
+                if not s.live and not s.answering and s.rejoin_at is not None and s.rejoin_at <= now
+            ]  # fmt: skip
+            await asyncio.gather(*(self._look(server) for server in due))
+
+    async def _look(self, server: ServerState) -> None:
+        """One look at a server out of rotation: ``answering`` if ``GET /v1/models`` answers 200."""
+        try:
+            response = await self._client().get(
+                server.url + "/v1/models", headers=server.headers, timeout=REJOIN_LOOK_TIMEOUT_S
+            )
+            answers = response.status_code == 200
+        except httpx.HTTPError:
+            answers = False
+        if answers:
+            server.answering = True
+            logger.info("rollout server %s (out of rotation: %s) answers again; the next weight update rejoins it",
+                        server.url, server.failure)  # fmt: skip
+        else:
+            server.rejoin_attempts += 1
+            server.rejoin_at = time.monotonic() + rejoin_wait_s(self._rejoin_probe_s, server.rejoin_attempts)
+
+    async def _rejoin(self, version: int, load: WeightLoader) -> None:
+        """Bring every answering server out of rotation to ``version`` and back into rotation
+        (the caller holds the update lock; the servers in rotation already run ``version``)."""
+        answering = [s for s in self._pool.servers if not s.live and s.answering]
+        if not answering:
+            return
+
+        async def rejoin(server: ServerState) -> None:
+            reason = server.failure
+            try:
+                # Whatever it still runs was moved to other servers when it went out.
+                await self._control(server, "POST", "/pause", params=PAUSE_PARAMS["recompute"])
+                await _call_loader(load, server.address)
+                await self._control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
+                await self._control(server, "POST", "/resume")
+            except Exception as exc:  # noqa: BLE001 - it stays out; the reason is logged
+                server.answering = False
+                server.rejoin_attempts += 1
+                misconfigured = isinstance(exc, (RolloutAuthError, RolloutSetupError))
+                server.rejoin_at = (
+                    None if misconfigured
+                    else time.monotonic() + rejoin_wait_s(self._rejoin_probe_s, server.rejoin_attempts)
+                )  # fmt: skip
+                logger.warning("rollout server %s did not rejoin at weight version %d: %r", server.url, version, exc)
+                return
+            server.version = version
+            self._pool.readmit(server)
+            logger.warning("rollout server %s back in rotation at weight version %d (it was out: %s)",
+                           server.url, version, reason)  # fmt: skip
+
+        await asyncio.gather(*(rejoin(server) for server in answering))
 
     # ----- start-up checks -----
 

@@ -5,8 +5,11 @@ one that was given the fewest requests so far, then list order). A request may n
 preferred server (an episode's next turn, whose prefix is in that server's cache): it
 goes there if that server is live and its outstanding count is at most
 min(outstanding over live servers) + :data:`STICKY_SLACK`, else by the rule above. A server that fails
-(connection lost, 5xx, a weight load that did not take) is taken out of rotation for
-good, with its reason; when none is left, :class:`NoLiveServerError` lists every reason.
+(connection lost, 5xx, a weight load that did not take) is taken out of rotation with its
+reason; when none is left, :class:`NoLiveServerError` lists every reason. It comes back
+(:meth:`ServerPool.readmit`) only through the rollout client's rejoin: once it answers again,
+the next weight update loads the new version into it first
+(:meth:`~asyncrl.tasks.rollout.client.RolloutClient.update_weights`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,13 @@ class ServerState:
         """Output tokens received from this server so far (kept or not)."""
         self.failure: str | None = None
         """Why the server is out of rotation (None while it is in)."""
+        self.rejoin_at: float | None = None
+        """Out of rotation: ``time.monotonic()`` from which the client looks whether it answers
+        again; None while in rotation, or when it cannot come back (a misconfigured server)."""
+        self.rejoin_attempts = 0
+        """Looks and rejoins that failed since the server went out (each doubles the wait)."""
+        self.answering = False
+        """Out of rotation, but answered the client's last look: the next weight update rejoins it."""
 
     @property
     def live(self) -> bool:
@@ -113,6 +123,10 @@ class ServerPool:
         """Take ``server`` out of rotation (the first reason is kept)."""
         if server.failure is None:
             server.failure = reason
+
+    def readmit(self, server: ServerState) -> None:
+        """Put ``server`` back in rotation: no failure, nothing pending for a rejoin."""
+        server.failure, server.rejoin_at, server.rejoin_attempts, server.answering = None, None, 0, False
 
     def no_live_error(self) -> NoLiveServerError:
         reasons = "; ".join(f"{s.url}: {s.failure}" for s in self.servers)

@@ -27,8 +27,9 @@ A cycle ends, and the process:
   ``max_groups`` = the groups admitted so far, so that every admitted group is written
   and none is added, and exits 0;
 - when the registry changes (a server restarted and registered again): starts the next
-  cycle on the new set of servers. The rollout client takes a failed server out of
-  rotation for good; a new cycle is how a restarted server comes back into rotation;
+  cycle on the new set of servers: a new cycle is how a restarted server comes back into
+  rotation. (A server of the cycle that failed and answers again without a restart rejoins at
+  the next weight update: the rollout client's rejoin);
 - when every server is out of rotation (``NoLiveServerError``): waits until the registry
   changes or ``--retry-seconds`` have passed, then the next cycle.
 

