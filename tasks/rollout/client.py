@@ -248,6 +248,9 @@ class RolloutClient:
     chunks, and per-token streaming costs the API server CPU: on 2 cores with the tiny
     model it fell seconds behind the engine, and a ``/pause`` waited behind that backlog
     until the requests it meant to interrupt had ended.
+
+    ``rejoin_probe_s``: the first wait before a server out of rotation is looked at again
+    (module docstring, "Rejoin").
     """
 
     def __init__(
