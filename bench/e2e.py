@@ -5,7 +5,8 @@ a vLLM server, the DeepSpeed trainer, the scheduler, the reward pool, MLflow lin
 once synchronously (eta = 0) and with every eta > 0 in every interrupt mode, with the
 rollout server and the trainer pinned to separate CPUs (``rollout.cpu_cores``,
 ``trainer.cpu_cores``; the driver process running the scheduler and the reward workers
-is not pinned), or placed on GPUs (``--gpus``: ``rollout.devices``, ``trainer.devices``). Per configuration (formulas in the functions that compute them):
+is not pinned), or placed on GPUs (``--gpus``: ``rollout.devices``, ``trainer.devices``).
+Per configuration (formulas in the functions that compute them):
 
 - wall W: the RL phase, from "every rollout server healthy" to the last step's metrics
   record (:func:`rl_wall_s`; start-up and shutdown are left out, ``train_run_wall_s``
@@ -147,8 +148,9 @@ class E2EBenchSettings:
                 f"max_new_tokens = {self.max_prompt_tokens + self.max_new_tokens}"
             )
         if self.gpus is not None:
-            if not 1 <= len(self.gpus) <= 2 or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in self.gpus):
-                raise ValueError(f"gpus: one GPU id (shared) or two (rollout server, trainer), ints >= 0; got {self.gpus!r}")
+            ids_ok = all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in self.gpus)
+            if not (1 <= len(self.gpus) <= 2 and ids_ok):
+                raise ValueError(f"gpus: one GPU id (shared) or two (server, trainer), ints >= 0; got {self.gpus!r}")
             if self.rollout_cores is not None or self.trainer_cores is not None:
                 raise ValueError(
                     "gpus: the rollout server and the trainer run on GPUs; give no rollout_cores or trainer_cores "
