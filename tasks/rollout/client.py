@@ -766,6 +766,7 @@ class RolloutClient:
                     else time.monotonic() + rejoin_wait_s(self._rejoin_probe_s, server.rejoin_attempts)
                 )  # fmt: skip
                 logger.warning("rollout server %s did not rejoin at weight version %d: %r", server.url, version, exc)
+                await self._release_failed(server)  # not left paused by the pause above
                 return
             server.version = version
             self._pool.readmit(server)
