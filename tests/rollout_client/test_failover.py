@@ -9,6 +9,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from asyncrl.tasks.rollout.client import RolloutClient
@@ -79,12 +80,21 @@ def test_a_server_that_stalls_goes_out_and_rejoins_at_the_next_update_on_its_wei
 ) -> None:
     """B stops (SIGSTOP of its process group) in the middle of a group: its streams fall silent
     past the read timeout, it goes out and its samples finish on A. Once it runs again (SIGCONT)
-    and has answered a look, the next weight update loads the new version into it and puts it
-    back: the next group runs on both servers, every token of it sampled by the new weights."""
+    and has answered a look, a weight update whose load fails on B leaves it out (resumed, not
+    paused) and A updated; after its next look, the next update loads the new version into it
+    and puts it back: the next group runs on both servers, every token sampled by the new weights."""
     handle_b = server_b.handle
 
-    async def run() -> tuple[dict[str, str], dict[str, str], dict[str, int], int, list[SampleOutput], int]:
+    async def run() -> tuple[dict[str, str], dict[str, Any], dict[str, int], int, list[SampleOutput], int]:
         async with RolloutClient([server_a, handle_b], request_timeout_s=5.0, rejoin_probe_s=0.5) as both:
+
+            async def answered() -> None:  # B is looked at every 0.5-16 s; the first look after SIGCONT answers
+                for _ in range(600):
+                    if both.rejoining_servers() == [handle_b.url]:
+                        return
+                    await asyncio.sleep(0.1)
+                raise AssertionError(f"{handle_b.url} never answered a look: {both.failed_servers()}")
+
             group = asyncio.create_task(both.generate_group(PROMPT, N, STALLED_TOKENS, ignore_eos=True))
             await helpers.wait_streamed(both, handle_b.url, at_least=1)
             os.killpg(handle_b.pgid, signal.SIGSTOP)
@@ -93,19 +103,32 @@ def test_a_server_that_stalls_goes_out_and_rejoins_at_the_next_update_on_its_wei
                 out = both.failed_servers()
             finally:
                 os.killpg(handle_b.pgid, signal.SIGCONT)
-            for _ in range(600):  # a look at B every 0.5-5 s while it was stopped; the next one answers
-                if both.rejoining_servers() == [handle_b.url]:
-                    break
-                await asyncio.sleep(0.1)
-            new = both.current_version + 1
+            await answered()
+            first = both.current_version + 1
+            good = loader(first)
+
+            def fails_on_b(handle: RolloutServerHandle) -> Any:
+                if handle.url == handle_b.url:
+                    raise OSError("no space left on B's weight cache")
+                return good(handle)
+
+            await both.update_weights(first, fails_on_b)
+            paused = await asyncio.to_thread(httpx.get, f"{handle_b.url}/is_paused", headers=handle_b.headers())
+            after_failure = {"failed": both.failed_servers(), "versions": both.server_versions(),
+                             "rejoining": both.rejoining_servers(), "paused": paused.json()["is_paused"]}  # fmt: skip
+            await answered()
+            new = first + 1
             await both.update_weights(new, loader(new))
             before = both.streamed_tokens()[handle_b.url]
             after = await both.generate_group(PROMPT, N, 64, ignore_eos=True)
-            return out, both.failed_servers(), both.server_versions(), new, after, both.streamed_tokens()[handle_b.url] - before
+            return out, after_failure, both.server_versions(), new, after, both.streamed_tokens()[handle_b.url] - before
 
-    out, failed, versions, new, samples, from_b = asyncio.run(run())
+    out, after_failure, versions, new, samples, from_b = asyncio.run(run())
     assert list(out) == [handle_b.url] and "connection failed" in out[handle_b.url] and "Timeout" in out[handle_b.url]
-    assert failed == {} and versions == {server_a.url: new, handle_b.url: new}
+    # The failed rejoin: B still out (its first reason kept), not waiting for an update, not paused; A updated.
+    assert after_failure["failed"] == out and after_failure["rejoining"] == [] and after_failure["paused"] is False
+    assert after_failure["versions"] == {server_a.url: new - 1}
+    assert versions == {server_a.url: new, handle_b.url: new}
     assert from_b > 0  # B serves again
     reference = hf_models(new)
     for sample in samples:
