@@ -230,6 +230,11 @@ async def _call_loader(load: WeightLoader, address: Any) -> None:
         await result
 
 
+def _misconfigured(error: BaseException) -> bool:
+    """A server that refused the key or lacks the endpoints: no rejoin can mend it."""
+    return isinstance(error, (RolloutAuthError, RolloutSetupError))
+
+
 def rejoin_wait_s(base_s: float, attempts: int) -> float:
     """Seconds before the next look at a server out of rotation after ``attempts`` failed looks
     or rejoins: min(base_s * 2 ** attempts, :data:`MAX_REJOIN_WAIT_S`)."""
@@ -646,7 +651,7 @@ class RolloutClient:
             if not isinstance(result, BaseException):
                 kept.append(server)
                 continue
-            misconfigured = isinstance(result, (RolloutAuthError, RolloutSetupError))
+            misconfigured = _misconfigured(result)
             if misconfigured or not isinstance(result, Exception):
                 fatal = fatal or result
             reason = f"{what} failed: {result}" if isinstance(result, _ServerFailure) else f"{what} failed: {result!r}"
@@ -707,6 +712,11 @@ class RolloutClient:
             logger.warning("rollout server %s taken out of rotation: %s", server.url, reason)
             server.rejoin_attempts = 0
         self._pool.take_out(server, reason)
+        self._schedule_look(server, rejoinable=rejoinable)
+
+    def _schedule_look(self, server: ServerState, *, rejoinable: bool = True) -> None:
+        """A server out of rotation is not answering; look at it again :func:`rejoin_wait_s` of
+        its ``rejoin_attempts`` from now, or never if it is not ``rejoinable``."""
         server.answering = False
         server.rejoin_at = (
             time.monotonic() + rejoin_wait_s(self._rejoin_probe_s, server.rejoin_attempts) if rejoinable else None
@@ -740,7 +750,7 @@ class RolloutClient:
                         server.url, server.failure)  # fmt: skip
         else:
             server.rejoin_attempts += 1
-            server.rejoin_at = time.monotonic() + rejoin_wait_s(self._rejoin_probe_s, server.rejoin_attempts)
+            self._schedule_look(server)
 
     async def _rejoin(self, version: int, load: WeightLoader) -> None:
         """Bring every answering server out of rotation to ``version`` and back into rotation
@@ -758,13 +768,8 @@ class RolloutClient:
                 await self._control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
                 await self._control(server, "POST", "/resume")
             except Exception as exc:  # noqa: BLE001 - it stays out; the reason is logged
-                server.answering = False
                 server.rejoin_attempts += 1
-                misconfigured = isinstance(exc, (RolloutAuthError, RolloutSetupError))
-                server.rejoin_at = (
-                    None if misconfigured
-                    else time.monotonic() + rejoin_wait_s(self._rejoin_probe_s, server.rejoin_attempts)
-                )  # fmt: skip
+                self._schedule_look(server, rejoinable=not _misconfigured(exc))
                 logger.warning("rollout server %s did not rejoin at weight version %d: %r", server.url, version, exc)
                 await self._release_failed(server)  # not left paused by the pause above
                 return

@@ -411,9 +411,9 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
     * with ``enforce_eager``, ``TORCH_COMPILE_DISABLE=1``. ``--enforce-eager`` stops vLLM
       compiling the model, but vLLM 0.32 still compiles two sampler helpers with inductor
       (``torch.compile``) in the first request that returns log-probs: 14-16 s of every start
-      on 2 CPU cores, 8 s with inductor's cache warm. Eager, that request takes 0.15 s; the price is the
-      log-prob rank count, a comparison over batch x vocabulary per step that the compiled
-      helper fuses (measured on one core at batch 80: 82 ms eager against 4 ms compiled at
+      on 2 CPU cores, 8 s with inductor's cache warm. Eager, that request takes 0.15 s; the
+      price is the log-prob rank count, a comparison over batch x vocabulary per step that the
+      compiled helper fuses (measured on one core at batch 80: 82 ms eager against 4 ms compiled at
       a 152k vocabulary, 0.08 ms eager at the tiny model's 320);
     * ``TORCHINDUCTOR_CACHE_DIR`` = inductor's default for this user
       (:func:`inductor_cache_dir`): the server's ``TMPDIR`` is its own, removed when it stops
