@@ -48,6 +48,7 @@ $(VENV)/.installed: pyproject.toml
 setup: system-deps $(VENV)/.installed
 
 test: setup test-deps
+	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest
 
 demo: setup

@@ -8,13 +8,13 @@ bench measures it on our own system. From one run config (e.g. ``configs/demo.ya
    stage, in a base run ``<name>-ablation-base``; its published weights are the starting
    model of every configuration;
 2. for every eta in ``etas`` and every objective in ``objectives``: the real RL run
-   (:func:`~asyncrl.tasks.run.rl.train_run`) with only ``rollout.eta`` and
+   (:func:`~asyncrl.tasks.launch.rl.train_run`) with only ``rollout.eta`` and
    ``trainer.objective`` changed (same seed, same prompt order, same steps), and for every
    eta in ``adaptive_etas`` the same with adaptive staleness
-   (:mod:`~asyncrl.tasks.scheduler.adaptive_eta`: the bound follows the measured drift,
+   (:mod:`~asyncrl.tasks.algo.adaptive_eta`: the bound follows the measured drift,
    never above eta; the config's ``rollout.adaptive_staleness``, else its defaults), then
    held-out pass@1 of the starting model, every ``eval_every`` versions and the final one
-   (:func:`~asyncrl.tasks.run.stages.evaluate_versions`, the pipeline's evaluation);
+   (:func:`~asyncrl.tasks.launch.stages.evaluate_versions`, the pipeline's evaluation);
 3. a table, JSON, and a PNG with two panels: held-out pass@1 against the step, and the
    training reward (moving mean over ``smooth`` steps) against the step.
 
@@ -153,7 +153,7 @@ def variant_config(
     """``base`` with only eta, the objective and adaptive staleness changed (on: the base's
     settings, else the defaults; off: none), starting from ``warm_start``, in its own run
     root and scratch directory under ``work`` (no SFT, the inputs already exist)."""
-    from asyncrl.tasks.scheduler.adaptive_eta import AdaptiveStalenessConfig
+    from asyncrl.configs.adaptive_staleness import AdaptiveStalenessConfig
 
     raw = relocated(base, work, f"{base.name}-eta{eta}{'-adaptive' if adaptive else ''}-{objective}")
     raw["model"]["path"] = str(warm_start)
@@ -183,8 +183,8 @@ def relocated(base: RunConfig, work: Path, name: str) -> dict[str, Any]:
 def prepare_warm_start(base: RunConfig, work: Path) -> Path:
     """The pipeline's inputs and SFT stage in the base run (skipped when already done);
     returns a local directory with the warm-start weights (``base.model.path`` without SFT)."""
-    from asyncrl.tasks.run.stages import prepare_inputs, run_sft
-    from asyncrl.tasks.run.context import prepare_run
+    from asyncrl.tasks.launch.stages import prepare_inputs, run_sft
+    from asyncrl.tasks.launch.context import prepare_run
     from asyncrl.storage.weights import WeightStore
 
     prepare_inputs(base)
@@ -203,9 +203,9 @@ def run_ablation(base: RunConfig, settings: AblationSettings, progress: Callable
     """Warm start once, then every (eta, objective) of the sweep; a configuration that fails
     is recorded with its ``error`` and the sweep goes on. JSON and PNG are rewritten after
     every configuration, so a long sweep keeps what it measured."""
-    from asyncrl.tasks.run.stages import evaluate_versions
-    from asyncrl.tasks.run.context import prepare_run
-    from asyncrl.tasks.run.rl import train_run
+    from asyncrl.tasks.launch.stages import evaluate_versions
+    from asyncrl.tasks.launch.context import prepare_run
+    from asyncrl.tasks.launch.rl import train_run
 
     say = progress or (lambda line: None)
     if base.data.eval_path is None:

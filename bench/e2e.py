@@ -1,6 +1,6 @@
 """``asyncrl bench e2e``: the speed-up of asynchronous RL, end to end.
 
-The same workload runs through the real RL run (:func:`~asyncrl.tasks.run.rl.train_run`:
+The same workload runs through the real RL run (:func:`~asyncrl.tasks.launch.rl.train_run`:
 a vLLM server, the DeepSpeed trainer, the scheduler, the reward pool, MLflow lineage)
 once synchronously (eta = 0) and with every eta > 0 in every interrupt mode, with the
 rollout server and the trainer pinned to separate CPUs (``rollout.cpu_cores``,
@@ -52,13 +52,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.tasks.process_group import check_cpu_cores, usable_cpus
-from asyncrl.tasks.rollout.samples import INTERRUPT_MODES, InterruptMode
+from asyncrl.tasks.system.process_group import usable_cpus
+from asyncrl.configs.cpus import check_cpu_cores
+from asyncrl.tasks.inference.samples import INTERRUPT_MODES, InterruptMode
 
 if TYPE_CHECKING:
     from asyncrl.configs.run_config import RunConfig
-    from asyncrl.tasks.rollout.server import RolloutServerConfig
-    from asyncrl.tasks.run.devices import Machine
+    from asyncrl.tasks.inference.server import RolloutServerConfig
+    from asyncrl.tasks.launch.devices import Machine
 
 STALENESS_COUNT_PREFIX = "staleness/count_"
 
@@ -441,7 +442,7 @@ def prepare_workload(work: Path, settings: E2EBenchSettings) -> Workload:
     import yaml
 
     from asyncrl.tasks.scheduler.controller import PromptSchedule, sample_budget
-    from asyncrl.tasks.run.components_setup import load_codec
+    from asyncrl.tasks.scheduler.setup import load_codec
     from asyncrl.tasks.data.loader import load_prompts
     from asyncrl.tasks.data.prompting import render_prompt
     from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, write_problems
@@ -495,9 +496,9 @@ def measure_standalone(workload: Workload, settings: E2EBenchSettings, work: Pat
 
     Each batch's requests use the prompt of its first group (prefill is a few dozen tokens;
     decoding the budgets dominates); EOS is ignored, as in the runs."""
-    from asyncrl.tasks.rollout.bench import measure_throughput
-    from asyncrl.tasks.rollout.client import RolloutClient
-    from asyncrl.tasks.rollout.server import RolloutServer
+    from asyncrl.tasks.inference.bench import measure_throughput
+    from asyncrl.tasks.inference.client import RolloutClient
+    from asyncrl.tasks.inference.server import RolloutServer
 
     config = standalone_server_config(settings, workload, work)
     n = settings.n_samples
@@ -531,11 +532,11 @@ def standalone_server_config(
     settings: E2EBenchSettings, workload: Workload, work: Path, machine: Machine | None = None
 ) -> RolloutServerConfig:
     """The standalone server: launched as the eta = 0 run's server is on ``machine`` (default:
-    this one; :func:`~asyncrl.tasks.run.components_setup.server_config`: its CPUs, or its GPU
+    this one; :func:`~asyncrl.tasks.launch.components_setup.server_config`: its CPUs, or its GPU
     with CUDA graphs and its share of a shared GPU's memory), on a free port, with its log in
     ``standalone/server.log``."""
-    from asyncrl.tasks.run.components_setup import server_config
-    from asyncrl.tasks.run.context import run_paths
+    from asyncrl.tasks.launch.components_setup import server_config
+    from asyncrl.tasks.system.run_paths import run_paths
 
     run = bench_run_config(settings, workload, work, 0, settings.modes[0])
     launch = server_config(run, run_paths(run), workload.model_dir, 0, machine)
@@ -566,7 +567,7 @@ def standalone_gen_s(standalone: Mapping[str, Any], eta: int, concurrency: int) 
 def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path, eta: int, mode: str) -> RunConfig:
     """The run config of one configuration: only eta and the interrupt mode differ between runs."""
     from asyncrl.configs.loading import config_from_dict
-    from asyncrl.tasks.rollout.server import free_port
+    from asyncrl.tasks.inference.server import free_port
 
     name = f"bench-e2e-eta{eta}-{mode}"
     placement = settings.placement()
@@ -626,7 +627,7 @@ def run_e2e_bench(settings: E2EBenchSettings, progress: Callable[[str], None] | 
     """Standalone measurement, then every configuration of ``settings.sweep()``; returns the
     result (see :func:`format_tables`). A configuration that fails is recorded with its
     ``error`` and the sweep goes on."""
-    from asyncrl.tasks.run.rl import train_run
+    from asyncrl.tasks.launch.rl import train_run
     from asyncrl.tasks.trainer.jit_ops import ensure_jit_ops_built
 
     say = progress or (lambda line: None)

@@ -46,7 +46,7 @@ from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardReader, ShardWriter
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.run.lineage_recorder import VersionFollower, version_manifest
+from asyncrl.tasks.tracking.lineage_recorder import VersionFollower, version_manifest
 from asyncrl.tasks.scheduler.controller import (
     WrittenGroups,
     group_id,

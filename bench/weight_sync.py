@@ -54,7 +54,7 @@ from asyncrl.storage.weights import WEIGHT_SUFFIX, WeightStore
 
 if TYPE_CHECKING:
     from asyncrl.tasks.model.tiny import TinyModelSpec
-    from asyncrl.tasks.rollout.server import RolloutServerHandle
+    from asyncrl.tasks.inference.server import RolloutServerHandle
 
 GB = 1e9
 MIB = 2**20
@@ -330,7 +330,7 @@ def write_version(base: Path, target: Path, seed: int, server_dtype: str = "floa
     import torch
     from safetensors.torch import load_file, save_file
 
-    from asyncrl.tasks.rollout.weight_sync import tensor_fingerprint
+    from asyncrl.tasks.inference.weight_sync import tensor_fingerprint
 
     shutil.copytree(base, target, ignore=shutil.ignore_patterns(f"*{WEIGHT_SUFFIX}"))
     digest: VersionDigest | None = None
@@ -428,7 +428,7 @@ def bench_backend(
     was zero-copy)."""
     import httpx
 
-    from asyncrl.tasks.rollout.weight_sync import cached_version_dir, fetch_weight_version, update_server_weights
+    from asyncrl.tasks.inference.weight_sync import cached_version_dir, fetch_weight_version, update_server_weights
 
     store = WeightStore(open_root(backend.uri, dict(backend.options)))
     seconds: dict[str, list[float]] = {phase: [] for phase in PHASE_LINKS if backend.local or phase != "fetch by copy"}
@@ -490,7 +490,7 @@ def run_weight_sync_bench(
     s3_bucket: str = "asyncrl-bench",
 ) -> dict[str, Any]:
     """The whole bench (see the module docstring) under ``work_dir``; the JSON-ready result."""
-    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+    from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig
 
     work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

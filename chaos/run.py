@@ -1,7 +1,7 @@
 """Chaos run: the asynchronous RL run under the same supervisors as the `train` flow
-(:mod:`asyncrl.tasks.run.rl`), plus a kill plan: each kind of component (trainer, rollout
+(:mod:`asyncrl.tasks.launch.rl`), plus a kill plan: each kind of component (trainer, rollout
 server, scheduler, reward service) SIGKILLed K times at random moments; the supervisors
-restart them. Then an audit of the run root (:mod:`asyncrl.tasks.run.audit`).
+restart them. Then an audit of the run root (:mod:`asyncrl.tasks.launch.audit`).
 
 Kill schedule (seeded: the same seed gives the same plan and delays):
 
@@ -39,12 +39,13 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage import fs, paths
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.run.audit import AuditReport, audit_run
-from asyncrl.tasks.run.components import sigkill_group
-from asyncrl.tasks.run.context import RunPaths, prepare_run
-from asyncrl.tasks.run.rl import RLRunSettings, run_rl, thread_runner
-from asyncrl.tasks.run.stages import prepare_inputs
-from asyncrl.tasks.run.supervisor import ComponentFailed, ComponentStatus, RestartPolicy
+from asyncrl.tasks.launch.audit import AuditReport, audit_run
+from asyncrl.tasks.launch.components import sigkill_group
+from asyncrl.tasks.launch.context import prepare_run
+from asyncrl.tasks.system.run_paths import RunPaths
+from asyncrl.tasks.launch.rl import RLRunSettings, run_rl, thread_runner
+from asyncrl.tasks.launch.stages import prepare_inputs
+from asyncrl.tasks.launch.supervisor import ComponentFailed, ComponentStatus, RestartPolicy
 from asyncrl.tasks.scheduler.main import final_step_published
 
 CHAOS_REPORT = "chaos.json"

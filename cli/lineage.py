@@ -15,7 +15,7 @@ from typing import Any
 
 def _run_store(args: argparse.Namespace) -> Any:  # noqa: ANN401 - a RunStore (imported lazily)
     from asyncrl.storage.fs import open_root
-    from asyncrl.tasks.run.lineage_query import open_run_store
+    from asyncrl.tasks.tracking.lineage_query import open_run_store
 
     if args.config:
         from asyncrl.configs.loading import load_config
@@ -30,7 +30,7 @@ def _run_store(args: argparse.Namespace) -> Any:  # noqa: ANN401 - a RunStore (i
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small manifest: no bar on stderr
-    from asyncrl.tasks.run.lineage_query import dataset_lineage, version_lineage
+    from asyncrl.tasks.tracking.lineage_query import dataset_lineage, version_lineage
 
     if (args.version is None) == (args.dataset is None):
         raise ValueError("give a VERSION (weight version, models:/NAME/N or models:/NAME@ALIAS) or --dataset FILE, not both")
@@ -44,7 +44,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from asyncrl.tasks.run.registry import logged_model_id, register_version
+    from asyncrl.tasks.tracking.model_registry import logged_model_id, register_version
 
     store = _run_store(args)
     model_id = logged_model_id(store.lineage, args.version)

@@ -31,7 +31,7 @@ from asyncrl.bench.weight_sync import add_weight_sync_bench
 from asyncrl.cli.chaos import add_chaos_command
 from asyncrl.cli.lineage import add_lineage_commands
 from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
-from asyncrl.tasks.rollout.bench import add_rollout_bench
+from asyncrl.tasks.inference.bench import add_rollout_bench
 from asyncrl.tasks.trainer.bench import add_trainer_bench
 
 
@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight_run(config)
     from asyncrl.cli.progress import live_progress
     from asyncrl.flows.pipeline import pipeline
-    from asyncrl.tasks.run.supervisor import ComponentFailed
+    from asyncrl.tasks.launch.supervisor import ComponentFailed
 
     try:
         with live_progress(config), console_without_user_tracebacks(args.debug):
@@ -91,7 +91,7 @@ def preflight_run(config: RunConfig) -> None:
     """What `asyncrl run` checks before Prefect starts, reading only: the run root was not
     started with other trajectory settings, and the model is there unless the run writes it."""
     from asyncrl.tasks.model.checks import require_model_dir
-    from asyncrl.tasks.run.context import check_resumable
+    from asyncrl.tasks.launch.context import check_resumable
 
     if not config.pipeline.init_tiny_model:
         require_model_dir(config.model.path)

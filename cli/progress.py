@@ -1,6 +1,6 @@
 """Live progress for `asyncrl run`: one line per pipeline stage (data, model, SFT step and
 loss, RL step and reward, evaluation prompts), read from the run's ``progress.json``
-(:mod:`asyncrl.tasks.run.progress`), which the stages write as they go."""
+(:mod:`asyncrl.tasks.launch.progress`), which the stages write as they go."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.progress import clear_progress, read_progress
+from asyncrl.tasks.launch.progress import clear_progress, read_progress
 
 MARKS = {"done": "[green]done", "cached": "[cyan]cached", "failed": "[red]failed", "running": ""}
 

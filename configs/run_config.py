@@ -18,14 +18,14 @@ from asyncrl.configs.base import StrictModel
 from asyncrl.configs.secrets import Secret, SecretUri, refuse_redacted, secret_keys_in
 from asyncrl.storage.protocols import check_root_protocol
 from asyncrl.storage.retry import retry_policy
-from asyncrl.tasks.agent.config import EpisodeConfig
+from asyncrl.configs.episode import EpisodeConfig
 from asyncrl.tasks.data.synthetic import ArithmeticSpec
 from asyncrl.tasks.data.synthetic_code import DEFAULT_OPERATIONS, CodeSpec, ProgramStyle, StepName
-from asyncrl.tasks.process_group import check_cpu_cores
-from asyncrl.tasks.reward.config import RewardConfig
-from asyncrl.tasks.run.canary import MismatchCanaryConfig
-from asyncrl.tasks.scheduler.adaptive_eta import AdaptiveStalenessConfig
-from asyncrl.tasks.rollout.auth import API_KEY_ENV
+from asyncrl.configs.cpus import check_cpu_cores
+from asyncrl.configs.reward import RewardConfig
+from asyncrl.configs.canary import MismatchCanaryConfig
+from asyncrl.configs.adaptive_staleness import AdaptiveStalenessConfig
+from asyncrl.configs.secrets import API_KEY_ENV
 
 
 class ModelConfig(StrictModel):
@@ -231,7 +231,7 @@ class TrainerConfig(StrictModel):
     """Which weight the bounds and the objective use: each token's w_t = pi_prox / pi_behav,
     or per sample (over its output tokens) their product prod_t w_t or geometric mean
     exp(mean_t log w_t), then carried by every token of the sample
-    (:mod:`asyncrl.tasks.trainer.corrections` has the formulas)."""
+    (:mod:`asyncrl.tasks.algo.corrections` has the formulas)."""
     advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
     micro_batch_tokens: int = Field(4096, ge=1)
     """Token budget of one micro-batch (dynamic micro-batching)."""

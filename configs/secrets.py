@@ -141,3 +141,6 @@ def refuse_redacted(field: str, value: str, source_hint: str) -> None:
             f"{field}: holds a redacted secret ({value!r}); secrets never travel as flow parameters: "
             f"{source_hint}"
         )
+
+
+API_KEY_ENV = "ASYNCRL_ROLLOUT_API_KEY"

@@ -20,20 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.tasks.agent.episode import EpisodeContext
+from asyncrl.tasks.data.synthetic_tool import TOOLS
 
-CALC_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "calc",
-        "description": "Evaluate an integer expression with + - * and parentheses.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expr": {"type": "string", "description": "e.g. 482*37+5"}},
-            "required": ["expr"],
-        },
-    },
-}
-TOOLS = [CALC_TOOL]
 MAX_TURNS = 3
 """Model calls per episode unless ``rollout.episode.options.max_turns`` says otherwise."""
 

@@ -3,7 +3,7 @@ of its deployment gives it — a rollout server, the trainer (one node of it), o
 scheduler with its reward service. The `train` flow starts it with ``run_deployment`` when
 the run's ``placement`` names a deployment for that component, and supervises it through
 this flow run's state and its heartbeat in the run root
-(:mod:`asyncrl.tasks.run.remote_component`).
+(:mod:`asyncrl.flows.prefect_api.remote_component`).
 
 The flow run is Running while its component runs, Completed when the component ended
 normally (the trainer's or scheduler's last step) or its run finished and asked it to stop
@@ -22,11 +22,11 @@ from prefect import flow, get_run_logger, runtime
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.heartbeats import clear_stop_request, stop_requested
-from asyncrl.tasks.run.component_host import heartbeat_writer, hosted_components, hosted_groups_file, run_hosted
-from asyncrl.tasks.run.context import prepare_run
-from asyncrl.tasks.run.kinds import ComponentKind, component_name
-from asyncrl.tasks.run.prefect_reporting import kill_hosted_processes
-from asyncrl.tasks.run.rl import ProcessGroupFile
+from asyncrl.tasks.launch.component_host import heartbeat_writer, hosted_components, hosted_groups_file, run_hosted
+from asyncrl.tasks.launch.context import prepare_run
+from asyncrl.tasks.launch.kinds import ComponentKind, component_name
+from asyncrl.flows.prefect_api.prefect_reporting import kill_hosted_processes
+from asyncrl.tasks.launch.rl import ProcessGroupFile
 
 
 @flow(name="component", log_prints=True, on_cancellation=[kill_hosted_processes], on_crashed=[kill_hosted_processes])

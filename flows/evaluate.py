@@ -8,8 +8,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.stages import evaluate_versions
-from asyncrl.tasks.run.context import prepare_run
+from asyncrl.tasks.launch.stages import evaluate_versions
+from asyncrl.tasks.launch.context import prepare_run
 from asyncrl.storage.weights import WeightStore
 
 

@@ -8,24 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
-from mlflow import MlflowClient
+from asyncrl.tasks.tracking.model_registry import registered_weights_uri
 from prefect import flow
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.pipeline import pipeline
-
-
-def registered_weights_uri(tracking_uri: str, registered_model: str, alias: str = "best") -> str:
-    """Where the weights of `registered_model@alias` live (the LoggedModel's weights URI)."""
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    version = client.get_model_version_by_alias(registered_model, alias)
-    model_id = version.tags.get("asyncrl.model_id") or version.model_id
-    if not model_id:
-        raise ValueError(f"models:/{registered_model}@{alias} (version {version.version}) names no asyncrl LoggedModel")
-    uri = client.get_logged_model(model_id).tags.get("asyncrl.weights_uri")
-    if not uri:
-        raise ValueError(f"LoggedModel {model_id} has no asyncrl.weights_uri tag")
-    return uri
 
 
 def nightly_config(config: RunConfig, base_model_dir: Path, today: dt.date) -> RunConfig:

@@ -1,7 +1,7 @@
 """The `pipeline` flow: `prepare-data` -> `init-model` (when asked) -> `sft` -> `train`
 (child flow run) -> `evaluate` -> `register`, each its own task or flow run.
 
-The batch stages are cached by content (:mod:`asyncrl.tasks.run.stage_cache`): their keys
+The batch stages are cached by content (:mod:`asyncrl.tasks.launch.stage_cache`): their keys
 are built from their config section, the content of their inputs and the code version, and
 their results are persisted under the run's work directory. Re-running a config after a
 failure in RL skips data and SFT (state "Cached"); a changed setting or input file redoes the
@@ -24,12 +24,13 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.secrets import strip_uri_password
 from asyncrl.flows.train import train
 from asyncrl.storage import fs
-from asyncrl.tasks.run import stages
-from asyncrl.tasks.run.artifacts import PipelineSummary, artifact_key, summary_markdown
-from asyncrl.tasks.run.context import RunContext, open_run_context, run_paths, system_metrics
-from asyncrl.tasks.run.lineage_recorder import file_ref
-from asyncrl.tasks.run.progress import StageProgress, clear_progress
-from asyncrl.tasks.run.run_report import log_run_report
+from asyncrl.tasks.launch import stages
+from asyncrl.flows.prefect_api.artifacts import PipelineSummary, artifact_key, summary_markdown
+from asyncrl.tasks.launch.context import RunContext, open_run_context, system_metrics
+from asyncrl.tasks.system.run_paths import run_paths
+from asyncrl.tasks.tracking.lineage_recorder import file_ref
+from asyncrl.tasks.launch.progress import StageProgress, clear_progress
+from asyncrl.tasks.tracking.run_report import log_run_report
 
 SUMMARY_FILE = "summary.json"
 RESULTS_DIR = "prefect-results"
@@ -73,7 +74,7 @@ def evaluate(config: RunConfig, versions: list[int]) -> dict[str, dict[str, Any]
 @task(name="register", task_run_name="register")
 def register(config: RunConfig, run_id: str, logged_models: dict[int, str], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Evaluation metrics on each LoggedModel; the best version registered as `best`/`current`."""
-    from asyncrl.storage.lineage import RunLineage
+    from asyncrl.tasks.tracking.mlflow_run import RunLineage
 
     lineage = RunLineage.resume(config.tracking.mlflow_uri, run_id)
     best, registered = stages.register_best(config, lineage, logged_models, stages.eval_results_from_json(results))

@@ -17,12 +17,12 @@ from typing import Any
 from prefect import flow
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.reward.registry import TOKEN_ENV
-from asyncrl.tasks.run.components import scheduler_component
-from asyncrl.tasks.run.context import prepare_run
-from asyncrl.tasks.run.prefect_reporting import kill_run_processes, outcome_state, report_event
-from asyncrl.tasks.run.rl import RunStop, restart_policy
-from asyncrl.tasks.run.supervisor import ComponentOutcome, supervise
+from asyncrl.tasks.reward.service_registry import TOKEN_ENV
+from asyncrl.tasks.launch.components import scheduler_component
+from asyncrl.tasks.launch.context import prepare_run
+from asyncrl.flows.prefect_api.prefect_reporting import kill_run_processes, outcome_state, report_event
+from asyncrl.tasks.launch.rl import RunStop, restart_policy
+from asyncrl.tasks.launch.supervisor import ComponentOutcome, supervise
 
 
 @flow(name="scheduler", log_prints=True, on_cancellation=[kill_run_processes], on_crashed=[kill_run_processes])

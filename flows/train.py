@@ -1,10 +1,10 @@
 """The `train` flow: asynchronous RL with every component as a concurrent Prefect run —
 task runs `rollout-server-{k}`, `reward-service`, `trainer` and (with
 ``pipeline.eval_every``) `evaluator`, and the `scheduler` child flow run — each supervised
-and restarted on a crash (:mod:`asyncrl.tasks.run.rl`). A
+and restarted on a crash (:mod:`asyncrl.tasks.launch.rl`). A
 component that ``placement`` puts on a deployment runs as flow runs of the `component` flow
 on that deployment's work pool, started and supervised from its task run here (through its
-flow run state and heartbeat, :mod:`asyncrl.tasks.run.remote_component`).
+flow run state and heartbeat, :mod:`asyncrl.flows.prefect_api.remote_component`).
 
 States tell the truth: a component's run is Running while it is up, Failed with its error
 and log tail past its restart budget (the other components are then stopped and show
@@ -27,22 +27,22 @@ from prefect.futures import PrefectFuture, wait
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.scheduler import scheduler
-from asyncrl.tasks.run.artifacts import StepProgressArtifact, publish_training_report
-from asyncrl.tasks.run.canary import prefect_alarm
-from asyncrl.tasks.run.context import RunContext, open_run_context, system_metrics
-from asyncrl.tasks.run.kinds import ComponentKind
-from asyncrl.tasks.run.rl import (
+from asyncrl.flows.prefect_api.artifacts import StepProgressArtifact, publish_training_report
+from asyncrl.flows.prefect_api.events import prefect_alarm
+from asyncrl.tasks.launch.context import RunContext, open_run_context, system_metrics
+from asyncrl.tasks.launch.kinds import ComponentKind
+from asyncrl.tasks.launch.rl import (
     RLRunSettings,
     RunStop,
     TrainResult,
     restart_policy,
     run_rl,
 )
-from asyncrl.tasks.run.progress import StageProgress
-from asyncrl.tasks.run.run_report import log_run_report
-from asyncrl.tasks.run.stages import eval_results_to_json
-from asyncrl.tasks.run.prefect_reporting import kill_run_processes, outcome_state, report_event
-from asyncrl.tasks.run.supervisor import ComponentOutcome
+from asyncrl.tasks.launch.progress import StageProgress
+from asyncrl.tasks.tracking.run_report import log_run_report
+from asyncrl.tasks.launch.stages import eval_results_to_json
+from asyncrl.flows.prefect_api.prefect_reporting import kill_run_processes, outcome_state, report_event
+from asyncrl.tasks.launch.supervisor import ComponentOutcome
 
 
 @task(cache_policy=NO_CACHE)

@@ -263,3 +263,6 @@ def evaluation_record(version: int) -> str:
 def parse_evaluation_record_name(name: str) -> int | None:
     """The version of a ``v{version:06d}.json`` name in ``evaluations/``, else None."""
     return _parse_version_json(name)
+
+
+TRACKING_FILE = "tracking.json"

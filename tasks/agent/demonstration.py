@@ -2,7 +2,7 @@
 
 A demonstration is an OpenAI chat conversation (``{"messages": [...], "tools": [...]}``, a
 data row's ``conversation``). It is replayed through the endpoint's own conversation code
-(:class:`~asyncrl.tasks.rollout.conversation.ChatConversation`) as if the model had written
+(:class:`~asyncrl.tasks.inference.conversation.ChatConversation`) as if the model had written
 each assistant message: the message as the chat template renders it, then the turn's stop
 token. So the SFT example holds exactly the token sequence an episode produces at RL time
 (prompt, model turns, and the tokens inserted between them), and the warm start trains on
@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from asyncrl.tasks.rollout.conversation import (
+from asyncrl.tasks.inference.conversation import (
     ANCHOR_USER,
     ChatConversation,
     ChatTokenizer,
@@ -25,7 +25,7 @@ from asyncrl.tasks.rollout.conversation import (
     TurnRenderer,
     normalize_message,
 )
-from asyncrl.tasks.rollout.samples import SampleOutput, SampleTimings
+from asyncrl.tasks.inference.samples import SampleOutput, SampleTimings
 
 _UNBOUNDED = 1 << 30
 

@@ -10,7 +10,7 @@ An episode is ordinary async Python::
         ...                      # run the tools it asked for, send their results, ask again
         return None              # or a reward of its own
 
-Every model call goes through the recording endpoint (:mod:`asyncrl.tasks.rollout.proxy`),
+Every model call goes through the recording endpoint (:mod:`asyncrl.tasks.inference.proxy`),
 which keeps the exact tokens the model sampled and the tokens inserted between turns. The
 runner here opens an episode there, calls the user's function under a time limit, and
 closes it; whatever the function does (returns, raises, hangs) the run goes on, and the
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.reward.plugin import load_plugin
-from asyncrl.tasks.rollout.conversation import EpisodeTokens
+from asyncrl.tasks.inference.conversation import EpisodeTokens
 
 EPISODE_API_KEY = "asyncrl-episode"
 """What :attr:`EpisodeContext.api_key` holds: the endpoint listens on 127.0.0.1 only and
@@ -61,7 +61,7 @@ EpisodeFunction = Callable[[EpisodeContext], Awaitable[Any]]
 
 
 class EpisodeRecorder(Protocol):
-    """The recording endpoint as the runner uses it (:class:`~asyncrl.tasks.rollout.proxy.RecordingProxy`)."""
+    """The recording endpoint as the runner uses it (:class:`~asyncrl.tasks.inference.proxy.RecordingProxy`)."""
 
     def open_episode(self, episode_id: str) -> str: ...
 

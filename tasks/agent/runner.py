@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from asyncrl.storage.schema import Sample
-from asyncrl.tasks.agent.config import EpisodeConfig, FailurePolicy
+from asyncrl.configs.episode import EpisodeConfig, FailurePolicy
 from asyncrl.tasks.agent.episode import (
     EPISODE_API_KEY,
     EpisodeContext,
@@ -37,7 +37,7 @@ from asyncrl.tasks.agent.episode import (
     run_episode,
 )
 from asyncrl.tasks.data.records import PromptRecord
-from asyncrl.tasks.reward.requests import reward_request
+from asyncrl.tasks.data.reward_requests import reward_request
 from asyncrl.tasks.reward.types import RewardRequest, RewardResult
 
 NO_MODEL_CALL = "no_model_call"

@@ -14,7 +14,7 @@ and held-out prompts are math rows (``prompt``, ``answer``); the warm-start rows
 Mixed in ``tool_share``, the warm-started model calls the tool on about that share of
 problems; RL rewards the calls, which is what the demo measures. The demonstrations go
 through the same conversation code as the recording endpoint
-(:func:`asyncrl.tasks.rollout.conversation.demonstration_tokens`), so the warm start sees
+(:func:`asyncrl.tasks.inference.conversation.demonstration_tokens`), so the warm start sees
 the exact tokens the model will produce and read at RL time.
 """
 
@@ -135,3 +135,20 @@ def write_calc_splits(
             Path(sft_path), sft, [demonstration(p, k, tools) for p, k in zip(sft, kinds, strict=True)]
         )
     return written
+
+
+CALC_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an integer expression with + - * and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expr": {"type": "string", "description": "e.g. 482*37+5"}},
+            "required": ["expr"],
+        },
+    },
+}
+
+
+TOOLS = [CALC_TOOL]

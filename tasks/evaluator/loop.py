@@ -12,7 +12,7 @@
    each later one is loaded into it in place (the interruptible update the scheduler uses,
    with no request in flight). The held-out subset (``pipeline.training_eval``) is scored by
    the evaluator's own reward pool, per task as the evaluate stage does
-   (:class:`~asyncrl.tasks.run.evaluation.HeldOutTask`).
+   (:class:`~asyncrl.tasks.evaluator.held_out.HeldOutTask`).
 4. Record the result (put-if-absent: never twice), move the state on, back to 2.
 
 A stop (SIGTERM from the run) ends it at once: a version in evaluation is abandoned, and the
@@ -36,12 +36,12 @@ from asyncrl.storage.evaluations import EvaluationStore, EvaluatorState
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.evaluator.schedule import pick_version
 from asyncrl.tasks.reward.pool import RewardPool
-from asyncrl.tasks.rollout.client import RolloutClient
-from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerHandle
-from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader, fetch_weight_version
-from asyncrl.tasks.run.components_setup import evaluator_server_config
-from asyncrl.tasks.run.context import RunPaths
-from asyncrl.tasks.run.evaluation import EvalResult, HeldOutTask, held_out_task
+from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
+from asyncrl.tasks.inference.weight_sync import ServerWeightLoader, fetch_weight_version
+from asyncrl.tasks.launch.components_setup import evaluator_server_config
+from asyncrl.tasks.system.run_paths import RunPaths
+from asyncrl.tasks.evaluator.held_out import EvalResult, HeldOutTask, held_out_task
 from asyncrl.tasks.scheduler.main import final_step_published
 
 LOG = logging.getLogger("asyncrl.evaluator")

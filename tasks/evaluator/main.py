@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.configs.loading import ConfigError, load_config
-from asyncrl.tasks.process_group import lower_own_session_priority
-from asyncrl.tasks.run.context import run_paths
+from asyncrl.tasks.system.process_group import lower_own_session_priority
+from asyncrl.tasks.system.run_paths import run_paths
 from asyncrl.tasks.scheduler.main import StopSignal
 
 MODULE = "asyncrl.tasks.evaluator.main"

@@ -8,7 +8,7 @@ with its reason, never a crashed service. The service process of a run is ``serv
 
 from __future__ import annotations
 
-from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.configs.reward import RewardConfig
 from asyncrl.tasks.reward.pool import PoolStats, RewardPool, RewardPoolError
 from asyncrl.tasks.reward.types import (
     CallCase,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.configs.reward import RewardConfig
 from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.reward.types import CodeTests, RewardRequest, StdioCase
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asyncrl.tasks.reward.config import CodeRewardConfig, MathRewardConfig, RewardConfig, SandboxLimits
+from asyncrl.configs.reward import CodeRewardConfig, MathRewardConfig, RewardConfig, SandboxLimits
 from asyncrl.tasks.reward.sandbox import escape_controls
 from asyncrl.tasks.reward.types import RewardResult
 

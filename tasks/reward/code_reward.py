@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.tasks.reward.config import CodeRewardConfig, SandboxLimits
+from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.sandbox import RunOutcome, Sandbox, SandboxFile, SandboxUnavailable
 from asyncrl.tasks.reward.types import CallCase, CodeTests, Reason, RewardResult, StdioCase, TestOutcome, failure
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from itertools import product
 from typing import Any
 
-from asyncrl.tasks.reward.config import MathRewardConfig
+from asyncrl.configs.reward import MathRewardConfig
 from asyncrl.tasks.reward.types import Reason, RewardResult, failure
 
 GSM8K_MARKER = "####"

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.configs.reward import RewardConfig
 from asyncrl.tasks.reward.environ import worker_environment
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult, failure
 

@@ -23,9 +23,9 @@ import httpx
 
 from asyncrl.storage import paths
 from asyncrl.storage.fs import RunRoot
-from asyncrl.tasks.reward.registry import TOKEN_ENV, read_reward_service
+from asyncrl.tasks.reward.service_registry import TOKEN_ENV, read_reward_service
 from asyncrl.tasks.reward.types import RewardRequest, RewardResult
-from asyncrl.tasks.rollout.http_errors import error_text
+from asyncrl.tasks.system.http_errors import error_text
 
 logger = logging.getLogger("asyncrl.reward.remote")
 

@@ -76,7 +76,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.tasks.reward.config import CodeRewardConfig, SandboxLimits
+from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.environ import SANDBOX_ENV, SANDBOX_HOME, sandbox_setenv_args
 from asyncrl.tasks.reward.sandbox_driver import READY, REPLY
 from asyncrl.tasks.reward.seccomp import SeccompUnsupported, build_filter, native_arch

@@ -5,7 +5,7 @@ apart from the scheduler: ``python -m asyncrl.tasks.reward.server --config RUN_C
 ``RUN_CONFIG`` is the run's full config; its ``reward`` section configures the pool and
 its ``storage`` section names the run root. The process starts a :class:`RewardPool`,
 then an HTTP server (port 0: a free port), then registers its URL in the run root
-(``rewards/service.json``, see :mod:`asyncrl.tasks.reward.registry`), where clients
+(``rewards/service.json``, see :mod:`asyncrl.tasks.reward.service_registry`), where clients
 (:class:`~asyncrl.tasks.reward.remote.RemoteRewardScorer`) find it.
 
 HTTP API (JSON bodies):
@@ -58,9 +58,9 @@ from urllib.parse import urlsplit
 from asyncrl.configs.loading import ConfigError, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot, open_root
-from asyncrl.tasks.network import is_loopback
+from asyncrl.tasks.system.network import is_loopback
 from asyncrl.tasks.reward.pool import PoolStats, RewardPool, RewardPoolError
-from asyncrl.tasks.reward.registry import (
+from asyncrl.tasks.reward.service_registry import (
     TOKEN_ENV,
     RewardServiceInfo,
     read_reward_service,

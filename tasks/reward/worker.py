@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 from asyncrl.tasks.reward.code_reward import score_code
-from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.configs.reward import RewardConfig
 from asyncrl.tasks.reward.math_reward import score_math
 from asyncrl.tasks.reward.plugin import RewardFunction, load_plugin, score_plugin
 from asyncrl.tasks.reward.sandbox import Sandbox

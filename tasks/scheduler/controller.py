@@ -52,7 +52,7 @@ filtered group is skipped: it counts as done in the written-groups index (its
 A restart counts the filtered groups again from the index and the records of the
 unwritten admitted groups (one existence check each), releases them, and does not
 generate them again; the run audit reads the records
-(:mod:`asyncrl.tasks.run.audit`, rule (a)).
+(:mod:`asyncrl.tasks.launch.audit`, rule (a)).
 
 Agent episodes (``rollout.episode``): a group is n runs of the user's episode through the
 recording endpoint (:mod:`asyncrl.tasks.agent.runner`) instead of n samples of one prompt;
@@ -74,8 +74,9 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from asyncrl.tasks.scheduler.adaptive_eta import AdaptiveEta, AdaptiveState, AdaptiveStalenessConfig
-from asyncrl.tasks.scheduler.staleness_gate import GateState, StalenessGate
+from asyncrl.tasks.algo.adaptive_eta import AdaptiveEta, AdaptiveState
+from asyncrl.configs.adaptive_staleness import AdaptiveStalenessConfig
+from asyncrl.tasks.algo.staleness_gate import GateState, StalenessGate
 from asyncrl.storage import fs, paths
 from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
 from asyncrl.storage.fs import RunRoot
@@ -86,8 +87,8 @@ from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.agent.runner import EpisodeRunner, episode_sample, kept_outcomes, score_outcomes
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.reward.types import RewardRequest, RewardResult
-from asyncrl.tasks.reward.requests import reward_request
-from asyncrl.tasks.rollout.samples import SampleOutput, UpdateStats
+from asyncrl.tasks.data.reward_requests import reward_request
+from asyncrl.tasks.inference.samples import SampleOutput, UpdateStats
 
 LOG = logging.getLogger("asyncrl.scheduler")
 
@@ -153,7 +154,7 @@ class ControllerSettings:
     """Leave out (and release from the gate) groups whose rewards are all equal (module docstring)."""
     adaptive_staleness: AdaptiveStalenessConfig | None = None
     """Move the gate's effective bound with the drift each step measured (None: always ``eta``;
-    :mod:`~asyncrl.tasks.scheduler.adaptive_eta`)."""
+    :mod:`~asyncrl.tasks.algo.adaptive_eta`)."""
 
 
 def group_id(index: int) -> str:
@@ -553,7 +554,7 @@ class RolloutController:
         self.weight_loader = weight_loader
         self.weight_prefetch = weight_prefetch
         """Fetches a version onto the servers' host before its update pauses generation
-        (:meth:`~asyncrl.tasks.rollout.weight_sync.ServerWeightLoader.prefetch`); None: the
+        (:meth:`~asyncrl.tasks.inference.weight_sync.ServerWeightLoader.prefetch`); None: the
         load fetches it during the pause."""
         self.episodes = episodes
         """Runs each group as n agent episodes (``rollout.episode``); None: single-turn samples."""

@@ -56,18 +56,18 @@ import httpx
 
 from asyncrl.configs.loading import ConfigError, load_config
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.context import RunPaths
-from asyncrl.tasks.run.context import run_paths as run_paths_of
+from asyncrl.tasks.system.run_paths import RunPaths
+from asyncrl.tasks.system.run_paths import run_paths as run_paths_of
 from asyncrl.tasks.scheduler.controller import load_gate_state, written_group_indices
-from asyncrl.tasks.run.components_setup import HFCodec, load_codec, run_scheduler
-from asyncrl.tasks.run.audit import read_lineage
+from asyncrl.tasks.scheduler.setup import HFCodec, load_codec, run_scheduler
+from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import PromptRecord, load_prompts
-from asyncrl.tasks.rollout.registry import list_servers
-from asyncrl.tasks.rollout.routing import NoLiveServerError
-from asyncrl.tasks.rollout.server import RolloutServerHandle
-from asyncrl.tasks.rollout.weight_sync import server_weight_version, update_server_weights
+from asyncrl.tasks.inference.server_registry import list_servers
+from asyncrl.tasks.inference.routing import NoLiveServerError
+from asyncrl.tasks.inference.server import RolloutServerHandle
+from asyncrl.tasks.inference.weight_sync import server_weight_version, update_server_weights
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
 CYCLE_STATS_FILE = "scheduler-stats.jsonl"

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.tasks.trainer.packing import fixed_count_micro_batches, get_packer, packing_efficiency
+from asyncrl.tasks.algo.packing import fixed_count_micro_batches, get_packer, packing_efficiency
 
 if TYPE_CHECKING:
     from asyncrl.tasks.trainer.engine import TrainEngine

@@ -255,7 +255,7 @@ class RLTrainer:
         }
         publish_started = time.perf_counter()
         # The step's figures travel with its weights: a run whose trainer is on another
-        # machine logs them from here (asyncrl.tasks.run.lineage_recorder).
+        # machine logs them from here (asyncrl.tasks.tracking.lineage_recorder).
         lineage = {"parent_version": state.version, "step": step, "run_id": self._run_id,
                    "shards": list(step_input.shards), "metrics": figures}  # fmt: skip
         if writer:

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl.tasks.process_group import check_cpu_cores, group_alive, kill_group, read_log_tail, spawn_session
+from asyncrl.tasks.system.process_group import group_alive, kill_group, read_log_tail, spawn_session
+from asyncrl.configs.cpus import check_cpu_cores
 
 MODULE = "asyncrl.tasks.trainer.main"
 # The supervisor's own process-group variables (if it is itself a torch.distributed

@@ -31,7 +31,7 @@ from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_part
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs
 from asyncrl.tasks.trainer.metrics import MetricsSink
-from asyncrl.tasks.trainer.packing import get_packer
+from asyncrl.tasks.algo.packing import get_packer
 
 if TYPE_CHECKING:
     import torch

@@ -53,15 +53,15 @@ from typing import TYPE_CHECKING, Literal
 
 from asyncrl.configs.run_config import TrainerConfig
 from asyncrl.storage.schema import Sample
-from asyncrl.tasks.trainer.advantages import AdvantageMethod, group_advantages
+from asyncrl.tasks.algo.advantages import AdvantageMethod, group_advantages
 from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch
-from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_partition
+from asyncrl.tasks.trainer.data_parallel import all_gather_objects, all_reduce_floats, balanced_partition
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
-from asyncrl.tasks.trainer.corrections import BehavCapMode, BehavWeightLevel, sequence_index
-from asyncrl.tasks.trainer.loss import decoupled_ppo_loss
-from asyncrl.tasks.trainer.mismatch import all_gather_mismatch, local_mismatch
-from asyncrl.tasks.trainer.packing import get_packer
+from asyncrl.tasks.algo.corrections import BehavCapMode, BehavWeightLevel, sequence_index
+from asyncrl.tasks.algo.loss import decoupled_ppo_loss
+from asyncrl.tasks.algo.mismatch import all_gather_mismatch, local_mismatch
+from asyncrl.tasks.algo.packing import get_packer
 from asyncrl.tasks.reward.pass_at_k import task_figures
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class RLStepResult:
         staleness distribution (``staleness/count_<s>``), token counts (``sequence_tokens`` =
         prompt + ``output_tokens`` (trained) + ``context_tokens`` (environment output tokens,
         not trained)), throughput, packing efficiency,
-        train/inference mismatch (``mismatch/*``, :mod:`~asyncrl.tasks.trainer.mismatch`), and
+        train/inference mismatch (``mismatch/*``, :mod:`~asyncrl.tasks.algo.mismatch`), and
         per task the mean reward, pass@1 and pass@k of the step's groups (:func:`task_figures`)."""
         prepared = self.prepared
         compute_time = self.proximal_time_s + self.update_time_s
@@ -619,7 +619,7 @@ def run_rl_step(
 
 
 def step_mismatch(items: Sequence[TrainItem], proximal: dict[int, torch.Tensor]) -> dict[str, float]:
-    """The step's ``mismatch/*`` metrics (:mod:`~asyncrl.tasks.trainer.mismatch`) from the
+    """The step's ``mismatch/*`` metrics (:mod:`~asyncrl.tasks.algo.mismatch`) from the
     proximal log-probs of this rank's items (keys of ``proximal``; log p_trainer) and their
     behaviour log-probs and token lags (collective: every rank calls it once per step; the
     figures are those of all ranks' tokens). All three are over trained (model) tokens only,
@@ -629,7 +629,7 @@ def step_mismatch(items: Sequence[TrainItem], proximal: dict[int, torch.Tensor])
     local = local_mismatch(
         [proximal[i] for i in known], [items[i].logp_behav for i in known], [items[i].token_lag for i in known]
     )
-    return all_gather_mismatch(local)
+    return all_gather_mismatch(local, all_gather_objects)
 
 
 def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepResult:
@@ -644,7 +644,7 @@ def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepRes
     - the same on every rank already: ``updates`` and the global gradient norms.
 
     packing efficiency = sum_r real tokens_r / (token_budget * sum_r micro-batches_r)
-    (:func:`~asyncrl.tasks.trainer.packing.packing_efficiency` over every rank's
+    (:func:`~asyncrl.tasks.algo.packing.packing_efficiency` over every rank's
     micro-batches; 1.0 without micro-batches); rank token imbalance = max_r T_r / mean_r T_r
     with T_r rank r's sequence tokens (1.0 when no rank has any).
     """

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.examples.calculator import TOOLS
+from asyncrl.tasks.data.synthetic_tool import TOOLS
 from asyncrl.tasks.agent.demonstration import demonstration_tokens
 from asyncrl.tasks.data.synthetic_tool import demonstration, make_calc_dataset
 from asyncrl.tasks.model.tokenizer import CHAT_TEMPLATE, build_tokenizer

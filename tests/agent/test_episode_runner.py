@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.tasks.agent.config import EpisodeConfig
+from asyncrl.configs.episode import EpisodeConfig
 from asyncrl.tasks.agent.episode import (
     EPISODE_API_KEY,
     EpisodeContext,
@@ -31,7 +31,7 @@ from asyncrl.tasks.agent.runner import (
     kept_outcomes,
 )
 from asyncrl.tasks.data.records import PromptRecord
-from asyncrl.tasks.rollout.conversation import EpisodeTokens
+from asyncrl.tasks.inference.conversation import EpisodeTokens
 
 RECORD = PromptRecord(prompt_id="000001-abc", prompt="What is 2*3?", answer="6")
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from asyncrl.tasks.trainer.advantages import group_advantages, token_advantages
+from asyncrl.tasks.algo.advantages import group_advantages, token_advantages
 
 METHODS = ["grpo", "drgrpo", "rloo"]
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.tasks.trainer.loss import decoupled_ppo_loss
+from asyncrl.tasks.algo.loss import decoupled_ppo_loss
 
 
 @dataclass

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.tasks.trainer.packing import (
+from asyncrl.tasks.algo.packing import (
     PACKERS,
     fixed_count_micro_batches,
     get_packer,

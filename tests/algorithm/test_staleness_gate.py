@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.tasks.scheduler.staleness_gate import GateState, StalenessGate, max_admissions
+from asyncrl.tasks.algo.staleness_gate import GateState, StalenessGate, max_admissions
 
 
 class VersionHolder:

@@ -31,7 +31,8 @@ from asyncrl.bench.e2e import (
     training_only_s,
 )
 from asyncrl.cli.main import build_parser
-from asyncrl.tasks.process_group import machine_cpus, usable_cpus
+from asyncrl.tasks.system.process_group import usable_cpus
+from asyncrl.configs.cpus import machine_cpus
 
 READY = 1_000.0
 
@@ -232,7 +233,7 @@ def test_on_gpus_the_runs_and_the_standalone_server_get_the_same_devices(
     gpus: str, devices: tuple[int, int], shared: bool, tmp_path: Path
 ) -> None:
     from asyncrl.bench.e2e import Workload, bench_run_config, standalone_server_config
-    from asyncrl.tasks.run.devices import Machine
+    from asyncrl.tasks.launch.devices import Machine
 
     settings = settings_from_args(build_parser().parse_args(["bench", "e2e", "--gpus", gpus]))
     assert (settings.gpus, settings.rollout_cores, settings.trainer_cores) == (tuple(map(int, gpus.split(","))), None, None)

@@ -20,7 +20,7 @@ from asyncrl.cli.main import main
 from asyncrl.storage import fs
 from asyncrl.storage.fs import open_root
 from asyncrl.tasks.data.synthetic import write_synthetic_splits
-from asyncrl.tasks.rollout.server import free_port
+from asyncrl.tasks.inference.server import free_port
 
 pytestmark = pytest.mark.slow
 

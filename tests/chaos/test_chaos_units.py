@@ -15,10 +15,10 @@ from run_root_builder import RunRootBuilder
 from asyncrl.chaos.run import ChaosReport, ChaosSettings, KillRecord, kill_plan
 from asyncrl.cli.chaos import format_report
 from asyncrl.tasks.scheduler.main import EXIT_CONFIG, ServerSource, final_step_published, main, wait_for_servers
-from asyncrl.tasks.run.audit import audit_run
+from asyncrl.tasks.launch.audit import audit_run
 from asyncrl.storage.fs import open_root
-from asyncrl.tasks.rollout.registry import register_server
-from asyncrl.tasks.rollout.server import RolloutServerHandle
+from asyncrl.tasks.inference.server_registry import register_server
+from asyncrl.tasks.inference.server import RolloutServerHandle
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def test_run_with_a_missing_model_directory_names_model_path(
 
 def test_load_codec_names_a_missing_model_path(tmp_path: Path) -> None:
     from asyncrl.tasks.model.checks import ModelPathError
-    from asyncrl.tasks.run.components_setup import load_codec
+    from asyncrl.tasks.scheduler.setup import load_codec
 
     with pytest.raises(ModelPathError, match=rf"^model.path: {tmp_path / 'nope'} does not exist \(run init-model"):
         load_codec(str(tmp_path / "nope"))
@@ -144,7 +144,7 @@ def test_run_resuming_with_other_trajectory_settings_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], run_env: None
 ) -> None:
     from asyncrl.configs.loading import load_config
-    from asyncrl.tasks.run.context import prepare_run
+    from asyncrl.tasks.launch.context import prepare_run
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")

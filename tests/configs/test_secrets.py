@@ -14,7 +14,7 @@ from asyncrl.cli.main import main as asyncrl_main
 from asyncrl.configs.loading import ConfigError, config_from_dict, frozen_yaml, load_config, private_dict, public_dict
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.secrets import REDACTED, is_secret_key, redact, strip_uri_password
-from asyncrl.tasks.run.credentials import apply_storage_credentials, credential_environment
+from asyncrl.flows.prefect_api.credentials import apply_storage_credentials, credential_environment
 
 API_KEY = "canary-api-key-3f9a"
 DB_PASSWORD = "canary-db-password-77c1"

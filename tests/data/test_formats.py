@@ -13,7 +13,7 @@ import pytest
 
 from asyncrl.tasks.data.formats import last_boxed
 from asyncrl.tasks.data.loader import CODE_TASK, MATH_TASK, DatasetError, load_prompts, make_prompt_id
-from asyncrl.tasks.reward.requests import reward_request
+from asyncrl.tasks.data.reward_requests import reward_request
 from asyncrl.tasks.reward.types import CallCase, CodeTests, StdioCase
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.stages import prepare_inputs
+from asyncrl.tasks.launch.stages import prepare_inputs
 from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, split_train_heldout
 
 

@@ -36,8 +36,8 @@ from asyncrl.tasks.data.synthetic_code import (
     write_code_splits,
 )
 from asyncrl.tasks.reward.code_reward import code_tests_from_json, score_code
-from asyncrl.tasks.reward.config import CodeRewardConfig
-from asyncrl.tasks.run.stages import prepare_inputs
+from asyncrl.configs.reward import CodeRewardConfig
+from asyncrl.tasks.launch.stages import prepare_inputs
 from asyncrl.tasks.trainer.sft import sft_target
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asyncrl.examples.calculator import TOOLS, calc, run_tool
+from asyncrl.examples.calculator import calc, run_tool
+from asyncrl.tasks.data.synthetic_tool import TOOLS
 from asyncrl.tasks.data.loader import DatasetError, load_prompts
 from asyncrl.tasks.data.synthetic_tool import demonstration, make_calc_dataset, write_calc_splits
 

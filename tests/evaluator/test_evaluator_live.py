@@ -23,9 +23,9 @@ from asyncrl.storage.evaluations import EvaluationStore, EvaluatorState
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.synthetic import write_synthetic_splits
-from asyncrl.tasks.run.components import evaluator_component, sigkill_group
-from asyncrl.tasks.run.context import prepare_run
-from asyncrl.tasks.run.supervisor import ComponentOutcome, ComponentStatus, RestartPolicy, supervise
+from asyncrl.tasks.launch.components import evaluator_component, sigkill_group
+from asyncrl.tasks.launch.context import prepare_run
+from asyncrl.tasks.launch.supervisor import ComponentOutcome, ComponentStatus, RestartPolicy, supervise
 
 pytestmark = pytest.mark.slow
 

@@ -33,8 +33,8 @@ from asyncrl.storage.fs import open_root
 from asyncrl.storage.heartbeats import read_heartbeat
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.rollout.registry import list_servers, read_server
-from asyncrl.tasks.run.audit import audit_run
+from asyncrl.tasks.inference.server_registry import list_servers, read_server
+from asyncrl.tasks.launch.audit import audit_run
 
 pytestmark = pytest.mark.slow
 

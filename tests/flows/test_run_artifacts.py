@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from asyncrl.tasks.run.artifacts import CURVE_ROWS, artifact_key, sparkline, training_report_markdown
+from asyncrl.flows.prefect_api.artifacts import CURVE_ROWS, artifact_key, sparkline, training_report_markdown
 
 
 def test_artifact_key_is_a_valid_prefect_key() -> None:
@@ -41,7 +41,7 @@ def test_report_of_a_run_without_steps_says_so() -> None:
 
 
 def test_report_and_summary_show_each_task() -> None:
-    from asyncrl.tasks.run.artifacts import PipelineSummary, summary_markdown
+    from asyncrl.flows.prefect_api.artifacts import PipelineSummary, summary_markdown
 
     steps = {
         1: {"reward_mean": 0.2, "pass_at_1/math": 0.25, "pass_at_1/code": 0.125},
@@ -66,8 +66,8 @@ def test_report_and_summary_show_each_task() -> None:
 
 
 def test_report_and_summary_show_the_held_out_curve_evaluated_during_training() -> None:
-    from asyncrl.tasks.run.artifacts import PipelineSummary, summary_markdown
-    from asyncrl.tasks.run.evaluation import EvalResult
+    from asyncrl.flows.prefect_api.artifacts import PipelineSummary, summary_markdown
+    from asyncrl.tasks.evaluator.held_out import EvalResult
 
     def result(version: int, math: float, code: float) -> EvalResult:
         return EvalResult(version, (math + code) / 2, 8, 2, 12.0, {"pass_at_1/math": math, "pass_at_1/code": code})

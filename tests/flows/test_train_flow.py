@@ -21,10 +21,10 @@ from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.synthetic import write_synthetic_splits
-from asyncrl.tasks.rollout.server import free_port
-from asyncrl.tasks.run.audit import audit_run
-from asyncrl.tasks.run.components import sigkill_group
-from asyncrl.tasks.run.rl import PROCESS_GROUPS_FILE
+from asyncrl.tasks.inference.server import free_port
+from asyncrl.tasks.launch.audit import audit_run
+from asyncrl.tasks.launch.components import sigkill_group
+from asyncrl.tasks.launch.rl import PROCESS_GROUPS_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -152,10 +152,10 @@ def test_the_scheduler_flow_runs_on_its_own_against_a_run_root(
     registered in the run root); the `scheduler` flow alone feeds them until the last step and
     writes every group it admitted."""
     from asyncrl.flows.scheduler import scheduler
-    from asyncrl.tasks.reward.registry import TOKEN_ENV
-    from asyncrl.tasks.run.context import prepare_run
-    from asyncrl.tasks.run.rl import restart_policy, run_components
-    from asyncrl.tasks.run.supervisor import supervise
+    from asyncrl.tasks.reward.service_registry import TOKEN_ENV
+    from asyncrl.tasks.launch.context import prepare_run
+    from asyncrl.tasks.launch.rl import restart_policy, run_components
+    from asyncrl.tasks.launch.supervisor import supervise
 
     steps = 3
     config = train_config(tmp_path, tiny_model_dir, "standalone", steps)

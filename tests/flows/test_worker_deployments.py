@@ -21,8 +21,8 @@ from prefect_stack import WorkerStack
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.process_group import read_log_tail
-from asyncrl.tasks.rollout.registry import list_servers
+from asyncrl.tasks.system.process_group import read_log_tail
+from asyncrl.tasks.inference.server_registry import list_servers
 
 pytestmark = pytest.mark.slow
 

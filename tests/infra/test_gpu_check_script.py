@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.bench.weight_sync import phase_figures
-from asyncrl.tasks.rollout.bench import StallRow, ThroughputRow
-from asyncrl.tasks.run.artifacts import PipelineSummary
+from asyncrl.tasks.inference.bench import StallRow, ThroughputRow
+from asyncrl.flows.prefect_api.artifacts import PipelineSummary
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "infra" / "gpu-check.sh"

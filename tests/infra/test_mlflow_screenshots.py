@@ -12,8 +12,8 @@ import pytest
 from mlflow_run import tiny_run
 from PIL import Image
 
-from asyncrl.tasks.run.registry import register_version
-from asyncrl.tasks.run.run_report import log_run_report
+from asyncrl.tasks.tracking.model_registry import register_version
+from asyncrl.tasks.tracking.run_report import log_run_report
 
 pytestmark = [
     pytest.mark.slow,

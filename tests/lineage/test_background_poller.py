@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from asyncrl.tasks.run.lineage_recorder import BackgroundPoller
+from asyncrl.tasks.tracking.lineage_recorder import BackgroundPoller
 
 
 class Interrupted(BaseException):

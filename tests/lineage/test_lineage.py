@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from asyncrl.configs.loading import config_from_dict, public_dict
-from asyncrl.storage.lineage import MANIFEST_ARTIFACT, DataRef, RunLineage, default_artifact_location, flatten_params
+from asyncrl.tasks.tracking.mlflow_run import MANIFEST_ARTIFACT, DataRef, RunLineage, default_artifact_location, flatten_params
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ import pytest
 
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot, open_root
-from asyncrl.storage.lineage import DataRef
+from asyncrl.tasks.tracking.mlflow_run import DataRef
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardReader, ShardWriter
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.run.lineage_recorder import LineageRecorder
+from asyncrl.tasks.tracking.lineage_recorder import LineageRecorder
 
 RUN_ID = "run-r"
 

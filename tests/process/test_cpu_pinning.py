@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-import asyncrl.tasks.rollout.server as server_module
+import asyncrl.tasks.inference.server as server_module
 import asyncrl.tasks.trainer.process as trainer_module
 from asyncrl.configs.loading import ConfigError, config_from_dict
-from asyncrl.tasks.process_group import check_cpu_cores, child_setup_hook, kill_group, machine_cpus, usable_cpus
-from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+from asyncrl.tasks.system.process_group import child_setup_hook, kill_group, usable_cpus
+from asyncrl.configs.cpus import check_cpu_cores, machine_cpus
+from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig
 from asyncrl.tasks.trainer.process import TrainerLaunch, start_trainer
 
 pytestmark = pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="Linux affinity calls")

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asyncrl.tasks.reward.config import CodeRewardConfig, RewardConfig, SandboxLimits
+from asyncrl.configs.reward import CodeRewardConfig, RewardConfig, SandboxLimits
 from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.reward.sandbox import Sandbox, SandboxFile
 from asyncrl.tasks.reward.types import Reason

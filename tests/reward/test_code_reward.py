@@ -16,7 +16,7 @@ from asyncrl.tasks.reward.code_reward import (
     problem_limits,
     score_code,
 )
-from asyncrl.tasks.reward.config import CodeRewardConfig, SandboxLimits
+from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.sandbox import Sandbox
 from asyncrl.tasks.reward.types import CallCase, CodeTests, Reason, StdioCase
 

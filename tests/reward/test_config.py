@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.tasks.reward.config import PluginRewardConfig, RewardConfig
+from asyncrl.configs.reward import PluginRewardConfig, RewardConfig
 
 
 def test_defaults_refuse_unsandboxed_code() -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from asyncrl.tasks.reward.config import MathRewardConfig
+from asyncrl.configs.reward import MathRewardConfig
 from asyncrl.tasks.reward.math_reward import extract_gsm8k_answer, normalise_answer_text, score_math
 from asyncrl.tasks.reward.types import Reason, RewardResult
 

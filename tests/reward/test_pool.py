@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
-from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.configs.reward import RewardConfig
 from asyncrl.tasks.reward.pool import RewardPool, RewardPoolError, request_budget_s
 from asyncrl.tasks.reward.types import CodeTests, Reason, RewardRequest, StdioCase
 
@@ -119,7 +119,7 @@ def test_worker_killed_mid_sandbox_leaves_nothing_behind(pool: RewardPool, host_
 
 POOL_OWNER = """
 import time
-from asyncrl.tasks.reward.config import RewardConfig
+from asyncrl.configs.reward import RewardConfig
 from asyncrl.tasks.reward.pool import RewardPool
 pool = RewardPool(RewardConfig(), workers=2).start()
 print(*pool.worker_pids(), flush=True)

@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from asyncrl.storage.fs import RunRoot, open_root
-from asyncrl.tasks.process_group import kill_group, read_log_tail, spawn_session
+from asyncrl.tasks.system.process_group import kill_group, read_log_tail, spawn_session
 from asyncrl.tasks.reward.pool import PoolStats, RewardPool
-from asyncrl.tasks.reward.registry import TOKEN_ENV, RewardServiceInfo, read_reward_service, register_reward_service
+from asyncrl.tasks.reward.service_registry import TOKEN_ENV, RewardServiceInfo, read_reward_service, register_reward_service
 from asyncrl.tasks.reward.remote import RemoteRewardScorer, RewardServiceRejected, RewardServiceUnavailable
 from asyncrl.tasks.reward.server import MODULE, format_stats, wait_until_stopped
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult

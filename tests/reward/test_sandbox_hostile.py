@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from asyncrl.tasks.reward.code_reward import score_code
-from asyncrl.tasks.reward.config import CodeRewardConfig, RewardConfig
+from asyncrl.configs.reward import CodeRewardConfig, RewardConfig
 from asyncrl.tasks.reward.environ import SANDBOX_ENV, WORKER_ENV_NAMES, WORKER_ENV_PREFIXES
 from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.reward.sandbox import RunOutcome, Sandbox, SandboxFile, escape_controls

@@ -172,7 +172,7 @@ def test_a_program_starts_one_sandbox_for_all_its_tests(sandbox: Sandbox, monkey
 
 
 def test_a_broken_bwrap_is_sandbox_unavailable_for_a_session() -> None:
-    from asyncrl.tasks.reward.config import CodeRewardConfig
+    from asyncrl.configs.reward import CodeRewardConfig
 
     box = Sandbox(CodeRewardConfig(bwrap="/bin/false"))
     with box.session([SandboxFile("add.py", ADD)]) as session:

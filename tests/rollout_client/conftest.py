@@ -20,9 +20,9 @@ from asyncrl.tasks.model.variants import perturbed_copy
 
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.rollout.client import RolloutClient
-from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig, RolloutServerHandle
-from asyncrl.tasks.rollout.weight_sync import update_server_weights
+from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig, RolloutServerHandle
+from asyncrl.tasks.inference.weight_sync import update_server_weights
 
 API_KEY = "rollout-client-test-key"
 NUM_VERSIONS = 21
@@ -172,7 +172,7 @@ def sample_output(
     token_ids: list[int], finish_reason: str = "stop", versions: list[int] | None = None, first_logprob: float = -0.5
 ) -> Any:
     """A :class:`SampleOutput` as the client would return it (log-probs first_logprob, -1, -1, ...)."""
-    from asyncrl.tasks.rollout.samples import SampleOutput, SampleTimings
+    from asyncrl.tasks.inference.samples import SampleOutput, SampleTimings
 
     logprobs = [first_logprob] + [-1.0] * (len(token_ids) - 1)
     versions = [0] * len(token_ids) if versions is None else versions

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-import asyncrl.tasks.rollout.bench as bench_module
+import asyncrl.tasks.inference.bench as bench_module
 from asyncrl.cli.main import build_parser
-from asyncrl.tasks.rollout.bench import BenchSettings, format_tables, long_tailed_lengths, run_rollout_bench, stall_row
-from asyncrl.tasks.rollout.samples import UpdateStats
+from asyncrl.tasks.inference.bench import BenchSettings, format_tables, long_tailed_lengths, run_rollout_bench, stall_row
+from asyncrl.tasks.inference.samples import UpdateStats
 
 
 def test_lengths_are_bounded_long_tailed_and_seeded() -> None:

@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.tasks.rollout.client import RolloutClient
-from asyncrl.tasks.rollout.samples import SampleOutput
-from asyncrl.tasks.rollout.server import RolloutServerHandle
-from asyncrl.tasks.run.canary import MismatchCanary, MismatchCanaryConfig
-from asyncrl.tasks.trainer.mismatch import all_gather_mismatch, local_mismatch
+from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.tasks.inference.samples import SampleOutput
+from asyncrl.tasks.inference.server import RolloutServerHandle
+from asyncrl.tasks.launch.canary import MismatchCanary
+from asyncrl.configs.canary import MismatchCanaryConfig
+from asyncrl.tasks.algo.mismatch import all_gather_mismatch, local_mismatch
 
 PROMPT = [84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115]
 N, TOKENS = 4, 24
@@ -39,7 +40,7 @@ def figures(samples: list[SampleOutput], trainer_model: Any, helpers: Any) -> di
     ]  # fmt: skip
     behaviour = [torch.tensor(s.behaviour_logprobs, dtype=torch.float64) for s in samples]
     lags = [[0] * len(s.output_token_ids) for s in samples]
-    return all_gather_mismatch(local_mismatch(trainer, behaviour, lags))
+    return all_gather_mismatch(local_mismatch(trainer, behaviour, lags), lambda x: [x])
 
 
 @pytest.mark.slow

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.tasks.rollout.client import (
+from asyncrl.tasks.inference.client import (
     MAX_REJOIN_WAIT_S,
     RolloutClient,
     check_generate_args,
     rejoin_wait_s,
     versions_from_spans,
 )
-from asyncrl.tasks.rollout.routing import NoLiveServerError, ServerEndpoint, ServerPool
-from asyncrl.tasks.rollout.samples import PartialSample, SampleOutput, SampleTimings, Segment
+from asyncrl.tasks.inference.routing import NoLiveServerError, ServerEndpoint, ServerPool
+from asyncrl.tasks.inference.samples import PartialSample, SampleOutput, SampleTimings, Segment
 
 
 def _pool(k: int) -> ServerPool:

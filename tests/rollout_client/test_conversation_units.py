@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from asyncrl.tasks.model.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, IM_END_TOKEN, build_tokenizer, special_token_ids
-from asyncrl.tasks.rollout.conversation import (
+from asyncrl.tasks.inference.conversation import (
     BudgetExhausted,
     ChatConversation,
     CompletionChain,

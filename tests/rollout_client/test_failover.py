@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from asyncrl.tasks.rollout.client import RolloutClient
-from asyncrl.tasks.rollout.routing import NoLiveServerError
-from asyncrl.tasks.rollout.samples import SampleOutput
-from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerHandle
+from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.tasks.inference.routing import NoLiveServerError
+from asyncrl.tasks.inference.samples import SampleOutput
+from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
 
 PROMPT = [87, 104, 121, 32, 105, 115, 32, 116, 104, 101, 32, 115, 107, 121]
 LOGPROB_TOLERANCE = 1e-4

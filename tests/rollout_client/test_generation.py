@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from asyncrl.tasks.model.tokenizer import EOS_TOKEN, IM_END_TOKEN, special_token_ids
-from asyncrl.tasks.rollout.client import RolloutAuthError, RolloutClient, RolloutRequestError
-from asyncrl.tasks.rollout.routing import ServerEndpoint
-from asyncrl.tasks.rollout.samples import SampleOutput
-from asyncrl.tasks.rollout.server import RolloutServerHandle
+from asyncrl.tasks.inference.client import RolloutAuthError, RolloutClient, RolloutRequestError
+from asyncrl.tasks.inference.routing import ServerEndpoint
+from asyncrl.tasks.inference.samples import SampleOutput
+from asyncrl.tasks.inference.server import RolloutServerHandle
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 50, 43, 50, 61]
 LOGPROB_TOLERANCE = 1e-4

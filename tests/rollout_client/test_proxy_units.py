@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from asyncrl.tasks.model.tokenizer import EOS_TOKEN, IM_END_TOKEN, build_tokenizer, special_token_ids
-from asyncrl.tasks.rollout.proxy import RecordingProxy
-from asyncrl.tasks.rollout.samples import SampleOutput
+from asyncrl.tasks.inference.proxy import RecordingProxy
+from asyncrl.tasks.inference.samples import SampleOutput
 
 IM_END = special_token_ids()[IM_END_TOKEN]
 EOS = special_token_ids()[EOS_TOKEN]

@@ -19,11 +19,11 @@ import openai
 import pytest
 
 from asyncrl.tasks.model.tokenizer import CHAT_TEMPLATE, IM_END_TOKEN, special_token_ids
-from asyncrl.tasks.rollout.client import RolloutClient
-from asyncrl.tasks.rollout.conversation import EpisodeTokens
-from asyncrl.tasks.rollout.proxy import RecordingProxy
-from asyncrl.tasks.rollout.samples import SampleOutput
-from asyncrl.tasks.rollout.server import RolloutServerHandle
+from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.tasks.inference.conversation import EpisodeTokens
+from asyncrl.tasks.inference.proxy import RecordingProxy
+from asyncrl.tasks.inference.samples import SampleOutput
+from asyncrl.tasks.inference.server import RolloutServerHandle
 
 LOGPROB_TOLERANCE = 1e-4
 IM_END = special_token_ids()[IM_END_TOKEN]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.tasks.rollout.client import RolloutClient
-from asyncrl.tasks.rollout.routing import STICKY_SLACK, ServerEndpoint, ServerPool
+from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.tasks.inference.routing import STICKY_SLACK, ServerEndpoint, ServerPool
 
 
 def _pool(k: int) -> ServerPool:

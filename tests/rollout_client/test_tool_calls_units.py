@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from asyncrl.tasks.rollout.tool_calls import parse_tool_calls, tool_call_id
+from asyncrl.tasks.inference.tool_calls import parse_tool_calls, tool_call_id
 
 
 def test_one_call_with_content_before_it() -> None:

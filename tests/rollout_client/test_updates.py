@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from asyncrl.tasks.rollout.client import RolloutClient
-from asyncrl.tasks.rollout.routing import NoLiveServerError
-from asyncrl.tasks.rollout.samples import InterruptMode, SampleOutput, UpdateStats
-from asyncrl.tasks.rollout.server import RolloutServerHandle
+from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.tasks.inference.routing import NoLiveServerError
+from asyncrl.tasks.inference.samples import InterruptMode, SampleOutput, UpdateStats
+from asyncrl.tasks.inference.server import RolloutServerHandle
 
 PROMPT = [84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115]
 LOGPROB_TOLERANCE = 1e-4
@@ -199,7 +199,7 @@ def test_a_version_fetched_before_the_pause_loads_from_the_cache_and_serves_its_
     """What the scheduler does for a server on its host: fetch the version into the server's
     cache while generation goes on, then update; the worker's load finds it cached (no fetch
     in the pause) and the server samples with the new weights."""
-    from asyncrl.tasks.rollout.weight_sync import ServerWeightLoader
+    from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
 
     async def run(loader: ServerWeightLoader) -> tuple[int, list[SampleOutput]]:
         async with RolloutClient([server_a], interrupt_mode="keep") as client:

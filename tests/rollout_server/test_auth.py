@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from asyncrl.tasks.rollout.auth import API_KEY_ENV, BearerAuthMiddleware
+from asyncrl.tasks.inference.auth import BearerAuthMiddleware
+from asyncrl.configs.secrets import API_KEY_ENV
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.tasks.rollout.weight_sync import FINGERPRINT_ROWS, tensor_fingerprint
+from asyncrl.tasks.inference.weight_sync import FINGERPRINT_ROWS, tensor_fingerprint
 
 
 def test_a_small_tensor_is_fingerprinted_whole() -> None:

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 from asyncrl.storage.fs import open_root, put_atomic_replace
-from asyncrl.tasks.rollout.registry import (
+from asyncrl.tasks.inference.server_registry import (
     list_servers,
     read_server,
     register_server,
     server_entry,
     unregister_server,
 )
-from asyncrl.tasks.rollout.server import RolloutServerHandle
+from asyncrl.tasks.inference.server import RolloutServerHandle
 
 
 def handle(port: int) -> RolloutServerHandle:
@@ -57,7 +57,7 @@ def test_corrupt_entry_is_named(tmp_path: Path) -> None:
 def test_an_entry_removed_between_listing_and_reading_is_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server unregisters (its supervisor saw it die) while another process lists the
     registry: the listing goes on without it (seen: a test's poll crashed on this race)."""
-    from asyncrl.tasks.rollout import registry
+    from asyncrl.tasks.inference import server_registry as registry
 
     root = open_root(f"file://{tmp_path}/run")
     for name, port in (("a", 1), ("b", 2)):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.tasks.rollout import server
-from asyncrl.tasks.rollout.server import RolloutServerConfig, server_command, server_env
-from asyncrl.tasks.rollout.vllm_platform import FORK_ENGINE_CORE_ENV
+from asyncrl.tasks.inference import server
+from asyncrl.tasks.inference.server import RolloutServerConfig, server_command, server_env
+from asyncrl.tasks.inference.vllm_platform import FORK_ENGINE_CORE_ENV
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_on_cpu_the_worker_runs_in_the_engine_process_with_cores_less_one_thread
     monkeypatch.setattr(server, "usable_cpus", lambda: frozenset(range(4)))
     env = server_env(RolloutServerConfig(model_dir=tmp_path))
     assert (env["VLLM_ENABLE_V1_MULTIPROCESSING"], env["OMP_NUM_THREADS"]) == ("0", "3")
-    assert env[FORK_ENGINE_CORE_ENV] == "1"  # the engine core is forked (tasks/rollout/vllm_platform.py)
+    assert env[FORK_ENGINE_CORE_ENV] == "1"  # the engine core is forked (tasks/inference/vllm_platform.py)
     monkeypatch.setenv(FORK_ENGINE_CORE_ENV, "1")  # inherited: a server that asks for vLLM's spawn has none
     spawned = server_env(RolloutServerConfig(model_dir=tmp_path, fork_engine_core=False))
     assert FORK_ENGINE_CORE_ENV not in spawned and spawned["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

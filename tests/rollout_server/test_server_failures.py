@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from asyncrl.tasks.rollout.server import (
+from asyncrl.tasks.inference.server import (
     RolloutServer,
     RolloutServerConfig,
     RolloutServerError,
@@ -83,7 +83,7 @@ def test_api_key_travels_in_environment_not_command_line(tmp_path: Path, monkeyp
     config = RolloutServerConfig(model_dir=tmp_path, host="0.0.0.0", api_key="s3cret-key", kv_cache_gib=1.5)
     command = server_command(config, tmp_path, 8000)
     assert not any("s3cret-key" in part for part in command)
-    assert command[command.index("--middleware") + 1] == "asyncrl.tasks.rollout.auth.BearerAuthMiddleware"
+    assert command[command.index("--middleware") + 1] == "asyncrl.tasks.inference.auth.BearerAuthMiddleware"
     env = server_env(config)
     assert env["ASYNCRL_ROLLOUT_API_KEY"] == env["VLLM_API_KEY"] == "s3cret-key"
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
@@ -135,7 +135,7 @@ def test_broken_model_config_fails_with_log_tail(tiny_model_dir: Path, tmp_path:
 SUPERVISOR_SCRIPT = """
 import sys, time
 from pathlib import Path
-from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig
 server = RolloutServer(RolloutServerConfig(model_dir=Path(sys.argv[1]), log_path=Path(sys.argv[2])))
 print(server.start().pgid, flush=True)
 time.sleep(600)
@@ -179,9 +179,9 @@ def test_stop_during_start_up_stops_the_server_at_once(
 
     import process_scan
     from asyncrl.storage.fs import open_root
-    from asyncrl.tasks.rollout.registry import list_servers
-    from asyncrl.tasks.run.components import RolloutComponent
-    from asyncrl.tasks.run.supervisor import ComponentEvent, ComponentStatus, RestartPolicy, supervise
+    from asyncrl.tasks.inference.server_registry import list_servers
+    from asyncrl.tasks.launch.components import RolloutComponent
+    from asyncrl.tasks.launch.supervisor import ComponentEvent, ComponentStatus, RestartPolicy, supervise
 
     marker = uuid.uuid4().hex
     monkeypatch.setenv("ASYNCRL_TEST_MARKER", marker)  # inherited by the server and its engine
@@ -210,9 +210,9 @@ def test_supervisor_start_failure_registers_nothing(tmp_path: Path) -> None:
     import threading
 
     from asyncrl.storage.fs import open_root
-    from asyncrl.tasks.rollout.registry import list_servers
-    from asyncrl.tasks.run.components import RolloutComponent
-    from asyncrl.tasks.run.supervisor import RestartPolicy, supervise
+    from asyncrl.tasks.inference.server_registry import list_servers
+    from asyncrl.tasks.launch.components import RolloutComponent
+    from asyncrl.tasks.launch.supervisor import RestartPolicy, supervise
 
     root = open_root(f"file://{tmp_path}/run")
     config = RolloutServerConfig(model_dir=tmp_path / "missing", log_path=tmp_path / "server.log")
@@ -286,7 +286,7 @@ def _model_dir(tmp_path: Path) -> Path:
 
 
 def test_a_port_in_use_is_refused_before_spawning(tmp_path: Path) -> None:
-    from asyncrl.tasks.rollout.server import PortInUseError
+    from asyncrl.tasks.inference.server import PortInUseError
 
     httpd = _serve_foreign()
     port = httpd.server_address[1]
@@ -303,7 +303,7 @@ def test_a_port_in_use_is_refused_before_spawning(tmp_path: Path) -> None:
 
 
 def test_a_free_fixed_port_passes_the_bind_test() -> None:
-    from asyncrl.tasks.rollout.server import check_port_free, free_port
+    from asyncrl.tasks.inference.server import check_port_free, free_port
 
     check_port_free("127.0.0.1", free_port("127.0.0.1"))
 
@@ -313,7 +313,7 @@ def _fake_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
     bind test passes, and a sleeping process stands in for vLLM (which would fail to bind)."""
     import sys
 
-    from asyncrl.tasks.rollout import server as server_module
+    from asyncrl.tasks.inference import server as server_module
 
     monkeypatch.setattr(server_module, "check_port_free", lambda host, port: None)
     monkeypatch.setattr(
@@ -332,7 +332,7 @@ def _fake_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_foreign_server_on_the_port_is_not_taken_for_ours(
     status: int, body: bytes, detail: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncrl.tasks.rollout.server import ForeignServerError
+    from asyncrl.tasks.inference.server import ForeignServerError
 
     _fake_spawn(monkeypatch)
     httpd = _serve_foreign(status, body)
@@ -356,10 +356,10 @@ def test_a_foreign_server_fails_the_supervised_start_and_registers_nothing(
     import threading
 
     from asyncrl.storage.fs import open_root
-    from asyncrl.tasks.rollout.registry import list_servers
-    from asyncrl.tasks.rollout.server import ForeignServerError
-    from asyncrl.tasks.run.components import RolloutComponent
-    from asyncrl.tasks.run.supervisor import RestartPolicy, supervise
+    from asyncrl.tasks.inference.server_registry import list_servers
+    from asyncrl.tasks.inference.server import ForeignServerError
+    from asyncrl.tasks.launch.components import RolloutComponent
+    from asyncrl.tasks.launch.supervisor import RestartPolicy, supervise
 
     _fake_spawn(monkeypatch)
     httpd = _serve_foreign()
@@ -376,7 +376,7 @@ def test_a_foreign_server_fails_the_supervised_start_and_registers_nothing(
 
 
 def test_each_start_serves_a_name_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncrl.tasks.rollout.server import served_name_args, served_names
+    from asyncrl.tasks.inference.server import served_name_args, served_names
 
     config = RolloutServerConfig(model_dir=tmp_path, served_model_name="policy")
     # this start's name first (responses carry it), the plain one kept for requests
@@ -398,10 +398,10 @@ def test_a_port_in_use_fails_the_supervised_start_before_spawning(tmp_path: Path
     import threading
 
     from asyncrl.storage.fs import open_root
-    from asyncrl.tasks.rollout.registry import list_servers
-    from asyncrl.tasks.rollout.server import PortInUseError
-    from asyncrl.tasks.run.components import RolloutComponent
-    from asyncrl.tasks.run.supervisor import RestartPolicy, supervise
+    from asyncrl.tasks.inference.server_registry import list_servers
+    from asyncrl.tasks.inference.server import PortInUseError
+    from asyncrl.tasks.launch.components import RolloutComponent
+    from asyncrl.tasks.launch.supervisor import RestartPolicy, supervise
 
     httpd = _serve_foreign()
     try:

@@ -24,17 +24,17 @@ import process_scan
 import s3_servers
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.rollout.registry import list_servers, read_server
-from asyncrl.tasks.rollout.server import RolloutServerConfig, RolloutServerHandle, vllm_is_cpu_build
-from asyncrl.tasks.rollout.weight_sync import (
+from asyncrl.tasks.inference.server_registry import list_servers, read_server
+from asyncrl.tasks.inference.server import RolloutServerConfig, RolloutServerHandle, vllm_is_cpu_build
+from asyncrl.tasks.inference.weight_sync import (
     WeightSyncError,
     server_weight_version,
     set_server_weight_version,
     tensor_fingerprint,
     update_server_weights,
 )
-from asyncrl.tasks.run.components import RolloutComponent
-from asyncrl.tasks.run.supervisor import ComponentFailed, ComponentStatus, RestartPolicy, supervise
+from asyncrl.tasks.launch.components import RolloutComponent
+from asyncrl.tasks.launch.supervisor import ComponentFailed, ComponentStatus, RestartPolicy, supervise
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.rollout.weight_sync import fetch_weight_version
-from asyncrl.tasks.run.components_setup import serving_weights
-from asyncrl.tasks.run.context import run_paths
+from asyncrl.tasks.inference.weight_sync import fetch_weight_version
+from asyncrl.tasks.launch.components_setup import serving_weights
+from asyncrl.tasks.system.run_paths import run_paths
 
 
 def weights_file(model_dir: Path) -> bytes:

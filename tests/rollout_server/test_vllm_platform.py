@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from asyncrl.tasks.rollout.vllm_platform import (
+from asyncrl.tasks.inference.vllm_platform import (
     FORK_ENGINE_CORE_ENV,
     FORKING_CPU_PLATFORM,
     VLLM_CPU_PLATFORM,
@@ -48,7 +48,7 @@ def test_the_plugin_picks_the_forking_platform_only_when_asked_on_the_plain_cpu_
 def test_the_forking_platform_runs_vllm_s_cpu_set_up_then_forks(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.platforms.cpu import CpuPlatform
 
-    from asyncrl.tasks.rollout.vllm_forking_platform import ForkingCpuPlatform
+    from asyncrl.tasks.inference.vllm_forking_platform import ForkingCpuPlatform
 
     assert FORKING_CPU_PLATFORM == f"{ForkingCpuPlatform.__module__}.{ForkingCpuPlatform.__qualname__}"
     seen: list[object] = []

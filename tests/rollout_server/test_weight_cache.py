@@ -16,8 +16,8 @@ from safetensors.numpy import save_file
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightIntegrityError, WeightStore
-from asyncrl.tasks.rollout import weight_sync
-from asyncrl.tasks.rollout.weight_sync import (
+from asyncrl.tasks.inference import weight_sync
+from asyncrl.tasks.inference.weight_sync import (
     cached_version_dir,
     fetch_weight_version,
     load_request_body,
@@ -152,7 +152,7 @@ def test_prefetch_fills_the_cache_of_a_server_on_this_host_only(
 ) -> None:
     """Before an update pauses generation, the scheduler fetches the version into the cache
     its servers on this host load from: the worker's load then finds it cached (verified)."""
-    from asyncrl.tasks.rollout.routing import ServerEndpoint
+    from asyncrl.tasks.inference.routing import ServerEndpoint
 
     root_uri = f"file://{tmp_path / 'run'}"
     store = WeightStore(open_root(root_uri))

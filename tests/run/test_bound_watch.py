@@ -10,10 +10,10 @@ import pytest
 
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
-from asyncrl.tasks.run.bound_watch import EffectiveBoundWatch
-from asyncrl.tasks.scheduler.adaptive_eta import AdaptiveState
+from asyncrl.tasks.launch.bound_watch import EffectiveBoundWatch
+from asyncrl.tasks.algo.adaptive_eta import AdaptiveState
 from asyncrl.tasks.scheduler.controller import save_gate_state
-from asyncrl.tasks.scheduler.staleness_gate import GateState
+from asyncrl.tasks.algo.staleness_gate import GateState
 
 
 def test_each_change_is_one_point_and_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -12,14 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from asyncrl.configs.run_config import TrackingConfig
-from asyncrl.tasks.run.canary import (
-    EVENT,
-    CanaryAlarm,
-    MismatchCanary,
-    MismatchCanaryConfig,
-    mismatch_crossings,
-    prefect_alarm,
-)
+from asyncrl.tasks.launch.canary import EVENT, CanaryAlarm, MismatchCanary, mismatch_crossings
+from asyncrl.flows.prefect_api.events import prefect_alarm
+from asyncrl.configs.canary import MismatchCanaryConfig
 
 HEALTHY = {"mismatch/current_version_tokens": 500.0, "mismatch/abs_logp_diff_mean": 0.004,
            "mismatch/k3_kl": 2e-4, "mismatch/ratio_outside_frac": 0.001}  # fmt: skip

@@ -1,11 +1,11 @@
-"""What the run's components are configured with, from the run config (:mod:`asyncrl.tasks.run.components_setup`)."""
+"""What the run's components are configured with, from the run config (:mod:`asyncrl.tasks.launch.components_setup`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.components_setup import controller_settings
+from asyncrl.tasks.scheduler.setup import controller_settings
 
 
 def test_the_cap_on_groups_in_flight_reaches_the_controller(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.context import RunRootMismatchError, check_resumable, prepare_run
+from asyncrl.tasks.launch.context import RunRootMismatchError, check_resumable, prepare_run
 
 
 def raw_config(tmp_path: Path) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def test_a_damaged_frozen_config_is_named(content: bytes, tmp_path: Path) -> Non
 
 
 def test_a_full_disk_writing_the_private_config_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncrl.tasks.run.context as context
+    import asyncrl.tasks.launch.context as context
 
     safe_dump = context.yaml.safe_dump
 
@@ -147,7 +147,7 @@ def test_a_full_disk_writing_the_private_config_names_the_file(tmp_path: Path, m
 
 
 def test_a_full_disk_freezing_the_config_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncrl.tasks.run.context as context
+    import asyncrl.tasks.launch.context as context
 
     def full_disk(*args: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -17,14 +17,15 @@ from typing import Any
 
 import pytest
 
-import asyncrl.tasks.rollout.server as server_module
+import asyncrl.tasks.inference.server as server_module
 import asyncrl.tasks.trainer.process as trainer_module
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.process_group import kill_group, machine_cpus, usable_cpus
-from asyncrl.tasks.rollout.server import RolloutServer, server_command, server_env
-from asyncrl.tasks.run.components_setup import evaluator_server_config, rl_trainer_launch, server_config
-from asyncrl.tasks.run.context import run_paths
-from asyncrl.tasks.run.devices import (
+from asyncrl.tasks.system.process_group import kill_group, usable_cpus
+from asyncrl.configs.cpus import machine_cpus
+from asyncrl.tasks.inference.server import RolloutServer, server_command, server_env
+from asyncrl.tasks.launch.components_setup import evaluator_server_config, rl_trainer_launch, server_config
+from asyncrl.tasks.system.run_paths import run_paths
+from asyncrl.tasks.launch.devices import (
     CUDA_ENV,
     DeviceError,
     Machine,

@@ -14,12 +14,12 @@ import pytest
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.evaluations import EvaluationStore, EvaluatorState
-from asyncrl.tasks.process_group import machine_cpus
-from asyncrl.tasks.run.components_setup import evaluator_server_config, server_config
-from asyncrl.tasks.run.context import run_paths
-from asyncrl.tasks.run.devices import DeviceError, Machine
-from asyncrl.tasks.run.rl import RunStop, _raise_first_failure, _wait_evaluator, run_components
-from asyncrl.tasks.run.supervisor import ComponentFailed, ComponentOutcome
+from asyncrl.configs.cpus import machine_cpus
+from asyncrl.tasks.launch.components_setup import evaluator_server_config, server_config
+from asyncrl.tasks.system.run_paths import run_paths
+from asyncrl.tasks.launch.devices import DeviceError, Machine
+from asyncrl.tasks.launch.rl import RunStop, _raise_first_failure, _wait_evaluator, run_components
+from asyncrl.tasks.launch.supervisor import ComponentFailed, ComponentOutcome
 
 GPUS_4 = Machine(gpus=("0", "1", "2", "3"), gpu_source="fake: 4 GPUs")
 

@@ -25,10 +25,10 @@ import pytest
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.heartbeats import Heartbeat, read_heartbeat, stop_requested, write_heartbeat
-from asyncrl.tasks.process_group import spawn_session
-from asyncrl.tasks.run.component_host import HostedComponentExited, run_hosted
-from asyncrl.tasks.run.components import ProcessComponent
-from asyncrl.tasks.run.remote_component import (
+from asyncrl.tasks.system.process_group import spawn_session
+from asyncrl.tasks.launch.component_host import HostedComponentExited, run_hosted
+from asyncrl.tasks.launch.components import ProcessComponent
+from asyncrl.flows.prefect_api.remote_component import (
     EXIT_COMPLETED,
     EXIT_FAILED,
     EXIT_LOST,

@@ -13,8 +13,8 @@ from mlflow_run import tiny_run
 from PIL import Image
 
 from asyncrl.configs.loading import config_from_dict
-from asyncrl.tasks.run.context import CONFIG_ARTIFACT, open_run_context, system_metrics
-from asyncrl.tasks.run.run_report import PLOTS_DIR, SUMMARY_ARTIFACT, log_run_report, read_curves
+from asyncrl.tasks.launch.context import CONFIG_ARTIFACT, open_run_context, system_metrics
+from asyncrl.tasks.tracking.run_report import PLOTS_DIR, SUMMARY_ARTIFACT, log_run_report, read_curves
 
 API_KEY = "report-canary-api-key-93c1"
 

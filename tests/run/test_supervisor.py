@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.tasks.process_group import group_alive, spawn_session
-from asyncrl.tasks.run.components import ProcessComponent, sigkill_group
-from asyncrl.tasks.run.rl import PROCESS_GROUPS_FILE, ProcessGroupFile, RunStop, kill_recorded_groups
-from asyncrl.tasks.run.supervisor import ComponentEvent, ComponentFailed, ComponentStatus, RestartPolicy, supervise
+from asyncrl.tasks.system.process_group import group_alive, spawn_session
+from asyncrl.tasks.launch.components import ProcessComponent, sigkill_group
+from asyncrl.tasks.launch.rl import PROCESS_GROUPS_FILE, ProcessGroupFile, RunStop, kill_recorded_groups
+from asyncrl.tasks.launch.supervisor import ComponentEvent, ComponentFailed, ComponentStatus, RestartPolicy, supervise
 
 FAST = RestartPolicy(max_restarts=2, backoff_s=0.05, backoff_max_s=0.1, start_timeout_s=30.0, poll_s=0.05)
 

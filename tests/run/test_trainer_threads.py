@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.components_setup import rl_trainer_launch, rl_trainer_threads
-from asyncrl.tasks.run.context import run_paths
-from asyncrl.tasks.run.devices import Machine
+from asyncrl.tasks.launch.components_setup import rl_trainer_launch, rl_trainer_threads
+from asyncrl.tasks.system.run_paths import run_paths
+from asyncrl.tasks.launch.devices import Machine
 from asyncrl.tasks.trainer.process import trainer_env
 
 CPUS = os.cpu_count() or 1

@@ -17,9 +17,10 @@ from asyncrl.configs.loading import load_config
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.scheduler.adaptive_eta import AdaptiveEta, AdaptiveState, AdaptiveStalenessConfig, read_drift
+from asyncrl.tasks.algo.adaptive_eta import AdaptiveEta, AdaptiveState, read_drift
+from asyncrl.configs.adaptive_staleness import AdaptiveStalenessConfig
 from asyncrl.tasks.scheduler.controller import ControllerSettings, RolloutController, load_adaptive_state
-from asyncrl.tasks.scheduler.staleness_gate import StalenessGate
+from asyncrl.tasks.algo.staleness_gate import StalenessGate
 
 from tests.scheduler.test_gate_after_rollback import FixedGenerator, NoCodec, NoScorer, PromptRecord, PromptSchedule
 

@@ -13,9 +13,9 @@ import pytest
 from mlflow import MlflowClient
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.run.bound_watch import METRIC
-from asyncrl.tasks.run.rl import train_run
-from asyncrl.tasks.rollout.server import free_port
+from asyncrl.tasks.launch.bound_watch import METRIC
+from asyncrl.tasks.launch.rl import train_run
+from asyncrl.tasks.inference.server import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ from asyncrl.storage.shards import ShardReader
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult
-from asyncrl.tasks.rollout.samples import SampleOutput, SampleTimings, UpdateStats
+from asyncrl.tasks.inference.samples import SampleOutput, SampleTimings, UpdateStats
 
 RUN_ID = "run-test"
 

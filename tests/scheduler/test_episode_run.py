@@ -15,9 +15,9 @@ import pytest
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.shards import ShardReader
-from asyncrl.tasks.run.audit import audit_run
-from asyncrl.tasks.run.rl import train_run
-from asyncrl.tasks.rollout.server import free_port
+from asyncrl.tasks.launch.audit import audit_run
+from asyncrl.tasks.launch.rl import train_run
+from asyncrl.tasks.inference.server import free_port
 
 pytestmark = pytest.mark.slow
 

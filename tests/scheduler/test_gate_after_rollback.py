@@ -20,7 +20,7 @@ from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.scheduler.controller import ControllerSettings, PromptSchedule, RolloutController, save_gate_state
-from asyncrl.tasks.scheduler.staleness_gate import GateState
+from asyncrl.tasks.algo.staleness_gate import GateState
 
 B, ETA = 2, 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.tasks.scheduler.staleness_gate import StalenessGate
+from asyncrl.tasks.algo.staleness_gate import StalenessGate
 
 
 class Version:

@@ -33,8 +33,8 @@ from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import PromptRecord
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult
-from asyncrl.tasks.rollout.samples import SampleOutput, SampleTimings, UpdateStats
-from asyncrl.tasks.run.audit import audit_run
+from asyncrl.tasks.inference.samples import SampleOutput, SampleTimings, UpdateStats
+from asyncrl.tasks.launch.audit import audit_run
 from asyncrl.tasks.scheduler import controller as controller_module
 from asyncrl.tasks.scheduler.controller import ControllerSettings, PromptSchedule, RolloutController, group_index
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput

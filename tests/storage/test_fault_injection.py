@@ -29,8 +29,8 @@ from asyncrl.storage.retry import RetryPolicy
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardReader, ShardWriter
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.rollout.registry import list_servers, register_server, unregister_server
-from asyncrl.tasks.rollout.server import RolloutServerHandle
+from asyncrl.tasks.inference.server_registry import list_servers, register_server, unregister_server
+from asyncrl.tasks.inference.server import RolloutServerHandle
 
 RUN = "fault-run"
 FAULT_SHARE = 0.25

@@ -14,11 +14,11 @@ from run_root_builder import RunRootBuilder
 
 from asyncrl.storage import fs
 from asyncrl.storage.fs import RunRoot, open_root
-from asyncrl.storage.lineage import RunLineage
+from asyncrl.tasks.tracking.mlflow_run import RunLineage
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.run.context import TRACKING_FILE
-from asyncrl.tasks.run.lineage_recorder import LineageRecorder, file_ref
+from asyncrl.storage.paths import TRACKING_FILE
+from asyncrl.tasks.tracking.lineage_recorder import LineageRecorder, file_ref
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 from uuid import UUID
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.rollout.server import free_port
-from asyncrl.tasks.run.stages import prepare_inputs
+from asyncrl.tasks.inference.server import free_port
+from asyncrl.tasks.launch.stages import prepare_inputs
 
 
 def run_tree(flow_run_id: Any) -> dict[str, str]:  # noqa: ANN401 - a UUID

@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 from process_scan import kill_processes, processes_with_env
 
-from asyncrl.tasks.process_group import kill_group, read_log_tail
-from asyncrl.tasks.rollout.server import free_port
+from asyncrl.tasks.system.process_group import kill_group, read_log_tail
+from asyncrl.tasks.inference.server import free_port
 
 LOG_TAIL_LINES = 60
 

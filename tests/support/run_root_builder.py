@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from asyncrl.tasks.scheduler.controller import group_id, save_gate_state
-from asyncrl.tasks.scheduler.staleness_gate import GateState
+from asyncrl.tasks.algo.staleness_gate import GateState
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.schema import Sample

@@ -12,7 +12,7 @@ from asyncrl.tasks.trainer.batch import TokenSequence, build_micro_batches, pack
 from asyncrl.tasks.trainer.bench import long_tailed_lengths
 from asyncrl.tasks.trainer.feed import TrainerInputError, check_samples
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
-from asyncrl.tasks.trainer.packing import fixed_count_micro_batches, pack_micro_batches, packing_efficiency
+from asyncrl.tasks.algo.packing import fixed_count_micro_batches, pack_micro_batches, packing_efficiency
 
 
 def _sequences(n: int, seed: int) -> list[TokenSequence]:

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from asyncrl.configs.run_config import TrainerConfig
 from asyncrl.tasks.trainer.batch import TokenSequence, pack_sequences, pad_sequences
-from asyncrl.tasks.trainer.corrections import correct_behaviour_weight, sequence_index, token_log_weight
-from asyncrl.tasks.trainer.loss import decoupled_ppo_loss
+from asyncrl.tasks.algo.corrections import correct_behaviour_weight, sequence_index, token_log_weight
+from asyncrl.tasks.algo.loss import decoupled_ppo_loss
 from asyncrl.tasks.trainer.step import RLSettings
 
 EPS = 0.2

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
-from asyncrl.tasks.process_group import kill_group, read_log_tail, spawn_session
+from asyncrl.tasks.system.process_group import kill_group, read_log_tail, spawn_session
 from asyncrl.tasks.trainer.checkpoint import (
     CheckpointError,
     CheckpointState,

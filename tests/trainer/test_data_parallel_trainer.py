@@ -21,7 +21,7 @@ from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardWriter
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.process_group import kill_group, read_log_tail
+from asyncrl.tasks.system.process_group import kill_group, read_log_tail
 from asyncrl.tasks.trainer.checkpoint import complete_checkpoints, read_manifest
 from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
 from asyncrl.tasks.trainer.process import TrainerLaunch, start_trainer, supervise_trainer

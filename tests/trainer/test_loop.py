@@ -39,8 +39,8 @@ def sample_with_vllm(model_dir: Path, prompt: list[int], version: int, log_dir: 
     """Two 12-token samples of ``prompt`` from a vLLM rollout server on ``model_dir``."""
     import asyncio
 
-    from asyncrl.tasks.rollout.client import RolloutClient
-    from asyncrl.tasks.rollout.server import RolloutServer, RolloutServerConfig
+    from asyncrl.tasks.inference.client import RolloutClient
+    from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig
 
     async def sample(server: RolloutServer) -> list[Any]:
         async with RolloutClient([server.handle], initial_version=version) as client:

@@ -21,12 +21,12 @@ from asyncrl.storage.fs import open_root
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardReader, ShardWriter
 from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches
-from asyncrl.tasks.trainer.corrections import sequence_index
+from asyncrl.tasks.algo.corrections import sequence_index
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput, TrainerInputError, check_samples
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs
 from asyncrl.tasks.trainer.loop import stale_tokens
-from asyncrl.tasks.trainer.loss import decoupled_ppo_loss
+from asyncrl.tasks.algo.loss import decoupled_ppo_loss
 from asyncrl.tasks.trainer.step import (
     RLSettings,
     TrainItem,
@@ -344,7 +344,7 @@ def test_proximal_logprobs_are_the_model_tokens_with_env_tokens_as_context(stand
 def _mismatch_reference(
     theta: Sequence[torch.Tensor], samples: Sequence[Sample], trainer_updates: int
 ) -> dict[str, float]:
-    """The mismatch figures of the module :mod:`asyncrl.tasks.trainer.mismatch` over model tokens
+    """The mismatch figures of the module :mod:`asyncrl.tasks.algo.mismatch` over model tokens
     only, in float64: d_t = log p_trainer - log p_behav; current tokens have lag 0."""
     behav = [torch.tensor(s.model_values(s.behaviour_logprobs), dtype=torch.float64) for s in samples]
     d = torch.cat([th - b for th, b in zip(theta, behav)])

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.tasks.run.canary import MismatchCanary, MismatchCanaryConfig, mismatch_crossings
-from asyncrl.tasks.trainer import mismatch as mismatch_module
-from asyncrl.tasks.trainer.mismatch import all_gather_mismatch, local_mismatch, quantile_tail_size, upper_quantile
+from asyncrl.tasks.launch.canary import MismatchCanary, mismatch_crossings
+from asyncrl.configs.canary import MismatchCanaryConfig
+from asyncrl.tasks.algo.mismatch import all_gather_mismatch, local_mismatch, quantile_tail_size, upper_quantile
 from asyncrl.tasks.trainer.step import RLSettings, prepare_step, run_rl_step
 
 # Three samples: per token (log p_trainer, log p_behav, lag). Lag 0 = the trainer's weights;
@@ -30,11 +30,13 @@ TOKENS = [
 ]
 
 
-def _figures(tokens: list[list[tuple[float, float, int]]]) -> dict[str, float]:
+def _figures(
+    tokens: list[list[tuple[float, float, int]]], gather: Callable[[Any], list[Any]] = lambda x: [x]
+) -> dict[str, float]:
     trainer = [torch.tensor([t[0] for t in s], dtype=torch.float32) for s in tokens]
     behav = [torch.tensor([t[1] for t in s], dtype=torch.float32) for s in tokens]
     lags = [[t[2] for t in s] for s in tokens]
-    return all_gather_mismatch(local_mismatch(trainer, behav, lags))
+    return all_gather_mismatch(local_mismatch(trainer, behav, lags), gather)
 
 
 def test_figures_match_the_float64_reference() -> None:
@@ -115,7 +117,7 @@ class ThreadRanks:
         return results
 
 
-def test_ranks_combine_to_the_one_rank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_combine_to_the_one_rank_figures() -> None:
     """Split over 3 ranks, one holding every large weight (its top 1% is the whole tail), the
     figures equal those of one rank over all the tokens."""
     rng = random.Random(3)
@@ -128,8 +130,7 @@ def test_ranks_combine_to_the_one_rank_figures(monkeypatch: pytest.MonkeyPatch) 
     one = _figures(tokens)
     shares = [tokens[:10], tokens[10:45], tokens[45:]]
     ranks = ThreadRanks(3)
-    monkeypatch.setattr(mismatch_module, "all_gather_objects", ranks.all_gather_objects)
-    combined = ranks.run(lambda r: _figures(shares[r]))
+    combined = ranks.run(lambda r: _figures(shares[r], ranks.all_gather_objects))
     for figures in combined:
         assert figures.keys() == one.keys()
         for name, value in one.items():

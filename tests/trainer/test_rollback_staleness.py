@@ -26,9 +26,9 @@ from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardWriter
 from asyncrl.storage.weight_lineage import LINEAGE_FILE, VersionUpdates, lineage_updates, read_lineage
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.run.audit import audit_run
+from asyncrl.tasks.launch.audit import audit_run
 from asyncrl.tasks.scheduler.controller import group_id, save_gate_state
-from asyncrl.tasks.scheduler.staleness_gate import GateState
+from asyncrl.tasks.algo.staleness_gate import GateState
 from asyncrl.tasks.trainer.loop import LoopSettings, RLTrainer, TrainerState
 from asyncrl.tasks.trainer.metrics import JsonlMetricsSink, read_jsonl_metrics
 from asyncrl.tasks.trainer.step import RLSettings, prepare_step, sample_staleness, update_lag

@@ -1,0 +1,185 @@
+"""Held-out evaluation through vLLM: pass@1 averaged over n samples per prompt.
+
+    pass@1 = (1 / P) * sum_p (c_p / n)
+
+with P prompts, n samples per prompt and c_p the samples of prompt p that the reward
+service scores correct (reward 1). Sampling at the rollout temperature gives the
+unbiased pass@1 estimate of the sampling policy, not of greedy decoding. Each prompt is
+scored by its own task's reward (math, code or a plug-in); per task the result also holds
+the mean reward, pass@1 and unbiased pass@k (:mod:`asyncrl.tasks.reward.pass_at_k`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.tasks.scheduler.controller import RewardScorer, TextCodec
+from asyncrl.tasks.data.loader import PromptRecord, load_prompts
+from asyncrl.tasks.data.prompting import render_prompt
+from asyncrl.tasks.reward.pass_at_k import CORRECT_REWARD, task_figures
+from asyncrl.tasks.data.reward_requests import reward_request
+from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.configs.episode import EpisodeConfig
+from asyncrl.tasks.agent.runner import EpisodeRunner, score_outcomes
+from asyncrl.tasks.scheduler.setup import episode_runner_on, load_codec
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from asyncrl.configs.run_config import RunConfig
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    version: int
+    pass_at_1: float
+    prompts: int
+    samples_per_prompt: int
+    mean_output_tokens: float
+    by_task: dict[str, float] = field(default_factory=dict)
+    """:func:`task_figures` of the held-out prompts (``pass_at_1/<task>``, ...)."""
+
+    def metrics(self, prefix: str = "eval_") -> dict[str, float]:
+        """The figures as metrics named ``<prefix>pass_at_1``, ``<prefix>pass_at_1/<task>``, ...
+        (``eval_``: the evaluate stage's, on each LoggedModel; ``eval/``: evaluation during
+        training, on the run at step = version)."""
+        return {
+            f"{prefix}pass_at_1": self.pass_at_1,
+            f"{prefix}prompts": float(self.prompts),
+            f"{prefix}mean_output_tokens": self.mean_output_tokens,
+            **{f"{prefix}{name}": value for name, value in self.by_task.items()},
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> EvalResult:
+        """The result of its JSON form (``dataclasses.asdict``); other keys are ignored."""
+        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
+
+
+def pass_at_1(correct_counts: Sequence[int], samples_per_prompt: int) -> float:
+    """Mean over prompts of c_p / n (see the module docstring)."""
+    if samples_per_prompt < 1:
+        raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
+    if not correct_counts:
+        raise ValueError("pass@1 of zero prompts is undefined")
+    return sum(c / samples_per_prompt for c in correct_counts) / len(correct_counts)
+
+
+async def evaluate(
+    client: RolloutClient,
+    version: int,
+    prompts: Sequence[PromptRecord],
+    render: Callable[[PromptRecord], str],
+    codec: TextCodec,
+    scorer: RewardScorer,
+    *,
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    temperature: float,
+    stop_token_ids: Sequence[int],
+    concurrency: int = 64,
+    on_prompt_done: Callable[[], None] | None = None,
+    pass_k: Sequence[int] = (),
+    episode: EpisodeConfig | None = None,
+) -> EvalResult:
+    """Generate `samples_per_prompt` answers per held-out prompt and score them, with at most
+    `concurrency` prompt groups in flight (the server batches their samples, so more groups in
+    flight keep a CPU server busier). With ``episode`` (``rollout.episode``), each answer is
+    one run of the user's episode through a recording endpoint on ``client``, scored as in
+    training (:func:`~asyncrl.tasks.agent.runner.score_outcomes`: a failed episode is
+    wrong); its length is the tokens the model sampled in all its turns."""
+    limit = asyncio.Semaphore(concurrency)
+    lengths: list[int] = []
+
+    async def single_turn(record: PromptRecord) -> list[float]:
+        async with limit:
+            outputs = await client.generate_group(
+                codec.encode(render(record)), samples_per_prompt, max_new_tokens, temperature,
+                stop_token_ids=stop_token_ids,
+            )
+        lengths.extend(len(o.output_token_ids) for o in outputs)
+        results = await scorer.score(
+            [reward_request(record, codec.decode(o.output_token_ids)) for o in outputs]
+        )
+        return [r.reward for r in results]
+
+    async def episodes(runner: EpisodeRunner, record: PromptRecord) -> list[float]:
+        async with limit:
+            outcomes = await runner.run_group(record, samples_per_prompt)
+        lengths.extend(sum(o.tokens.output_mask) if o.tokens else 0 for o in outcomes)
+        return [reward for reward, _ in await score_outcomes(record, outcomes, scorer)]
+
+    async def one(record: PromptRecord, runner: EpisodeRunner | None) -> list[float]:
+        rewards = await (single_turn(record) if runner is None else episodes(runner, record))
+        if on_prompt_done is not None:
+            on_prompt_done()
+        return rewards
+
+    if episode is None:
+        rewards = await asyncio.gather(*(one(record, None) for record in prompts))
+    else:
+        async with episode_runner_on(client, codec, episode, max_new_tokens, temperature) as runner:
+            rewards = await asyncio.gather(*(one(record, runner) for record in prompts))
+    counts = [sum(1 for r in prompt_rewards if r >= CORRECT_REWARD) for prompt_rewards in rewards]
+    return EvalResult(
+        version=version,
+        pass_at_1=pass_at_1(counts, samples_per_prompt),
+        prompts=len(prompts),
+        samples_per_prompt=samples_per_prompt,
+        mean_output_tokens=sum(lengths) / max(len(lengths), 1),
+        by_task=task_figures(zip((record.task for record in prompts), rewards, strict=True), pass_k),
+    )
+
+
+@dataclass(frozen=True)
+class HeldOutTask:
+    """One held-out evaluation as a run defines it, for any version on any server: the
+    prompts, how they are rendered and decoded, and the sampling settings (the rollout's
+    budget and temperature)."""
+
+    prompts: Sequence[PromptRecord]
+    render: Callable[[PromptRecord], str]
+    codec: TextCodec
+    samples_per_prompt: int
+    max_new_tokens: int
+    temperature: float
+    stop_token_ids: Sequence[int]
+    pass_k: Sequence[int] = ()
+    episode: EpisodeConfig | None = None
+    """``rollout.episode``: each answer is one run of the user's episode."""
+
+    async def run(
+        self, client: RolloutClient, version: int, scorer: RewardScorer, on_prompt_done: Callable[[], None] | None = None
+    ) -> EvalResult:
+        """:func:`evaluate` of ``version``, the weights ``client``'s servers hold."""
+        return await evaluate(
+            client, version, self.prompts, self.render, self.codec, scorer,
+            samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature, stop_token_ids=self.stop_token_ids, on_prompt_done=on_prompt_done,
+            pass_k=self.pass_k, episode=self.episode,
+        )  # fmt: skip
+
+
+def held_out_task(config: RunConfig, model_dir: Path, prompts: int | None, samples: int) -> HeldOutTask:
+    """The run's held-out evaluation: the first ``prompts`` rows of ``data.eval_path`` (None:
+    all), ``samples`` per prompt, rendered by ``data.prompt_format`` with the tokenizer of
+    ``model_dir`` (a version's or ``model.path``), pass@k for the k of ``tracking.pass_k``
+    up to ``samples``."""
+    if not config.data.eval_path:
+        raise ValueError("data.eval_path: not set; held-out evaluation needs it")
+    rows = load_prompts(config.data.eval_path, plugins=config.reward.plugins)[:prompts]
+    codec, stop_ids = load_codec(str(model_dir))
+    return HeldOutTask(
+        prompts=rows,
+        render=lambda record: render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer),
+        codec=codec,
+        samples_per_prompt=samples,
+        max_new_tokens=config.rollout.max_new_tokens,
+        temperature=config.rollout.temperature,
+        stop_token_ids=stop_ids,
+        pass_k=[k for k in config.tracking.pass_k if k <= samples],
+        episode=config.rollout.episode,
+    )

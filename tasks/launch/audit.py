@@ -1,0 +1,397 @@
+"""Audit of a run root: exactly-once production and consumption, monotone weights and the
+staleness bound, checked over what is in storage (nothing is moved or written).
+
+Rules; every violation is one line that names the objects involved.
+
+(a) Production. "Admitted" is the scheduler's persisted gate count A
+    (``scheduler/state.json``): the controller saves it *before* dispatching group k, so
+    groups ``g00000000`` .. ``g{A-1:08d}`` are exactly the admitted ones. Each must be held
+    by exactly one shard of ``trajectories/`` (quarantined files do not count). Violations:
+    a group in two shards; a group id >= A (never admitted) or not of the scheduler's form;
+    an admitted group that no shard holds, unless ``in_flight_ok``. A run whose scheduler
+    drained at the end (finished its in-flight groups without admitting new ones, as
+    ``asyncrl chaos`` does) has none; a run stopped without draining (the ``train`` flow
+    cancels its in-flight groups) leaves the groups that were in flight, and a later run
+    of the root regenerates them: audit it with ``in_flight_ok=True``. Unwritten groups
+    are listed in the report either way. A group dynamic filtering left out (all rewards
+    equal) has a record in ``scheduler/filtered/`` and must be in no shard: it counts as
+    produced, not as unwritten; a record for a group never admitted, or for a group a
+    shard holds, is a violation.
+(b) Consumption. The final ledger holds steps 1..N without a gap; no shard is named twice
+    (by two steps or twice by one); every named shard is a valid shard of the run
+    (consumed ones live in ``consumed/``).
+(c) Weights. Publish order is version order: sorted by version, the manifests'
+    ``published_at`` increase strictly; ``LATEST`` names the newest complete version; each
+    version's lineage names that version and a parent below it; the versions published
+    for the final ledger's steps increase with the step. Versions that retention pruned
+    (their lineage kept in ``weights-lineage/``) count as published for (d).
+(d) Staleness. The weights published for step k are the newest version whose lineage
+    names step k (a step redone after a trainer restart is published again, later; the
+    final ledger's entry is the last one recorded, by the run that published last). Its
+    lineage must list exactly the shards the ledger names for step k, and its
+    ``parent_version`` i_k is the version label the trainer held at that step. Staleness
+    is counted in training steps, as the trainer counts it (its :func:`sample_staleness`,
+    imported, not restated): per sample of those shards,
+    s = max(0, (k - 1) - min_t U(v_t)), where k - 1 is the number of steps the weights
+    that trained step k had received (a trainer resumed from checkpoint c holds steps
+    1..c, whatever labels the killed trainer published after c) and U(v) the ``step`` in
+    the lineage of version v (:func:`asyncrl.storage.weight_lineage.lineage_updates`).
+    A sample with s > ``max_staleness`` is dropped by the trainer's rule, not trained:
+    it is counted in ``dropped_stale``, and every other sample is trained with
+    s <= ``max_staleness``. Storage does not record which samples were trained, so the
+    rule's inputs are what can be wrong: violations are a consumed step without published
+    weights, a token version that was never published, and a token labelled with a
+    published version newer than i_k (it was not yet published when step k took its
+    shards: mislabelled tokens, which would hide staleness; the sample is then not counted).
+    Versions, staleness and dropped tokens are over the model tokens of a sample: the
+    environment tokens of a multi-turn sample were sampled by no weights.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from asyncrl.storage import fs, paths
+from asyncrl.storage.errors import ShardValidationError
+from asyncrl.storage.fs import RunRoot
+from asyncrl.storage.ledger import Ledger, LedgerEntry
+from asyncrl.storage.schema import Sample, table_to_groups, upgrade_table, validate_table
+from asyncrl.storage.shards import ShardReader
+from asyncrl.storage.weight_lineage import lineage_updates, read_lineage
+from asyncrl.storage.weights import WeightStore
+
+# The audit checks the contracts of the scheduler (group ids, its persisted state) and of
+# the trainer (the lineage file beside each version, the staleness formula): it imports
+# their definitions rather than restating them.
+from asyncrl.tasks.scheduler.controller import filtered_groups, group_id, group_index, load_gate_state
+from asyncrl.tasks.trainer.step import sample_staleness
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What :func:`audit_run` found; ``ok`` when ``violations`` is empty."""
+
+    admitted: int
+    """Groups admitted by the scheduler (its persisted gate count)."""
+    groups_written: int
+    """Distinct group ids held by the shards."""
+    unwritten_groups: tuple[str, ...]
+    """Admitted groups no shard holds (in flight when the scheduler stopped), filtered ones aside."""
+    filtered_groups: int
+    """Admitted groups dynamic filtering left out (recorded in ``scheduler/filtered/``, in no shard)."""
+    shards: int
+    consumed_shards: int
+    ledger_steps: int
+    """Steps in the final ledger (N)."""
+    versions: tuple[int, ...]
+    """Complete weight versions, ascending."""
+    step_versions: dict[int, int]
+    """Final ledger step -> the weight version published for it."""
+    trained_samples: int
+    dropped_stale: int
+    """Samples of consumed shards staler than ``max_staleness``: dropped by the trainer, not trained."""
+    dropped_tokens: int
+    """Model tokens of those samples (environment tokens of multi-turn samples left out):
+    generated, then thrown away (0 in a healthy run, where the scheduler's write order keeps
+    every sample within the bound)."""
+    staleness_counts: dict[int, int]
+    """Staleness -> number of trained samples."""
+    max_staleness: int
+    violations: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ok"] = self.ok
+        out["step_versions"] = {str(k): v for k, v in self.step_versions.items()}
+        out["staleness_counts"] = {str(k): v for k, v in self.staleness_counts.items()}
+        return out
+
+
+@dataclass(frozen=True)
+class _ShardContent:
+    """The groups of one shard by id, each its samples in row order."""
+
+    groups: dict[str, list[Sample]]
+
+
+def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: bool = False) -> AuditReport:
+    """Check rules (a)-(d) of the module docstring on run ``run_id`` in ``root``.
+
+    ``max_staleness`` is the trainer's bound (``RunConfig.max_staleness``:
+    ``trainer.max_staleness``, else ``rollout.eta``)."""
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+        raise ValueError(f"max_staleness must be an int >= 0, got {max_staleness!r}")
+    violations: list[str] = []
+    admitted = admitted_groups(root, violations)
+    contents = read_shards(root, run_id, violations)
+    filtered = filtered_groups(root)
+    unwritten = audit_production(admitted, contents, in_flight_ok, violations, filtered)
+    entries = read_ledger(root, violations)
+    audit_consumption(entries, contents, violations)
+    versions, lineages = audit_weights(root, violations)
+    pruned = pruned_lineages(root, lineages, violations)
+    step_versions = steps_published(entries, lineages, violations)
+    staleness, dropped, dropped_tokens = audit_staleness(
+        entries, contents, step_versions, lineages, set(versions) | set(pruned), max_staleness, violations
+    )
+    return AuditReport(
+        admitted=admitted,
+        groups_written=len({gid for content in contents.values() if content for gid in content.groups}),
+        unwritten_groups=tuple(unwritten),
+        filtered_groups=len(filtered),
+        shards=len(contents),
+        consumed_shards=sum(len(e.shards) for e in entries),
+        ledger_steps=len(entries),
+        versions=tuple(versions),
+        step_versions=step_versions,
+        trained_samples=sum(staleness.values()),
+        dropped_stale=dropped,
+        dropped_tokens=dropped_tokens,
+        staleness_counts=dict(sorted(staleness.items())),
+        max_staleness=max_staleness,
+        violations=tuple(violations),
+    )
+
+
+def admitted_groups(root: RunRoot, violations: list[str]) -> int:
+    """The scheduler's persisted gate count (0 if it never saved one)."""
+    try:
+        state = load_gate_state(root)
+    except ValueError as exc:
+        violations.append(f"(a) {exc}")
+        return 0
+    return 0 if state is None else state.admitted
+
+
+def read_shards(root: RunRoot, run_id: str, violations: list[str]) -> dict[str, _ShardContent | None]:
+    """Every shard of the run (``trajectories/`` and ``consumed/``) by name (None: unreadable
+    or invalid, a violation).
+    Read without :class:`ShardReader`'s quarantine: an audit moves nothing."""
+    contents: dict[str, _ShardContent | None] = {}
+    for info in ShardReader(root, run_id).list_shards():
+        source = root.display(info.relpath)
+        try:
+            table = upgrade_table(pa.ipc.open_file(pa.py_buffer(fs.read_bytes(root, info.relpath))).read_all())
+            validate_table(table, source, run_id=run_id)
+        except (pa.ArrowException, OSError, ShardValidationError) as exc:
+            violations.append(f"(b) shard {info.name} is not a valid shard of run {run_id!r}: {exc}")
+            contents[info.name] = None
+            continue
+        contents[info.name] = _ShardContent({group[0].group_id: group for group in table_to_groups(table)})
+    return contents
+
+
+def _parse_group_index(gid: str) -> int | None:
+    try:
+        return group_index(gid)
+    except ValueError:
+        return None
+
+
+def audit_production(
+    admitted: int,
+    contents: dict[str, _ShardContent | None],
+    in_flight_ok: bool,
+    violations: list[str],
+    filtered: Sequence[int] = (),
+) -> list[str]:
+    """Rule (a); returns the admitted groups no shard holds and no filtered record names."""
+    holders: dict[str, list[str]] = {}
+    for name, content in contents.items():
+        for gid in content.groups if content else ():
+            holders.setdefault(gid, []).append(name)
+    for gid, shards in sorted(holders.items()):
+        index = _parse_group_index(gid)
+        if len(shards) > 1:
+            violations.append(f"(a) group {gid} was produced {len(shards)} times: in shards {', '.join(shards)}")
+        if index is None:
+            violations.append(f"(a) group id {gid!r} (in {shards[0]}) is not a scheduler group id (g########)")
+        elif index >= admitted:
+            violations.append(
+                f"(a) group {gid} (in {shards[0]}) was never admitted: the scheduler admitted {admitted} groups"
+            )
+    for index in filtered:
+        gid = group_id(index)
+        if index >= admitted:
+            violations.append(f"(a) group {gid} was filtered out but never admitted: the scheduler admitted {admitted} groups")
+        if gid in holders:
+            violations.append(f"(a) group {gid} was filtered out but is also in shards {', '.join(holders[gid])}")
+    left_out = set(filtered)
+    unwritten = [group_id(k) for k in range(admitted) if group_id(k) not in holders and k not in left_out]
+    if unwritten and not in_flight_ok:
+        shown = ", ".join(unwritten[:10]) + (f" and {len(unwritten) - 10} more" if len(unwritten) > 10 else "")
+        violations.append(f"(a) {len(unwritten)} of {admitted} admitted groups are in no shard: {shown}")
+    return unwritten
+
+
+def read_ledger(root: RunRoot, violations: list[str]) -> list[LedgerEntry]:
+    try:
+        return Ledger(root).entries()
+    except (ValueError, FileNotFoundError) as exc:
+        violations.append(f"(b) the ledger cannot be read: {exc}")
+        return []
+
+
+def audit_consumption(
+    entries: Sequence[LedgerEntry], contents: dict[str, _ShardContent | None], violations: list[str]
+) -> None:
+    """Rule (b)."""
+    steps = [e.step for e in entries]
+    if steps != list(range(1, len(steps) + 1)):
+        missing = sorted(set(range(1, max(steps, default=0) + 1)) - set(steps))
+        violations.append(f"(b) the ledger's steps are {steps}, not 1..{len(steps)}: missing steps {missing}")
+    consumers: dict[str, list[int]] = {}
+    for entry in entries:
+        for name in entry.shards:
+            consumers.setdefault(name, []).append(entry.step)
+    for name, by_steps in sorted(consumers.items()):
+        if len(by_steps) > 1:
+            violations.append(f"(b) shard {name} was consumed {len(by_steps)} times: by steps {by_steps}")
+        if name not in contents:
+            violations.append(
+                f"(b) shard {name}, consumed by step {by_steps[0]}, is in neither "
+                f"{paths.TRAJECTORIES_DIR}/ nor {paths.CONSUMED_DIR}/"
+            )
+
+
+def audit_weights(root: RunRoot, violations: list[str]) -> tuple[list[int], dict[int, dict[str, Any]]]:
+    """Rule (c) except the per-step order; returns the complete versions and their lineages."""
+    store = WeightStore(root)
+    versions = store.list_versions()
+    lineages: dict[int, dict[str, Any]] = {}
+    published: list[tuple[int, float]] = []
+    for version in versions:
+        try:
+            published.append((version, float(store.manifest(version)["published_at"])))
+            lineage = read_lineage(root, version)
+        except (ValueError, KeyError, TypeError) as exc:
+            violations.append(f"(c) weight version {version}: unreadable manifest or lineage ({exc})")
+            continue
+        if lineage is None:
+            continue
+        lineages[version] = lineage
+        parent = lineage.get("parent_version")
+        if lineage.get("version") != version:
+            violations.append(f"(c) weight version {version}: its lineage names version {lineage.get('version')!r}")
+        if parent is not None and (not isinstance(parent, int) or parent >= version):
+            violations.append(f"(c) weight version {version}: parent version {parent!r} is not below it")
+    for (before, at_before), (after, at_after) in zip(published, published[1:]):
+        if at_after <= at_before:
+            violations.append(
+                f"(c) weight version {after} was published at {at_after:.3f}, not after version {before} ({at_before:.3f})"
+            )
+    try:
+        latest = store.latest()
+    except ValueError as exc:
+        violations.append(f"(c) {exc}")
+        latest = None
+    if versions and latest != versions[-1]:
+        violations.append(f"(c) LATEST names version {latest}, the newest complete version is {versions[-1]}")
+    return versions, lineages
+
+
+def pruned_lineages(root: RunRoot, lineages: dict[int, dict[str, Any]], violations: list[str]) -> list[int]:
+    """Versions retention pruned (their weights gone, their lineage kept): added to
+    ``lineages`` so steps and staleness are audited through them; returns them ascending."""
+    pruned = WeightStore(root).pruned_versions()
+    for version in pruned:
+        try:
+            lineage = read_lineage(root, version)
+        except (ValueError, KeyError, TypeError) as exc:
+            violations.append(f"(c) pruned weight version {version}: unreadable lineage ({exc})")
+            continue
+        if lineage is not None:
+            lineages[version] = lineage
+    return pruned
+
+
+def steps_published(
+    entries: Sequence[LedgerEntry], lineages: dict[int, dict[str, Any]], violations: list[str]
+) -> dict[int, int]:
+    """Final ledger step -> the newest version whose lineage names that step; checks that
+    it was trained on the ledger's shards and that these versions increase with the step."""
+    newest: dict[int, int] = {}
+    for version, lineage in lineages.items():
+        step = lineage.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            newest[step] = max(version, newest.get(step, -1))
+    step_versions: dict[int, int] = {}
+    for entry in entries:
+        version = newest.get(entry.step)
+        if version is None:
+            violations.append(f"(d) step {entry.step} is in the ledger but no published weights name it")
+            continue
+        trained_on = tuple(lineages[version].get("shards") or ())
+        if trained_on != entry.shards:
+            violations.append(
+                f"(d) step {entry.step}: the ledger names shards {list(entry.shards)}, but weight version {version} "
+                f"published for it was trained on {list(trained_on)}"
+            )
+        step_versions[entry.step] = version
+    ordered = sorted(step_versions.items())
+    for (step_a, version_a), (step_b, version_b) in zip(ordered, ordered[1:]):
+        if version_b <= version_a:
+            violations.append(
+                f"(c) step {step_b} was published as version {version_b}, not after step {step_a}'s version {version_a}"
+            )
+    return step_versions
+
+
+def audit_staleness(
+    entries: Sequence[LedgerEntry],
+    contents: dict[str, _ShardContent | None],
+    step_versions: dict[int, int],
+    lineages: dict[int, dict[str, Any]],
+    published: set[int],
+    max_staleness: int,
+    violations: list[str],
+) -> tuple[Counter[int], int, int]:
+    """Rule (d); returns (staleness -> trained samples, samples dropped as too stale, their model tokens)."""
+    trained: Counter[int] = Counter()
+    dropped = dropped_tokens = 0
+
+    def updates_of(version: int) -> int:
+        return lineage_updates(version, lineages.get(version))
+
+    for entry in entries:
+        if entry.step not in step_versions:
+            continue
+        trainer_version = lineages[step_versions[entry.step]].get("parent_version")
+        if not isinstance(trainer_version, int):
+            violations.append(f"(d) step {entry.step}: weight version {step_versions[entry.step]} names no parent version")
+            continue
+        for name in entry.shards:
+            content = contents.get(name)
+            for gid, samples in (content.groups if content else {}).items():
+                for index, sample in enumerate(samples):
+                    versions = sample.model_values(sample.token_versions)
+                    if not versions:
+                        continue
+                    unpublished = sorted(set(versions) - published)
+                    if unpublished:
+                        violations.append(
+                            f"(d) {name} group {gid} sample {index}: token versions {unpublished} were never published"
+                        )
+                    newer = sorted(v for v in set(versions) - set(unpublished) if v > trainer_version)
+                    if newer:
+                        violations.append(
+                            f"(d) {name} group {gid} sample {index}: tokens of version {newer[-1]} trained by step "
+                            f"{entry.step} at trainer version {trainer_version} (newer than the trainer: mislabelled tokens)"
+                        )
+                        continue
+                    s = sample_staleness(sample, entry.step - 1, updates_of)
+                    if s > max_staleness:
+                        dropped += 1
+                        dropped_tokens += sample.model_token_count
+                    else:
+                        trained[s] += 1
+    return trained, dropped, dropped_tokens

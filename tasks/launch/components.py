@@ -1,0 +1,290 @@
+"""The long-lived components of an RL run, each one process group of its own
+(``start_new_session``) with a parent-death signal, behind one interface that the
+supervisor (:mod:`asyncrl.tasks.launch.supervisor`) drives for the `train` flow, the
+scheduler flow and `asyncrl chaos` alike:
+
+- ``start()`` spawns it (returns at once);
+- ``ready()`` says whether it is up and usable (a rollout server: healthy, labelled with its
+  weight version and registered in the run root; a process: running; the reward service:
+  running and registered);
+- ``poll()`` is its exit status, None while it runs;
+- ``finished(code)`` says whether exiting with ``code`` is its normal end;
+- ``stop()`` kills its whole group (SIGTERM, then SIGKILL) and waits until none is left.
+
+The components and how each resumes after a restart:
+
+- trainer (:func:`trainer_component`): ``python -m asyncrl.tasks.trainer.main``, from its
+  newest complete checkpoint with the ledger rolled back after it; done when it exits 0;
+- rollout server k (:class:`RolloutComponent`): one vLLM server on the newest published
+  weights, labelled with their version before anything can generate on it;
+- reward service (:func:`reward_component`): ``python -m asyncrl.tasks.reward.server``, a
+  pool of sandboxed workers behind a loopback endpoint registered in the run root;
+- scheduler (:func:`scheduler_component`): ``python -m asyncrl.tasks.scheduler.main``, from
+  ``scheduler/state.json``; done when it exits 0 after the last step's weights are out;
+- evaluator (:func:`evaluator_component`, with ``pipeline.eval_every``):
+  ``python -m asyncrl.tasks.evaluator.main``, after its last record in ``evaluations/``; done
+  when it exits 0 after the last step's weights are out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.storage.fs import RunRoot
+from asyncrl.tasks.evaluator.main import MODULE as EVALUATOR_MODULE
+from asyncrl.tasks.system.process_group import group_alive, kill_group, read_log_tail, spawn_session
+from asyncrl.tasks.reward.service_registry import TOKEN_ENV, read_reward_service
+from asyncrl.tasks.reward.server import MODULE as REWARD_MODULE
+from asyncrl.tasks.inference.server_registry import register_server, unregister_server
+from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig, RolloutServerHandle
+from asyncrl.tasks.inference.weight_sync import set_server_weight_version
+from asyncrl.tasks.launch.components_setup import server_config, serving_weights
+from asyncrl.tasks.system.run_paths import RunPaths
+from asyncrl.tasks.scheduler.main import MODULE as SCHEDULER_MODULE
+from asyncrl.tasks.scheduler.main import final_step_published
+from asyncrl.tasks.trainer.process import TrainerLaunch, start_trainer
+
+LOG_TAIL_LINES = 40
+STOP_GRACE_S = 10.0
+
+
+class Component(Protocol):
+    """What the supervisor needs of a component (see the module docstring)."""
+
+    name: str
+
+    @property
+    def log_path(self) -> Path: ...
+
+    def start(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    def poll(self) -> int | None: ...
+
+    def finished(self, code: int) -> bool: ...
+
+    def pgid(self) -> int: ...
+
+    def stop(self) -> None: ...
+
+
+def sigkill_group(pgid: int) -> None:
+    """SIGKILL every process of group ``pgid`` (no clean-up: what a crash looks like). The
+    supervisor notices the exit, reaps the leader and restarts the component."""
+    if pgid <= 0:
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class ProcessComponent:
+    """A component that is one process group started by ``spawn`` (the trainer, the
+    scheduler, the reward service); ``is_ready`` and ``is_finished`` say what up and done mean."""
+
+    def __init__(
+        self,
+        name: str,
+        spawn: Callable[[], subprocess.Popen[bytes]],
+        log_path: Path,
+        is_finished: Callable[[int], bool],
+        is_ready: Callable[[int], bool] | None = None,
+    ) -> None:
+        self.name = name
+        self._spawn = spawn
+        self._log_path = log_path
+        self._is_finished = is_finished
+        self._is_ready = is_ready
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    def start(self) -> None:
+        self.process = self._spawn()
+
+    def poll(self) -> int | None:
+        """Exit status, or None while it runs (or before it starts)."""
+        return None if self.process is None else self.process.poll()
+
+    def ready(self) -> bool:
+        running = self.process is not None and self.process.poll() is None
+        return running and (self._is_ready is None or self._is_ready(self.pgid()))
+
+    def finished(self, code: int) -> bool:
+        return self._is_finished(code)
+
+    def pgid(self) -> int:
+        return -1 if self.process is None else self.process.pid
+
+    def stop(self) -> None:
+        if self.process is not None and (self.process.poll() is None or group_alive(self.process.pid)):
+            kill_group(self.process, STOP_GRACE_S)
+        elif self.process is not None:
+            self.process.wait()
+
+
+def trainer_component(launch: TrainerLaunch) -> ProcessComponent:
+    return ProcessComponent("trainer", lambda: start_trainer(launch), launch.log_path, lambda code: code == 0)
+
+
+def start_scheduler(private_config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """Spawn ``python -m asyncrl.tasks.scheduler.main --config PRIVATE_CONFIG`` in a new
+    session (its pid is the process group id), logging to ``log_path``."""
+    return spawn_session([sys.executable, "-m", SCHEDULER_MODULE, "--config", str(private_config)], log_path)
+
+
+def reward_token_env(token: str) -> dict[str, str]:
+    """This process's environment with the run's reward-service token (the service demands
+    it; the scheduler sends it)."""
+    return {**os.environ, TOKEN_ENV: token}
+
+
+def scheduler_component(config: RunConfig, paths: RunPaths, drain: bool, reward_token: str) -> ProcessComponent:
+    """The scheduler process. With ``drain`` it finishes on its own once the last step is out
+    (every admitted group written, :mod:`asyncrl.tasks.scheduler.main`); otherwise the run
+    stops it when the trainer is done."""
+    log_path = paths.log("scheduler.log")
+    command = [sys.executable, "-m", SCHEDULER_MODULE, "--config", str(paths.private_config)]
+    if not drain:
+        command.append("--no-drain")
+    env = reward_token_env(reward_token)
+    return ProcessComponent(
+        "scheduler", lambda: spawn_session(command, log_path, env=env), log_path, ends_after_last_step(config, paths)
+    )
+
+
+def ends_after_last_step(config: RunConfig, paths: RunPaths) -> Callable[[int], bool]:
+    """``finished(code)`` of a component whose normal end is exit 0 once the weights of the
+    run's last step are published."""
+    return lambda code: code == 0 and final_step_published(paths.root, config.trainer.max_steps)
+
+
+def evaluator_component(config: RunConfig, paths: RunPaths) -> ProcessComponent:
+    """The evaluator process (evaluation during training, :mod:`asyncrl.tasks.evaluator`): it
+    finishes on its own once the last step is out and its last multiple of
+    ``pipeline.eval_every`` is evaluated; until then the run may stop it."""
+    log_path = paths.log("evaluator.log")
+    command = [sys.executable, "-m", EVALUATOR_MODULE, "--config", str(paths.private_config)]
+    return ProcessComponent(
+        "evaluator", lambda: spawn_session(command, log_path), log_path, ends_after_last_step(config, paths)
+    )
+
+
+def reward_component(paths: RunPaths, reward_token: str) -> ProcessComponent:
+    """The reward service process; ready once it has registered itself (its pid in the
+    registration, so a stale entry of a killed predecessor does not count)."""
+    log_path = paths.log("reward-service.log")
+    command = [sys.executable, "-m", REWARD_MODULE, "--config", str(paths.private_config)]
+    root: RunRoot = paths.root
+
+    def registered(pgid: int) -> bool:
+        info = read_reward_service(root)
+        return info is not None and info.pid == pgid
+
+    env = reward_token_env(reward_token)
+    return ProcessComponent(
+        "reward-service", lambda: spawn_session(command, log_path, env=env), log_path, lambda code: False, registered
+    )
+
+
+class RolloutComponent:
+    """One vLLM rollout server, registered in the run root as ``registry_name`` once healthy
+    and labelled with its weight version. ``launch`` gives, at each start, the server's
+    config and the version of the weights it serves (None: no label), so a restarted server
+    comes up on the newest published weights."""
+
+    def __init__(
+        self,
+        name: str,
+        registry_name: str,
+        root: RunRoot,
+        launch: Callable[[], tuple[RolloutServerConfig, int | None]],
+        log_path: Path,
+    ) -> None:
+        self.name = name
+        self.registry_name = registry_name
+        self.root = root
+        self._launch = launch
+        self._log_path = log_path
+        self.server: RolloutServer | None = None
+        self.version: int | None = None
+        """Weight version the server was started with (its label once healthy)."""
+        self.registered = False
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    def start(self) -> None:
+        server_config, self.version = self._launch()
+        self.server = RolloutServer(server_config)
+        self.registered = False
+        self.server.start()
+
+    def poll(self) -> int | None:
+        return None if self.server is None else self.server.returncode()
+
+    def ready(self) -> bool:
+        """Registered; once up (healthy and serving this start's model name: a foreign
+        process on the port raises :class:`~asyncrl.tasks.inference.server.ForeignServerError`),
+        labels the server with its version and registers it."""
+        if self.registered or self.server is None or not self.server.is_ready():
+            return self.registered
+        if self.version is not None:
+            set_server_weight_version(self.server.handle, self.version)
+        register_server(self.root, self.registry_name, self.server.handle)
+        self.registered = True
+        return True
+
+    @property
+    def handle(self) -> RolloutServerHandle:
+        if self.server is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.server.handle
+
+    def finished(self, code: int) -> bool:
+        return False  # a server runs until the run stops it
+
+    def pgid(self) -> int:
+        try:
+            return -1 if self.server is None else self.server.handle.pgid
+        except RuntimeError:  # its start failed before spawning
+            return -1
+
+    def stop(self) -> None:
+        if self.server is None:
+            return
+        try:
+            if self.registered:  # first, so that no scheduler picks a dying server
+                unregister_server(self.root, self.registry_name)
+        finally:
+            self.server.stop()
+            self.registered = False
+
+
+def run_rollout_component(index: int, config: RunConfig, paths: RunPaths) -> RolloutComponent:
+    """Rollout server ``index`` of the run (``rollout-server-{index}``, registered as
+    ``server-{index}``), started on the newest published weights (``model.path`` before any)."""
+
+    def launch() -> tuple[RolloutServerConfig, int | None]:
+        model_dir, version = serving_weights(config, paths)
+        return server_config(config, paths, model_dir, index), version
+
+    return RolloutComponent(
+        f"rollout-server-{index}", f"server-{index}", paths.root, launch, paths.log(f"rollout-{index}.log")
+    )
+
+
+def log_tail(component: Component) -> str:
+    return read_log_tail(component.log_path, LOG_TAIL_LINES)

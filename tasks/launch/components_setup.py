@@ -1,0 +1,174 @@
+"""The parts of an RL run that its components share: the tokenizer codec, the weights the
+rollout servers start from and their launch configs, the rollout controller on its own
+event loop (run by the scheduler process), and the trainer's launch.
+
+Imports stay light (no Prefect or MLflow), so a restarted scheduler process is back quickly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.tasks.system.run_paths import RunPaths
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.inference.server import RolloutServerConfig
+from asyncrl.tasks.inference.weight_sync import fetch_weight_version
+from asyncrl.tasks.launch.devices import (
+    DevicePlacement,
+    Machine,
+    detect_machine,
+    evaluator_gpu_memory_fraction,
+    evaluator_placement,
+    rollout_placement,
+    shared_gpu_memory_fraction,
+    trainer_placement,
+)
+from asyncrl.tasks.trainer.process import TrainerLaunch
+
+
+def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int]:
+    """The weights the rollout servers start with: the newest published version (a resumed
+    run, or the SFT warm start of the pipeline), else `model.path` as version 0."""
+    latest = WeightStore(paths.root).latest()
+    if latest is None:
+        return Path(config.model.path), 0
+    model_dir, _ = fetch_weight_version(
+        config.storage.root, dict(config.storage.options), latest, paths.work_dir / "weights-cache"
+    )
+    return model_dir, latest
+
+
+def server_config(
+    config: RunConfig, paths: RunPaths, model_dir: Path, index: int, machine: Machine | None = None
+) -> RolloutServerConfig:
+    """Rollout server ``index``'s launch on ``machine`` (default: this one, detected now): its
+    port, seed and log, ``rollout.tensor_parallel_size``, and its device set mapped by
+    :func:`~asyncrl.tasks.launch.devices.place` (``CUDA_VISIBLE_DEVICES`` on a GPU machine, CPU
+    pinning on one without; a device the machine lacks raises naming ``rollout.devices[index]``).
+    On a GPU machine a server whose GPUs other components share gets a share of their memory
+    (:func:`~asyncrl.tasks.launch.devices.shared_gpu_memory_fraction`). Call it where the server
+    starts: device ids mean that machine's devices."""
+    rollout = config.rollout
+    machine = machine or detect_machine()
+    return _vllm_launch(
+        config, model_dir, machine, rollout_placement(config, index, machine),
+        port=0 if rollout.base_port == 0 else rollout.base_port + index,
+        seed=config.seed + index,
+        log_path=paths.log(f"rollout-{index}.log"),
+        gpu_memory_utilization=shared_gpu_memory_fraction(config, index) if machine.has_gpus else None,
+    )  # fmt: skip
+
+
+def evaluator_server_config(
+    config: RunConfig, paths: RunPaths, model_dir: Path, machine: Machine | None = None
+) -> RolloutServerConfig:
+    """The evaluator's own vLLM server (evaluation during training), launched as a rollout
+    server is (dtype, parallelism, KV cache, longest sequence) on a free port, with its log
+    ``evaluator-server.log``, its device set ``pipeline.training_eval.devices``
+    (:func:`~asyncrl.tasks.launch.devices.evaluator_placement`) and its whole session at nice
+    ``pipeline.training_eval.nice``."""
+    machine = machine or detect_machine()
+    return _vllm_launch(
+        config, model_dir, machine, evaluator_placement(config, machine),
+        port=0,
+        seed=config.seed,
+        log_path=paths.log("evaluator-server.log"),
+        gpu_memory_utilization=evaluator_gpu_memory_fraction(config) if machine.has_gpus else None,
+        session_nice=config.pipeline.training_eval.nice,
+    )  # fmt: skip
+
+
+def _vllm_launch(
+    config: RunConfig,
+    model_dir: Path,
+    machine: Machine,
+    placement: DevicePlacement,
+    *,
+    port: int,
+    seed: int,
+    log_path: Path,
+    gpu_memory_utilization: float | None,
+    session_nice: int | None = None,
+) -> RolloutServerConfig:
+    """A vLLM server of the run on ``placement``: the rollout section's host, key, KV cache,
+    worker process, parallelism and longest sequence, the model's dtype; no CUDA graphs without GPUs."""
+    rollout = config.rollout
+    return RolloutServerConfig(
+        model_dir=model_dir,
+        host=rollout.host,
+        port=port,
+        api_key=rollout.api_key_value(),
+        kv_cache_gib=rollout.kv_cache_gib,
+        worker_in_engine_process=rollout.worker_in_engine_process,
+        fork_engine_core=rollout.fork_engine_core,
+        max_model_len=config.longest_sequence,
+        seed=seed,
+        log_path=log_path,
+        cpu_cores=placement.cpu_cores,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        cuda_visible_devices=placement.cuda_visible_devices,
+        gpu_memory_utilization=gpu_memory_utilization,
+        dtype=config.model.dtype,
+        enforce_eager=not machine.has_gpus,
+        session_nice=session_nice,
+    )
+
+
+def rl_trainer_threads(config: RunConfig, machine: Machine | None = None) -> int:
+    """CPU threads of each RL trainer process: ``trainer.threads`` when set, else
+
+        threads = max(1, floor(C / (P + S)))
+
+    with C the trainer's CPUs, P = ``trainer.processes`` (its processes compute on them at
+    once) and S the rollout servers on the trainer's placement whose CPUs meet the trainer's.
+    A component's CPUs: its ``cpu_cores``, else (on a machine without GPUs) its device set,
+    else every CPU of the machine. On a GPU machine the formula is the same: the processes
+    still share the CPUs for data handling, and a vLLM server keeps CPUs busy beside its GPU.
+    ``machine``: the trainer's (default: this one, detected now)."""
+    if config.trainer.threads is not None:
+        return config.trainer.threads
+    machine = machine or detect_machine()
+    every = set(machine.cpus)
+
+    def cpus_of(cores: tuple[int, ...] | None, devices: tuple[int, ...] | None) -> set[int]:
+        if cores is not None:
+            return set(cores)
+        if devices is not None and not machine.has_gpus:
+            return set(devices)
+        return every
+
+    trainer = config.trainer
+    rollout = config.rollout
+    trainer_cpus = cpus_of(trainer.cpu_cores, trainer.devices)
+    sharing = 0
+    if config.placement.rollout_server == config.placement.trainer:
+        for index in range(rollout.num_servers):
+            devices = rollout.devices[index] if rollout.devices is not None else None
+            sharing += bool(cpus_of(rollout.cpu_cores, devices) & trainer_cpus)
+    return max(1, len(trainer_cpus) // (trainer.processes + sharing))
+
+
+def rl_trainer_launch(config: RunConfig, paths: RunPaths, machine: Machine | None = None) -> TrainerLaunch:
+    """The RL trainer of the run on ``machine`` (default: this one, detected now): the private
+    config, `logs/trainer.log`, metrics in `trainer-metrics.jsonl` of the work directory,
+    ``trainer.processes`` processes per node on ``trainer.nodes`` nodes meeting at
+    ``trainer.rendezvous``, its device set mapped by :func:`~asyncrl.tasks.launch.devices.place`
+    (``CUDA_VISIBLE_DEVICES`` on a GPU machine, CPU pinning on one without; else pinned to
+    ``trainer.cpu_cores``), with :func:`rl_trainer_threads` CPU threads per process. Call it
+    where the trainer starts: device ids mean that machine's devices."""
+    machine = machine or detect_machine()
+    trainer = config.trainer
+    placement = trainer_placement(config, machine)
+    return TrainerLaunch(
+        config_path=paths.private_config,
+        log_path=paths.log("trainer.log"),
+        mode="rl",
+        work_dir=paths.work_dir / "trainer",
+        metrics_file=paths.work_dir / "trainer-metrics.jsonl",
+        nproc=trainer.processes,
+        nnodes=trainer.nodes,
+        rendezvous=trainer.rendezvous,
+        cpu_cores=placement.cpu_cores,
+        env={"OMP_NUM_THREADS": str(rl_trainer_threads(config, machine)), **placement.env},
+    )

@@ -1,0 +1,354 @@
+"""The pipeline's batch stages as plain functions (the `pipeline` flow wraps each in a cached
+task run): prepare the data, write the tiny model, SFT warm start, evaluate versions,
+register the best. Each stage's cache key (:func:`stage_key` inputs) and the check that its
+outputs are still there live beside it, so a key and what it stands for cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.storage import fs, paths
+from asyncrl.storage.fs import open_root
+from asyncrl.tasks.tracking.mlflow_run import RunLineage
+from asyncrl.storage.weight_lineage import LINEAGE_FILE
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.data.loader import dataset_files, load_prompts
+from asyncrl.tasks.launch.components_setup import server_config
+from asyncrl.tasks.system.run_paths import RunPaths
+from asyncrl.tasks.launch.devices import detect_machine, trainer_placement
+from asyncrl.tasks.evaluator.held_out import EvalResult, held_out_task
+from asyncrl.tasks.tracking.lineage_recorder import file_ref
+from asyncrl.tasks.launch.progress import StageProgress
+from asyncrl.tasks.launch.stage_cache import content_digest, stage_key
+from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
+from asyncrl.tasks.trainer.process import TrainerLaunch, supervise_trainer
+
+SFT_RECORD = "stages/sft.json"
+"""In the run root: the identity of the warm start its weights came from (its key without the
+code version), and their version."""
+
+
+# ----- prepare-data -----
+
+def data_files(config: RunConfig) -> list[str]:
+    data = config.data
+    return [p for p in (data.train_path, data.eval_path, data.sft_path) if p]
+
+
+def data_key(config: RunConfig) -> str:
+    """Synthetic data: the generator's settings and seed (the files are its output); a
+    user's files: their content."""
+    synthetic = config.pipeline.synthetic_data
+    if synthetic is not None:
+        settings = {"synthetic": synthetic.model_dump(mode="json"), "seed": config.seed, "files": data_files(config)}
+        return stage_key("prepare-data", settings, [])
+    return stage_key("prepare-data", {"files": data_files(config)}, data_files(config))
+
+
+def data_present(config: RunConfig) -> bool:
+    return all(content_digest(path) != "absent" for path in data_files(config))
+
+
+def prepare_data(config: RunConfig) -> dict[str, str]:
+    """Write the synthetic task (``pipeline.synthetic_data.task``: arithmetic, code or tool) where
+    the config asks for it and nothing is there yet (a user's own files are never touched),
+    check the prompt files load, and return each data file's content digest (what the later
+    stages' keys are built from)."""
+    synthetic = config.pipeline.synthetic_data
+    if synthetic is not None and not data_present(config):
+        data = config.data
+        splits = {  # where and how many of each split, for the tool and code writers
+            "train_path": Path(data.train_path),
+            "heldout_path": Path(data.eval_path) if data.eval_path else None,
+            "sft_path": Path(data.sft_path) if data.sft_path else None,
+            "n_train": synthetic.n_train,
+            "n_heldout": synthetic.n_heldout,
+            "n_sft": synthetic.n_sft,
+            "seed": config.seed,
+        }
+        if synthetic.task == "tool":
+            from asyncrl.tasks.data.synthetic_tool import TOOLS
+            from asyncrl.tasks.data.synthetic_tool import write_calc_splits
+
+            write_calc_splits(**splits, tool_share=synthetic.sft_tool_share, tools=TOOLS)
+        elif synthetic.task == "code":
+            from asyncrl.tasks.data.synthetic_code import write_code_splits
+
+            # One draw of distinct problems, shuffled and cut as for arithmetic below.
+            write_code_splits(**splits, spec=synthetic.code_spec(), sft_styles=synthetic.sft_styles)
+        else:
+            from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, mixed_solutions, split_train_heldout, write_problems
+
+            # One draw of distinct problems, shuffled and cut: held-out, RL prompts, warm-start set
+            # (no problem in two splits, all three from the same distribution).
+            problems = make_arithmetic_dataset(
+                synthetic.n_train + synthetic.n_heldout + synthetic.n_sft, seed=config.seed, spec=synthetic.spec()
+            )
+            rest, heldout = split_train_heldout(problems, synthetic.n_heldout, seed=config.seed)
+            train, sft = rest[: synthetic.n_train], rest[synthetic.n_train :]
+            write_problems(Path(data.train_path), train)
+            if data.eval_path:
+                write_problems(Path(data.eval_path), heldout)
+            if data.sft_path and sft:
+                solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed)
+                write_problems(Path(data.sft_path), sft, solutions=solutions)
+    progress = StageProgress(config.run_work_dir, config.name, "prepare-data", len(data_files(config)), "files")
+    rows = 0
+    for index, path in enumerate(data_files(config), start=1):
+        rows += len(load_prompts(path))  # a malformed file fails here, naming file, row and field
+        progress.update(index, f"{rows} rows")
+    progress.finish(f"{rows} rows in {len(data_files(config))} files")
+    return {path: content_digest(path) for path in data_files(config)}
+
+
+# ----- init-model -----
+
+def model_key(config: RunConfig) -> str:
+    return stage_key("init-model", {"seed": config.seed, "path": config.model.path}, [])
+
+
+def model_present(config: RunConfig) -> bool:
+    return (Path(config.model.path) / "config.json").exists()
+
+
+def init_model(config: RunConfig) -> str:
+    """Write the tiny Qwen2 model at ``model.path`` unless one is there; its content digest."""
+    progress = StageProgress(config.run_work_dir, config.name, "init-model", 1, "model")
+    present = model_present(config)
+    if not present:
+        from asyncrl.tasks.model.tiny import write_tiny_model
+
+        write_tiny_model(Path(config.model.path), seed=config.seed)
+    progress.finish(f"{'found' if present else 'wrote'} {config.model.path}")
+    return content_digest(config.model.path)
+
+
+def prepare_inputs(config: RunConfig) -> None:
+    """The model (when ``pipeline.init_tiny_model``) and data stages outside the pipeline
+    (benchmarks, deployments' tests): same functions, no cache."""
+    if config.pipeline.init_tiny_model:
+        init_model(config)
+    prepare_data(config)
+
+
+# ----- sft -----
+
+def sft_key(config: RunConfig, with_code: bool = True) -> str:
+    """The warm start's settings, the model it starts from and its examples (by content);
+    without ``with_code``, its identity in the run root (a code upgrade keeps a run's warm
+    start)."""
+    settings = {
+        "steps": config.pipeline.sft_steps,
+        "batch_size": config.pipeline.sft_batch_size,
+        "optimizer": (config.pipeline.sft_optimizer or config.trainer.optimizer).model_dump(mode="json"),
+        "micro_batch_tokens": config.trainer.micro_batch_tokens,
+        "zero_stage": config.trainer.zero_stage,
+        "prompt_format": config.data.prompt_format,
+        "seed": config.seed,
+        "root": config.storage.root,
+    }
+    return stage_key("sft", settings, [config.model.path, config.data.sft_path or config.data.train_path], with_code)
+
+
+def read_sft_record(run_paths: RunPaths) -> dict[str, Any] | None:
+    return fs.read_json_object(run_paths.root, SFT_RECORD)
+
+
+def sft_present(config: RunConfig, run_paths: RunPaths) -> bool:
+    """The run root holds the weights of this warm start."""
+    record = read_sft_record(run_paths)
+    return (
+        record is not None
+        and record.get("identity") == sft_key(config, with_code=False)
+        and record.get("version") in WeightStore(run_paths.root).list_versions()
+    )
+
+
+def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
+    """The warm start: SFT in the trainer process, published as the run root's first weight
+    version and recorded with its key. A run root that already holds weights of another
+    warm start (or of RL without one) is refused: its RL steps were trained from those."""
+    identity = sft_key(config, with_code=False)
+    store = WeightStore(run_paths.root)
+    record = read_sft_record(run_paths)
+    if sft_present(config, run_paths):
+        version = int(record["version"])  # type: ignore[index] - present means recorded
+        progress = StageProgress(run_paths.work_dir, config.name, "sft", 1, "stage")
+        progress.finish(f"the run root holds this warm start as weight version {version}")
+        return version
+    if store.latest() is not None:
+        was = "another warm start" if record is not None else "a run without this warm start"
+        raise ValueError(
+            f"{run_paths.root.display('weights')}: holds weight versions {store.list_versions()} from {was}; "
+            f"this config's SFT stage (pipeline.sft_*, its data or model) differs: set a new storage.root "
+            "to redo SFT and RL, or run the config this run root was started with"
+        )
+    placement = trainer_placement(config, detect_machine())
+    launch = TrainerLaunch(
+        config_path=run_paths.private_config,
+        log_path=run_paths.log("sft.log"),
+        mode="sft",
+        work_dir=run_paths.work_dir / "sft",
+        metrics_file=run_paths.work_dir / "sft-metrics.jsonl",
+        nproc=config.trainer.processes,
+        cpu_cores=placement.cpu_cores,
+        env=dict(placement.env),
+    )
+    launch.metrics_file.unlink(missing_ok=True)  # type: ignore[union-attr] - set just above
+    progress = StageProgress(run_paths.work_dir, config.name, "sft", config.pipeline.sft_steps, "steps")
+    run_with_metrics(launch, lambda step, m: progress.update(step, f"loss {m.get('sft_loss', m.get('loss', 0.0)):.4f}"))
+    version = store.latest()
+    if version is None:
+        raise RuntimeError(f"the SFT trainer exited 0 but published no weights; see {launch.log_path}")
+    fs.put_atomic_replace(run_paths.root, SFT_RECORD, json.dumps({"identity": identity, "version": version}).encode())
+    progress.finish(f"published as weight version {version}")
+    return version
+
+
+def run_with_metrics(launch: TrainerLaunch, on_step: Any, poll_s: float = 1.0) -> None:  # noqa: ANN401 - callback
+    """Run the trainer process to its end while following its metrics file: ``on_step(step,
+    metrics)`` per new line. Its errors are raised here; its process group is always killed."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            supervise_trainer(launch, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="asyncrl-trainer", daemon=True)
+    thread.start()
+    seen = 0
+    try:
+        while thread.is_alive():
+            thread.join(poll_s)
+            records = read_jsonl_metrics(launch.metrics_file) if launch.metrics_file and launch.metrics_file.exists() else []
+            for record in records[seen:]:
+                on_step(int(record.get("step", 0) or 0), {k: float(v) for k, v in record.items() if isinstance(v, (int, float))})
+            seen = len(records)
+    finally:
+        stop.set()
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+# ----- evaluate -----
+
+def evaluation_key(config: RunConfig, run_paths: RunPaths, versions: list[int]) -> str:
+    """The evaluation settings, the held-out file's content and each version's identity:
+    weight versions are written once and never changed, so (run root, version, its lineage
+    file) names their content without hashing gigabytes of weights."""
+    settings = {
+        "samples": config.pipeline.eval_samples,
+        "prompts": config.pipeline.eval_prompts,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "temperature": config.rollout.temperature,
+        "prompt_format": config.data.prompt_format,
+        "seed": config.seed,
+        "pass_k": config.tracking.pass_k,
+        "versions": {
+            str(v): _lineage_digest(run_paths, v) for v in versions
+        },
+        "root": config.storage.root,
+    }
+    return stage_key("evaluate", settings, dataset_files(config.data.eval_path) if config.data.eval_path else [])
+
+
+def _lineage_digest(run_paths: RunPaths, version: int) -> str:
+    from hashlib import sha256
+
+    try:
+        return sha256(fs.read_bytes(run_paths.root, paths.weights_file(version, LINEAGE_FILE))).hexdigest()[:16]
+    except FileNotFoundError:
+        return "absent"
+
+
+def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int]) -> dict[int, EvalResult]:
+    """pass@1 of each version on the held-out split, on one vLLM server that loads each
+    version in turn (through the same interruptible weight update the scheduler uses)."""
+    from asyncrl.tasks.reward.pool import RewardPool
+    from asyncrl.tasks.inference.client import RolloutClient
+    from asyncrl.tasks.inference.server import RolloutServer
+    from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
+
+    if not config.data.eval_path or not versions:
+        return {}
+    store = WeightStore(run_paths.root)
+    first = run_paths.work_dir / "eval" / f"v{versions[0]}"
+    if not (first / "config.json").exists():
+        store.download(versions[0], first)
+    task = held_out_task(config, first, config.pipeline.eval_prompts, config.pipeline.eval_samples)
+    # Rollout server 0's devices, dtype and parallelism, on a port of its own.
+    eval_server = replace(server_config(config, run_paths, first, 0), port=0, log_path=run_paths.log("eval-server.log"))
+    progress = StageProgress(run_paths.work_dir, config.name, "evaluate", len(task.prompts) * len(versions), "prompts")
+    done = [0]
+
+    def prompt_done() -> None:
+        done[0] += 1
+        progress.update(done[0], f"{len(versions)} version(s)")
+
+    results: dict[int, EvalResult] = {}
+
+    async def run_all(server: RolloutServer) -> None:
+        async with RolloutClient([server.handle], initial_version=versions[0]) as client:
+            cache = str(run_paths.work_dir / "weights-cache")
+            with RewardPool(config.reward) as pool, ServerWeightLoader(
+                config.storage.root, config.storage.options, cache
+            ) as loader:
+                for version in versions:
+                    if version != client.current_version:
+                        await client.update_weights(version, loader.for_version(version))
+                    results[version] = await task.run(client, version, pool, on_prompt_done=prompt_done)
+
+    with RolloutServer(eval_server) as server:
+        asyncio.run(run_all(server))
+    progress.finish(", ".join(f"v{v} pass@1 {100 * r.pass_at_1:.1f}%" for v, r in sorted(results.items())))
+    return results
+
+
+def eval_results_to_json(results: dict[int, EvalResult]) -> dict[str, dict[str, Any]]:
+    return {str(v): asdict(r) for v, r in results.items()}
+
+
+def eval_results_from_json(raw: dict[str, dict[str, Any]]) -> dict[int, EvalResult]:
+    return {int(v): EvalResult.from_json(r) for v, r in raw.items()}
+
+
+# ----- register -----
+
+def register_best(
+    config: RunConfig, lineage: RunLineage, logged_models: dict[int, str], results: dict[int, EvalResult]
+) -> tuple[int | None, str | None]:
+    """Link evaluation metrics to each LoggedModel (against the held-out dataset, so the UI's
+    model list ranks versions by them); register the best version with the aliases `best`
+    and `current` (MLflow reserves `latest`; `models:/<name>/latest` already names the newest
+    registered version) through :func:`register_version`: its weights pinned in the run root
+    (retention never deletes a registered model's weights; :class:`UnknownWeightVersionError`
+    if they are gone already) and logged once into its LoggedModel in the transformers
+    flavor, so ``mlflow.transformers.load_model("models:/<name>@best")`` loads it. A model
+    already registered under the name (a re-run) keeps its registered version."""
+    from asyncrl.tasks.tracking.model_registry import register_version
+
+    eval_ref = file_ref(config.data.eval_path, Path(config.data.eval_path).name) if config.data.eval_path else None
+    for version, result in results.items():
+        model_id = logged_models.get(version)
+        if model_id is not None and eval_ref is not None:
+            lineage.log_evaluation(model_id, version, result.metrics(), eval_ref)
+    if not results:
+        return None, None
+    best = max(results.values(), key=lambda r: (r.pass_at_1, r.version))
+    model_id = logged_models.get(best.version)
+    if model_id is None:
+        return best.version, None
+    root = open_root(config.storage.root, config.storage.options)
+    registered = register_version(root, lineage, best.version, model_id, config.pipeline.registered_model, ["best", "current"])
+    return best.version, registered

@@ -1,0 +1,63 @@
+"""Registering a weight version in the MLflow Model Registry so that it loads: its weights are
+pinned in the store (retention never deletes them), put once into its LoggedModel in MLflow's
+transformers flavor, and the LoggedModel is registered with the given aliases. The pipeline's
+`register` stage and ``asyncrl register`` both go through :func:`register_version`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+
+from mlflow import MlflowClient
+from pathlib import Path
+
+from asyncrl.storage.fs import RunRoot
+from asyncrl.tasks.tracking.mlflow_run import RunLineage
+from asyncrl.storage.weights import WeightStore
+
+
+class UnknownLoggedVersionError(ValueError):
+    """The MLflow run holds no LoggedModel for the weight version asked for (names the ones it holds)."""
+
+
+def logged_model_id(lineage: RunLineage, version: int) -> str:
+    """The id of the LoggedModel of weight ``version`` in the run, or
+    :class:`UnknownLoggedVersionError` listing the versions the run holds."""
+    logged = lineage.logged_versions()
+    if version not in logged:
+        held = sorted(logged)
+        listed = f"{held[0]}..{held[-1]} ({len(held)} versions)" if len(held) > 3 else str(held)
+        raise UnknownLoggedVersionError(
+            f"weight version {version}: MLflow run {lineage.run_id} ({lineage.tracking_uri}) has no LoggedModel "
+            f"for it; it holds versions {listed}"
+        )
+    return logged[version]
+
+
+def register_version(
+    root: RunRoot, lineage: RunLineage, version: int, model_id: str, name: str, aliases: Sequence[str]
+) -> str:
+    """Pin weight ``version`` in the store, log its HF files (downloaded from the store and
+    checked against its manifest) into LoggedModel ``model_id`` in the transformers flavor
+    unless it holds them already, and register it as ``name`` with ``aliases``; the registered
+    version number (the existing one when the model is registered under ``name`` already)."""
+    store = WeightStore(root)
+    store.pin(version)
+    if not lineage.has_hf_model(model_id):
+        with tempfile.TemporaryDirectory(prefix="asyncrl-register-") as tmp:
+            lineage.log_hf_model(model_id, store.download(version, Path(tmp) / f"v{version}"))
+    return lineage.register(model_id, name, aliases)
+
+
+def registered_weights_uri(tracking_uri: str, registered_model: str, alias: str = "best") -> str:
+    """Where the weights of `registered_model@alias` live (the LoggedModel's weights URI)."""
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    version = client.get_model_version_by_alias(registered_model, alias)
+    model_id = version.tags.get("asyncrl.model_id") or version.model_id
+    if not model_id:
+        raise ValueError(f"models:/{registered_model}@{alias} (version {version.version}) names no asyncrl LoggedModel")
+    uri = client.get_logged_model(model_id).tags.get("asyncrl.weights_uri")
+    if not uri:
+        raise ValueError(f"LoggedModel {model_id} has no asyncrl.weights_uri tag")
+    return uri
