@@ -1,25 +1,13 @@
 """``asyncrl bench ablation``: held-out accuracy against staleness, decoupled vs standard PPO.
 
-The paper's algorithmic claim (AReaL, arXiv 2505.24298): as the staleness bound eta
-grows, standard PPO degrades while the decoupled objective stays near eta = 0. This
-bench measures it on our own system. From one run config (e.g. ``configs/demo.yaml``):
-
-1. the warm start once: the pipeline's inputs (synthetic task, tiny model) and its SFT
-   stage, in a base run ``<name>-ablation-base``; its published weights are the starting
-   model of every configuration;
-2. for every eta in ``etas`` and every objective in ``objectives``: the real RL run
-   (:func:`~asyncrl.tasks.launch.rl.train_run`) with only ``rollout.eta`` and
-   ``trainer.objective`` changed (same seed, same prompt order, same steps), and for every
-   eta in ``adaptive_etas`` the same with adaptive staleness
-   (:mod:`~asyncrl.tasks.algo.adaptive_eta`: the bound follows the measured drift,
-   never above eta; the config's ``rollout.adaptive_staleness``, else its defaults), then
-   held-out pass@1 of the starting model, every ``eval_every`` versions and the final one
-   (:func:`~asyncrl.tasks.launch.stages.evaluate_versions`, the pipeline's evaluation);
-3. a table, JSON, and a PNG with two panels: held-out pass@1 against the step, and the
-   training reward (moving mean over ``smooth`` steps) against the step.
-
+The paper's algorithmic claim (AReaL, arXiv 2505.24298) is that standard PPO degrades as
+the staleness bound eta grows while the decoupled objective stays near eta = 0; this bench
+checks it on our own system. From one run config it warm-starts once (SFT), then runs the
+real RL run (:func:`~asyncrl.tasks.launch.rl.train_run`) for every eta and objective (and,
+for ``adaptive_etas``, with :mod:`~asyncrl.tasks.algo.adaptive_eta`) changing nothing else,
+evaluates held-out pass@1 along the way, and writes a table, JSON and a two-panel PNG.
 The staleness the runs actually reach is reported next to the bound (a bound is only a
-ceiling: a rollout no faster than training keeps samples fresh whatever eta is).
+ceiling). Step by step: ``docs/internals/bench.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-from asyncrl.configs.run_config import RunConfig, TrainerConfig
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.trainer import TrainerConfig
 from asyncrl.bench.e2e import format_staleness, parse_int_list, staleness_counts, wasted_tokens
 
 Objective = str

@@ -1,40 +1,14 @@
 """``asyncrl bench e2e``: the speed-up of asynchronous RL, end to end.
 
-The same workload runs through the real RL run (:func:`~asyncrl.tasks.launch.rl.train_run`:
-a vLLM server, the DeepSpeed trainer, the scheduler, the reward pool, MLflow lineage)
-once synchronously (eta = 0) and with every eta > 0 in every interrupt mode, with the
-rollout server and the trainer pinned to separate CPUs (``rollout.cpu_cores``,
-``trainer.cpu_cores``; the driver process running the scheduler and the reward workers
-is not pinned), or placed on GPUs (``--gpus``: ``rollout.devices``, ``trainer.devices``).
-Per configuration (formulas in the functions that compute them):
-
-- wall W: the RL phase, from "every rollout server healthy" to the last step's metrics
-  record (:func:`rl_wall_s`; start-up and shutdown are left out, ``train_run_wall_s``
-  keeps the whole);
-- trained tokens/s, speed-up over eta = 0, rollout utilisation against the same server's
-  standalone throughput, weight-sync stall fraction, mean packing efficiency, staleness
-  maximum and distribution (:func:`run_figures`, :func:`compare_runs`).
-
-Once: T_gen, the server alone generating the workload's ``steps`` batches one after the
-other (:func:`measure_standalone`); T_train, the eta = 0 run's step times summed
-(:func:`training_only_s`: at eta = 0 the rollout idles while a step trains); the ideal
-overlap bound (:func:`overlap_bound`) and each run's achieved speed-up over it.
-
-Workload: the tiny model and the synthetic task with its default long-tailed spec (the
-operator count k of a problem has P(k) ~ k^-1.5, so reference solutions run from 18 to
-~180 tokens, median ~40). An untrained model writes no solution: it ends a sample on EOS
-at random (about 1/300 per token for the tiny model), so its lengths would be roughly
-geometric and cut at the budget, unrelated to the task, and would differ from run to run.
-So each prompt carries a
-budget that follows its reference solution (the ``max_new_tokens`` column of the prompt
-file, :func:`solution_budgets`), and samples are generated to their budget with EOS
-ignored (``rollout.ignore_eos``): output lengths have the task's long tail and are the same
-in every run. Every configuration sees the same prompts in the same order (one seed for
-the prompt schedule, the servers and the trainer) and trains the same number of steps;
-with eta > 0 the trainer takes groups in the order they finish, so the trained samples
-may differ from eta = 0's (trained tokens/s accounts for that). The untrained model earns
-reward 0, so GRPO advantages are 0 and updates change no weight, but every step still
-costs its full forward, backward and optimizer work.
+The same workload runs through the real RL run (:func:`~asyncrl.tasks.launch.rl.train_run`)
+once synchronously (eta = 0) and with every eta > 0 in every interrupt mode, the rollout
+server and the trainer pinned to separate CPUs or placed on GPUs. Per configuration it
+reports the RL-phase wall time, trained tokens/s, the speed-up over eta = 0, rollout
+utilisation, weight-sync stall and staleness, and compares the speed-up with the ideal
+overlap bound of T_gen and T_train (formulas in the functions that compute them).
+The workload is made reproducible: each prompt's budget follows its reference solution and
+samples are generated to it with EOS ignored, so every run sees the same long-tailed
+lengths and the same prompts in the same order. Details: ``docs/internals/bench.md``.
 """
 
 from __future__ import annotations
@@ -80,7 +54,7 @@ WORKLOADS: dict[str, dict[str, float]] = {
     "mixed": {"code_share": 0.5, "max_prompt_tokens": 96},
 }
 """Named workloads: settings they change from the defaults. ``balanced`` (the default):
-generation and training take about as long (T_gen ~ 1.4 T_train on 2 CPUs);
+generation and training take about as long;
 ``generation-bound``: four times longer outputs, so generation is the bottleneck and the
 rollout server's utilisation can be judged; ``mixed``: half the prompts are synthetic code
 problems (a weighted mixture file of the two tasks), every code answer run against its tests
@@ -90,8 +64,8 @@ Explicit options override a workload's values."""
 
 @dataclass(frozen=True)
 class E2EBenchSettings:
-    """The sweep and its workload. The defaults (9 runs of 16 steps) took 12.5 minutes on 2
-    CPUs with another job using one of them; about 35 s of each run is start-up and shutdown."""
+    """The sweep and its workload. The defaults: 9 runs of 16 steps; each run's start-up and
+    shutdown are outside its RL-phase wall (:func:`rl_wall_s`)."""
 
     workload: str = "balanced"
     """Name of the workload (:data:`WORKLOADS`); recorded with the result."""
@@ -496,7 +470,7 @@ def measure_standalone(workload: Workload, settings: E2EBenchSettings, work: Pat
 
     Each batch's requests use the prompt of its first group (prefill is a few dozen tokens;
     decoding the budgets dominates); EOS is ignored, as in the runs."""
-    from asyncrl.tasks.inference.bench import measure_throughput
+    from asyncrl.bench.rollout import measure_throughput
     from asyncrl.tasks.inference.client import RolloutClient
     from asyncrl.tasks.inference.server import RolloutServer
 
@@ -634,7 +608,7 @@ def run_e2e_bench(settings: E2EBenchSettings, progress: Callable[[str], None] | 
     work = settings.work_dir or Path(tempfile.mkdtemp(prefix="asyncrl-bench-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
     # A fresh environment compiles DeepSpeed's CPU collective op in its first trainer start
-    # (38 s on 2 idle cores): built here, it stays out of the first run's wall.
+    # (a long wait): built here, it stays out of the first run's wall.
     say(ensure_jit_ops_built())
     workload = prepare_workload(work, settings)
     say(f"workload ready in {work}; measuring the standalone server")

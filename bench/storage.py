@@ -1,23 +1,12 @@
 """``asyncrl bench storage``: does the storage work of one training step grow with the run?
 
-A synthetic run, no model and no vLLM, drives the real storage code of every per-step
-path, in process:
-
-* scheduler: ``shards_per_step`` shards of ``groups_per_shard`` small fake groups through
-  :class:`ShardWriter`, each followed by the written-groups index update the controller
-  does (:class:`WrittenGroups`, :func:`save_written_groups`), and one scheduler-cycle look
-  at the written groups (:func:`written_group_indices`) per step;
-* trainer: :class:`ShardFeed` takes the oldest waiting shards, the ledger records them,
-  the shards are retired to ``consumed/``, and tiny weights are published as the step's
-  version (with its lineage file), followed by the trainer's retention pass
-  (:func:`prune_after_publish` under a frozen config with eta = ``BENCH_ETA``);
-* lineage: the recorder's storage path (:class:`VersionFollower`, :func:`version_manifest`).
-
-Every call of the storage primitives of :mod:`asyncrl.storage.fs` is counted (outermost
-calls only, so a primitive built on another counts once; ``read_many`` counts one per
-object), with the names each listing returned. At each sample step k the bench reports
-ops/step and s/step averaged over the ``window`` steps ending at k, and the ratio
-last/first sample. Exit status 1 when the ops ratio exceeds ``--max-ops-ratio`` (1.2).
+A synthetic run (no model, no vLLM) drives the real storage code of every per-step path in
+process: the scheduler's shard writes and written-groups index, the trainer's feed, ledger,
+shard retirement, weight publish and retention pass, and the lineage recorder's follower.
+Every call of the :mod:`asyncrl.storage.fs` primitives is counted (outermost calls only), and
+at sample steps the bench reports ops/step and s/step over a window and the ratio last/first.
+Exit status 1 when the ops ratio exceeds ``--max-ops-ratio``: the bench guards the rule that
+per-step storage work stays O(1) in the run's length. Details: ``docs/internals/bench.md``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
 """``asyncrl bench weight-sync``: publish, fetch and in-place load of a realistic weight version.
 
-The bench writes a Qwen2 checkpoint with random weights (no hub): at ``--size 0.5b`` the
-shape of Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864,
-vocab 151936, tied embeddings; 494 M parameters, 0.99 GB in bfloat16) with the repo's
-byte-level tokenizer padded to that vocabulary. It starts one rollout server (vLLM) on it
-and measures, on each storage backend (local disk, and S3 with ``--s3-endpoint``), for
-``repeats`` fresh versions (the checkpoint re-saved with a new embedding matrix, so every
-version has other bytes and hashes and no phase is a cache hit):
-
-* ``publish``: :meth:`WeightStore.publish` of the HF directory (SHA-256 of every file,
-  then the upload; trainer -> store);
-* ``fetch``: :func:`fetch_weight_version` into a fresh cache (sizes and SHA-256 verified;
-  store -> server host). From a local store on the cache's filesystem it hard-links the
-  store's files and verifies them where they lie (zero-copy); from S3 it downloads;
-* ``fetch by copy`` (local store only): :meth:`WeightStore.download`, the copy (fsynced)
-  and verification that a local ``fetch`` did before it linked: the staged path;
-* ``load``: :func:`update_server_weights` into the running server (the whole request),
-  and its worker's own ``download_s`` (``worker fetch``) and ``reload_s`` (``worker reload``).
-  Each load is checked: the worker's fingerprint (``tensor_fingerprint``: SHA-256 of strided
-  rows) of the embedding as read from the file and as read back from the model must be those
-  of the version's embedding (bf16 bytes, and cast
-  to the server's float32).
-
-Next to them, measured in the same run on the same disk (:func:`measure_links`): sequential
-disk write (fsync included), disk read with ``O_DIRECT`` (bypassing the page cache, when the
-filesystem allows it), page-cache read, memory copy, and SHA-256 (compute, not a link).
-Each phase is reported against the slowest physical link it crosses (``PHASE_LINKS``;
-the files a phase reads were written just before, so they come from the page cache).
-The loopback HTTP of the S3 backend is not a physical link: its phases are reported
-against the same disk and memory links (SeaweedFS stores on the same disk).
+The bench writes a Qwen2 checkpoint with random weights (no hub; ``--size 0.5b`` has the
+shape of Qwen2.5-0.5B), starts one rollout server on it and times, on each storage backend
+(local disk, S3 with ``--s3-endpoint``) and for fresh versions that share no bytes, the
+phases of a weight update: ``publish``, ``fetch`` (and ``fetch by copy`` on a local store),
+and ``load`` into the running server, each load checked by fingerprint. Each phase is set
+against the slowest physical link it crosses (disk, page cache, memory, SHA-256), measured
+in the same run (:func:`measure_links`), so results read as a fraction of what the hardware
+allows rather than as absolute times. Phases and links: ``docs/internals/bench.md``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """Chaos run: the asynchronous RL run under the same supervisors as the `train` flow
-(:mod:`asyncrl.tasks.launch.rl`), plus a kill plan: each kind of component (trainer, rollout
-server, scheduler, reward service) SIGKILLed K times at random moments; the supervisors
-restart them. Then an audit of the run root (:mod:`asyncrl.tasks.launch.audit`).
+(:mod:`asyncrl.tasks.launch.rl`), plus a seeded kill plan, then an audit of the run root
+(:mod:`asyncrl.tasks.launch.audit`).
 
-Kill schedule (seeded: the same seed gives the same plan and delays):
-
-- the plan is K x ``trainer``, K x ``rollout`` (a random server each time), K x
-  ``scheduler``, K x ``reward``, shuffled;
-- the next kill is armed once every component is up again (processes running, servers
-  registered) and the run has progressed since the last kill: a weight version newer
-  than the one published at that kill (at first: a version >= 1, one RL step done);
-- it then fires after a delay drawn uniformly from [0, ``max_delay_s``], so kills land
-  in generation, training, publishing, checkpointing or weight updates alike;
-- the victim's whole process group gets SIGKILL and its supervisor restarts it: the trainer
-  resumes from its newest complete checkpoint (ledger entries after it are rolled back),
-  a rollout server starts on the newest published weights and registers again (the
-  scheduler starts a new cycle on the new set of servers, see
-  :mod:`asyncrl.tasks.scheduler.main`), the scheduler resumes from its state, the reward
-  service registers again and the scheduler's scoring calls wait for it;
-- no kill fires once the weights of the last step are published.
-
-The run ends when the trainer exits 0 after ``trainer.max_steps``; the scheduler then
-drains (finishes and writes every admitted group) and exits, the servers are stopped, and
-the run root is audited with in-flight groups counted as violations. Every process group
-is killed in a ``finally``. The report goes to ``chaos.json`` in the run root.
+Each kind of component (trainer, rollout server, scheduler, reward service) is SIGKILLed
+K times at random moments; the next kill is armed only once every component is up again
+and the run has progressed, and no kill fires once the last step's weights are out. The
+supervisors restart each victim, which resumes from storage. The run ends when the trainer
+finishes; the scheduler drains, and the audit counts in-flight groups as violations, so a
+clean report shows exactly-once and the staleness bound survive the kills. The report goes
+to ``chaos.json`` in the run root. Kill schedule in detail: ``docs/internals/chaos.md``.
 """
 
 from __future__ import annotations

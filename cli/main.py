@@ -30,9 +30,9 @@ from asyncrl.bench.storage import add_storage_bench
 from asyncrl.bench.weight_sync import add_weight_sync_bench
 from asyncrl.cli.chaos import add_chaos_command
 from asyncrl.cli.lineage import add_lineage_commands
-from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
-from asyncrl.tasks.inference.bench import add_rollout_bench
-from asyncrl.tasks.trainer.bench import add_trainer_bench
+from asyncrl.cli.reward import add_reward_bench, add_reward_commands
+from asyncrl.bench.rollout import add_rollout_bench
+from asyncrl.bench.trainer import add_trainer_bench
 
 
 class CommandError(Exception):
@@ -62,9 +62,30 @@ def cmd_make_data(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
-    sys.stdout.write(frozen_yaml(config))
+    """``config show CONFIG [KEY=VALUE...]`` prints the resolved config; ``config show
+    [SECTION] [--markdown]`` prints the field reference (of every section, or of one)."""
+    if args.config is not None and is_config_file(args.config):
+        if args.markdown:
+            raise CommandError(f"{args.config}: --markdown prints the field reference; give a SECTION or nothing")
+        config = load_config(args.config, args.overrides)
+        sys.stdout.write(frozen_yaml(config))
+        return 0
+    from asyncrl.configs.reference import markdown_reference, text_reference, unknown_section
+
+    if args.overrides:
+        raise CommandError(f"{' '.join(args.overrides)}: KEY=VALUE overrides apply to a config file, not to the reference")
+    try:
+        reference = (markdown_reference if args.markdown else text_reference)(args.config)
+    except KeyError:
+        raise CommandError(unknown_section(args.config)) from None
+    sys.stdout.write(reference)
     return 0
+
+
+def is_config_file(argument: str) -> bool:
+    """``config show``'s argument names a config file (not a section): an existing file, or a
+    name ending in ``.yaml`` / ``.yml`` (a missing one is then reported as such)."""
+    return Path(argument).is_file() or argument.lower().endswith((".yaml", ".yml"))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -146,9 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = commands.add_parser("config", help="inspect run configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
-    show = config_commands.add_parser("show", help="validate a config with overrides and print it (secrets redacted)")
-    show.add_argument("config", help="YAML run config")
+    show = config_commands.add_parser(
+        "show",
+        help="print a config with overrides, validated (secrets redacted), or the field reference",
+        description="With a YAML run config: validate it with the overrides and print it (secrets redacted). "
+        "Without one: print the field reference (key, type, default, meaning) of every section, "
+        "or of SECTION (e.g. trainer, trainer.optimizer, pipeline.synthetic_data).",
+    )
+    show.add_argument("config", nargs="?", metavar="CONFIG|SECTION", help="YAML run config, or a config section")
     show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides such as trainer.batch_groups=4")
+    show.add_argument("--markdown", action="store_true", help="print the field reference as Markdown tables")
     show.set_defaults(handler=cmd_config_show)
     add_debug_flag(show)
 

@@ -12,20 +12,20 @@ class AdaptiveStalenessConfig(StrictModel):
     """``rollout.adaptive_staleness``: the drift budget (module docstring). At least one of
     ``max_behav_weight_p99`` and ``min_ess`` must be set."""
 
-    max_behav_weight_p99: float | None = Field(1.3, gt=1.0)
-    """Budget on the behaviour-weight tail: over it when the 0.99 quantile of pi_prox / pi_behav
-    at some staleness 1..e exceeds this (1 = no drift at all). None: not judged. The default
-    is about PPO's own trust region (clip 1 +- 0.2): more than 1% of the tokens drifted
-    further than 1.5 clip widths. On the demo at eta 8 (``asyncrl bench ablation``), the
-    quantile is 1.17 at staleness 1, 1.3-1.6 at 2-5 and up to 2.1 at 8 in the first ten
-    steps, and 1.03-1.35 at 8 from step 14 on, as the policy changes less per step."""
-    min_ess: float | None = Field(None, gt=0.0, le=1.0)
-    """Budget on the step's normalised effective sample size of the behaviour weights: over it
-    when ESS < this. None: not judged."""
-    min_eta: int = Field(0, ge=0)
-    """The effective bound never goes below this (0: down to synchronous RL)."""
-    recover_steps: int = Field(2, ge=1)
-    """Steps in a row under budget before e grows by one."""
+    max_behav_weight_p99: float | None = Field(
+        1.3, gt=1.0, description="Budget on the 0.99 quantile of the behaviour weights; None: not judged."
+    )
+    """Over budget when the 0.99 quantile of pi_prox / pi_behav at some staleness 1..e exceeds
+    this (1 = no drift at all). The default is about PPO's own trust region (clip 1 +- 0.2):
+    more than 1% of the tokens drifted further than 1.5 clip widths. The quantile grows with
+    staleness and is largest early in a run, shrinking as the policy changes less per step
+    (``asyncrl bench ablation`` shows it for the demo)."""
+    min_ess: float | None = Field(
+        None, gt=0.0, le=1.0, description="Budget on the normalised ESS of the behaviour weights; None: not judged."
+    )
+    """The step's normalised effective sample size: over budget when ESS < this."""
+    min_eta: int = Field(0, ge=0, description="The effective bound never goes below this (0: down to synchronous RL).")
+    recover_steps: int = Field(2, ge=1, description="Steps in a row under budget before the effective bound grows by one.")
 
     @model_validator(mode="after")
     def _some_budget(self) -> AdaptiveStalenessConfig:

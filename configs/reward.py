@@ -14,66 +14,55 @@ from asyncrl.configs.base import StrictModel
 
 
 class MathRewardConfig(StrictModel):
-    timeout_s: int = Field(5, ge=1, le=600)
-    """Budget of one math verification (parsing both sides and comparing), in whole
-    seconds: math-verify's own timeout is signal.alarm-based."""
+    timeout_s: int = Field(5, ge=1, le=600, description="Budget of one math verification (parse both sides, compare), whole seconds.")
+    """Whole seconds: math-verify's own timeout is signal.alarm-based."""
 
 
 class SandboxLimits(StrictModel):
-    cpu_s: int = Field(5, ge=1, le=3600)
-    """RLIMIT_CPU of each process of one test run (SIGXCPU at the limit, SIGKILL one second later)."""
-    wall_s: float = Field(10.0, gt=0.0, le=3600.0)
-    """Wall time of one test run; the whole sandbox is killed when it is over."""
-    memory_mb: int = Field(512, ge=32)
-    """RLIMIT_AS (address space) of each process, MiB."""
-    nproc: int = Field(16, ge=2, le=4096)
-    """RLIMIT_NPROC: processes and threads of the sandbox user, counted inside the
-    sandbox's own user namespace (so concurrent sandboxes do not share it)."""
-    nofile: int = Field(64, ge=8, le=65536)
-    """RLIMIT_NOFILE: open file descriptors per process."""
-    fsize_mb: int = Field(16, ge=1)
-    """RLIMIT_FSIZE: largest file a process may write, MiB."""
-    tmpfs_mb: int = Field(64, ge=1)
-    """Size of the private, writable /tmp (memory-backed, gone after the run)."""
-    output_bytes: int = Field(1 << 20, ge=1024)
-    """Most bytes read from each of stdout and stderr; more is an output_limit failure."""
+    cpu_s: int = Field(5, ge=1, le=3600, description="RLIMIT_CPU of each process of one test run, seconds.")
+    """SIGXCPU at the limit, SIGKILL one second later."""
+    wall_s: float = Field(10.0, gt=0.0, le=3600.0, description="Wall time of one test run; the whole sandbox is killed when it is over.")
+    memory_mb: int = Field(512, ge=32, description="RLIMIT_AS (address space) of each process, MiB.")
+    nproc: int = Field(16, ge=2, le=4096, description="RLIMIT_NPROC: processes and threads of the sandbox user.")
+    """Counted inside the sandbox's own user namespace (so concurrent sandboxes do not share it)."""
+    nofile: int = Field(64, ge=8, le=65536, description="RLIMIT_NOFILE: open file descriptors per process.")
+    fsize_mb: int = Field(16, ge=1, description="RLIMIT_FSIZE: largest file a process may write, MiB.")
+    tmpfs_mb: int = Field(64, ge=1, description="Size of the private, writable /tmp (memory-backed, gone after the run), MiB.")
+    output_bytes: int = Field(1 << 20, ge=1024, description="Most bytes read from each of stdout and stderr; more is an output_limit failure.")
 
 
 class CodeRewardConfig(StrictModel):
-    bwrap: str = "bwrap"
-    """bubblewrap executable (name on PATH or absolute path)."""
-    python: str | None = None
+    bwrap: str = Field("bwrap", description="bubblewrap executable (name on PATH or absolute path).")
+    python: str | None = Field(None, description="Interpreter that runs the program inside the sandbox (under /usr).")
     """Interpreter that runs the program inside the sandbox; it must resolve under /usr
     (the only system tree mounted), never into a home directory. None: the first of
     /usr/bin/python3, /usr/local/bin/python3 that exists."""
-    prlimit: str = "/usr/bin/prlimit"
+    prlimit: str = Field("/usr/bin/prlimit", description="util-linux prlimit, which sets the rlimits inside the sandbox.")
     """util-linux prlimit, used inside the sandbox to set the rlimits after the user
     namespace exists (so RLIMIT_NPROC counts only that sandbox's processes)."""
-    sandbox_uid: int = Field(65534, ge=1)
+    sandbox_uid: int = Field(65534, ge=1, description="Host uid (and gid) the sandbox runs as when the service runs as root.")
     """Host uid (and gid) the sandbox runs as when the service runs as root: root is
     exempt from RLIMIT_NPROC, so code must never run with host uid 0."""
-    allow_unsandboxed: bool = False
+    allow_unsandboxed: bool = Field(False, description="Run programs WITHOUT bubblewrap when bwrap is missing (unsafe).")
     """Run programs WITHOUT bubblewrap (rlimits and a temp dir only) when bwrap is missing.
     Unsafe for untrusted code: the program can read host files and use the network."""
-    limits: SandboxLimits = Field(default_factory=SandboxLimits)
-    scoring: Literal["fraction", "all"] = "fraction"
+    limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Resource limits of one test run in the sandbox.")
+    scoring: Literal["fraction", "all"] = Field("fraction", description="Reward: share of tests passed (`fraction`) or 1 only if all pass (`all`).")
     """Reward = passed / total tests (fraction) or 1 if all pass else 0 (all; stops at
     the first failure)."""
-    sandbox_per: Literal["program", "test"] = "program"
+    sandbox_per: Literal["program", "test"] = Field("program", description="One sandbox for all the tests of a program, or one per test.")
     """``program``: all the tests of one program run in one sandbox, each as its own process with
     the per-test limits (a sandbox start per program, not per test; see sandbox_driver.py);
     ``test``: a fresh sandbox for every test. The unsandboxed mode always runs tests one by one."""
-    extract: Literal["last_fence", "first_fence", "whole"] = "last_fence"
+    extract: Literal["last_fence", "first_fence", "whole"] = Field("last_fence", description="Which part of the response is the program.")
     """Which part of the response is the program: the last or first fenced block
     (a ```python block is preferred over other languages), or the whole response."""
 
 
 class PluginRewardConfig(StrictModel):
-    function: str = Field(min_length=3)
-    """Import path ``package.module:function`` or ``/path/to/file.py:function`` of
-    ``f(response: str, reference, **metadata) -> float | tuple[float, str]``."""
-    timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
-    """Hard limit of one call: past it the worker is killed and replaced."""
+    function: str = Field(min_length=3, description="Import path `package.module:function` or `/path/to/file.py:function`.")
+    """Of ``f(response: str, reference, **metadata) -> float | tuple[float, str]``."""
+    timeout_s: float = Field(10.0, gt=0.0, le=3600.0, description="Hard limit of one call: past it the worker is killed and replaced.")
 
     @field_validator("function")
     @classmethod
@@ -94,23 +83,19 @@ RESERVED_PLUGIN_NAMES = ("math", "code")
 
 
 class PoolConfig(StrictModel):
-    workers: int = Field(2, ge=1, le=256)
-    """Worker processes scoring in parallel."""
-    startup_timeout_s: float = Field(120.0, gt=0.0)
-    """How long start() waits for every worker to load its verifiers."""
-    kill_grace_s: float = Field(5.0, ge=0.0)
-    """Slack over a request's own limits before the pool kills its worker."""
-    preload_math: bool = True
-    """Import math-verify (and sympy) when a worker starts, not on its first item."""
+    workers: int = Field(2, ge=1, le=256, description="Worker processes scoring in parallel.")
+    startup_timeout_s: float = Field(120.0, gt=0.0, description="How long start() waits for every worker to load its verifiers.")
+    kill_grace_s: float = Field(5.0, ge=0.0, description="Slack over a request's own limits before the pool kills its worker.")
+    preload_math: bool = Field(True, description="Import math-verify (and sympy) when a worker starts, not on its first item.")
 
 
 class RewardConfig(StrictModel):
-    math: MathRewardConfig = Field(default_factory=MathRewardConfig)
-    code: CodeRewardConfig = Field(default_factory=CodeRewardConfig)
-    plugins: dict[str, PluginRewardConfig] = Field(default_factory=dict)
+    math: MathRewardConfig = Field(default_factory=MathRewardConfig, description="The math verifier (task `math`).")
+    code: CodeRewardConfig = Field(default_factory=CodeRewardConfig, description="The code verifier (task `code`): sandbox and scoring.")
+    plugins: dict[str, PluginRewardConfig] = Field(default_factory=dict, description="Users' own reward functions by name (a task name in data rows).")
     """Users' own reward functions by name: a ``plugin`` request goes to
     ``plugins[request.plugin]``; a prompt row whose task is that name is scored by it."""
-    pool: PoolConfig = Field(default_factory=PoolConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="The reward service's pool of worker processes.")
 
     @field_validator("plugins")
     @classmethod

@@ -1,16 +1,13 @@
-"""The `component` flow: one long-lived component of a run on whatever machine the work pool
-of its deployment gives it — a rollout server, the trainer (one node of it), or the
-scheduler with its reward service. The `train` flow starts it with ``run_deployment`` when
-the run's ``placement`` names a deployment for that component, and supervises it through
-this flow run's state and its heartbeat in the run root
-(:mod:`asyncrl.flows.prefect_api.remote_component`).
+"""The `component` flow: one long-lived component of a run (a rollout server, one trainer node,
+or the scheduler with its reward service) on whatever machine its deployment's work pool
+gives it. The `train` flow starts it with ``run_deployment`` when the run's ``placement``
+names a deployment for that component, and supervises it through this flow run's state and
+its heartbeat in the run root (:mod:`asyncrl.flows.prefect_api.remote_component`).
 
-The flow run is Running while its component runs, Completed when the component ended
-normally (the trainer's or scheduler's last step) or its run finished and asked it to stop
-(a rollout server), Failed with the component's exit status
-and log tail when it exited otherwise (the `train` flow then restarts it as a new flow run),
-Cancelled when the run stopped it. Its cancel and crash hooks kill the process groups it
-recorded, so nothing outlives it on its machine.
+The flow run's state tells the truth: Running while the component runs, Completed on its
+normal end (or when its run asked it to stop), Failed with exit status and log tail
+otherwise, Cancelled when the run stopped it. Its cancel and crash hooks kill the process
+groups it recorded, so nothing outlives it on its machine. Details: ``docs/internals/flows.md``.
 """
 
 from __future__ import annotations

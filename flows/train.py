@@ -1,18 +1,14 @@
 """The `train` flow: asynchronous RL with every component as a concurrent Prefect run —
 task runs `rollout-server-{k}`, `reward-service`, `trainer` and (with
 ``pipeline.eval_every``) `evaluator`, and the `scheduler` child flow run — each supervised
-and restarted on a crash (:mod:`asyncrl.tasks.launch.rl`). A
-component that ``placement`` puts on a deployment runs as flow runs of the `component` flow
-on that deployment's work pool, started and supervised from its task run here (through its
-flow run state and heartbeat, :mod:`asyncrl.flows.prefect_api.remote_component`).
+and restarted on a crash (:mod:`asyncrl.tasks.launch.rl`). A component that ``placement``
+puts on a deployment runs as flow runs of the `component` flow on that deployment's work
+pool (:mod:`asyncrl.flows.prefect_api.remote_component`).
 
-States tell the truth: a component's run is Running while it is up, Failed with its error
-and log tail past its restart budget (the other components are then stopped and show
-Cancelled, and the flow fails naming the component; only the evaluator's failure leaves the
-others running and the flow completing, with a warning and the reason in the report),
-Completed when the run ends normally. Cancelling the flow run (UI, API, ``prefect flow-run cancel``) stops every
-component; the ``on_cancellation``/``on_crashed`` hooks kill whatever process groups are
-still recorded, also when the flow process itself was SIGKILLed.
+States tell the truth: Running while up, Failed past the restart budget (the others are
+then Cancelled and the flow fails naming the component; only the evaluator's failure is a
+warning), Completed on a normal end. Cancelling the flow run stops every component, and its
+hooks kill whatever process groups are still recorded. Details: ``docs/internals/flows.md``.
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.scheduler import scheduler
 from asyncrl.flows.prefect_api.artifacts import StepProgressArtifact, publish_training_report
 from asyncrl.flows.prefect_api.events import prefect_alarm
+from asyncrl.flows.prefect_api.remote_component import remote_components
 from asyncrl.tasks.launch.context import RunContext, open_run_context, system_metrics
 from asyncrl.tasks.launch.kinds import ComponentKind
 from asyncrl.tasks.launch.rl import (
@@ -80,7 +77,7 @@ def run_train(
 ) -> TrainResult:
     """The RL phase with one Prefect run per component (must run inside a flow)."""
     runner = PrefectRunner(config)
-    settings = RLRunSettings(restart_policy(config))
+    settings = RLRunSettings(restart_policy(config), remote=remote_components(context.paths))
     try:
         return run_rl(config, context.paths, settings, runner, context=context, on_event=report_event, progress=progress,
                       on_canary=prefect_alarm(config.name), run_logger=get_run_logger())  # fmt: skip

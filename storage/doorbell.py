@@ -1,25 +1,13 @@
 """Doorbells: wake a component the moment what it waits for is in the run root.
 
-The run root stays the only truth and the only way components find each other; a
-doorbell carries no data. A component that waits for something (the trainer for shards,
-the scheduler for a new weight version) opens a :class:`DoorbellListener` on a *topic*:
-a UDP socket whose address it writes to ``doorbells/{topic}/{listener}.json``. The
-component that writes the thing (a shard, a weight version) rings the topic
-(:class:`Doorbell`) right after the write is durable: one datagram to each listed
-address. The listener's ``wait(timeout)`` returns as soon as a datagram arrives, or at
-the timeout; either way the waiter then looks at the run root, as it did before
-doorbells. So a lost, late, forged or repeated datagram costs at most one look (or one
-poll interval), never correctness: waiters keep their polling interval as the fallback.
-
-Reach: a listener binds ``ASYNCRL_DOORBELL_HOST`` (default ``127.0.0.1``) and advertises
-it with its host name; a ringer on another machine skips loopback addresses of other
-hosts (those listeners fall back to polling), so components spread over machines set
-``ASYNCRL_DOORBELL_HOST`` to an address the others can reach.
-
-Storage work: a listener writes its address once and deletes it on close; a ringer lists
-the topic's addresses at most once per ``refresh_s`` (and at most once per
-``empty_refresh_s`` while none is listed) and reads only new entries: work per ring does
-not grow with the run.
+A doorbell carries no data: the run root stays the only truth and the only way components
+find each other. A waiter (the trainer for shards, the scheduler for a new weight version)
+opens a :class:`DoorbellListener` on a *topic*, a UDP socket whose address it writes to
+``doorbells/{topic}/{listener}.json``; the writer rings the topic (:class:`Doorbell`) right
+after its write is durable. Either way the waiter then looks at the run root, so a lost,
+late, forged or repeated datagram costs at most one look or one poll interval, never
+correctness: polling stays the fallback. Reach across machines (``ASYNCRL_DOORBELL_HOST``)
+and the storage work per ring: ``docs/internals/storage.md``.
 """
 
 from __future__ import annotations

@@ -1,40 +1,14 @@
 """Run-root access through fsspec: a local directory or an S3-compatible bucket.
 
-All objects of a run live under one root. The primitives here are the only
-writes the storage layer does, and none of them exposes a partial object:
-
-* :func:`put_if_absent` publishes an object that must never be overwritten
-  (shards, ledger entries, markers). Local: write a hidden temporary file in the
-  same directory, ``os.link`` it to the final name (which fails if the name
-  exists), unlink the temporary. S3: one ``PutObject`` with ``If-None-Match: *``.
-  Either way a lost race raises :class:`FileExistsError`.
-* :func:`put_atomic_replace` publishes a small pointer object that may be
-  replaced (local: temporary + ``os.replace``; S3: one ``PutObject``).
-* :func:`replace_if` replaces a small pointer object only if a predicate accepts the
-  content it replaces: a compare-and-swap (local: read, compare and replace under an
-  exclusive ``flock`` of a hidden lock file beside it, which the kernel releases if the
-  holder dies; S3: ``PutObject`` with ``If-Match`` on the ETag read, or
-  ``If-None-Match: *`` if absent, re-read and retried when another writer got in first).
-* :func:`upload_file` copies a local file in (local: temporary + ``os.replace``;
-  S3: ``put_file``, multipart for large files). Callers hide such files behind a
-  marker written afterwards. On S3 an upload of a file large enough to be multipart
-  first aborts the incomplete multipart uploads of the same key (parts left by a killed
-  uploader); :func:`abort_incomplete_uploads` aborts all of them under a directory.
-
-Durability on local disk: every temp-then-rename here (writes into the root and
-downloads out of it) fsyncs the temporary file before the rename and its directory
-after it, so a power loss leaves either the old or the new file under the name, never
-an empty or partial one.
-
-Temporary files start with ``.`` and :func:`list_dir` never returns such names.
-S3 listings are never cached (``use_listings_cache=False``), so objects written
-by other processes are always seen.
-
-Transient S3 faults are retried in three layers (botocore per request, s3fs per
-call, this module per operation where the outcome is unknown), every retry
-idempotent; :mod:`asyncrl.storage.retry` states the rules and the options. A fault
-left after the retries raises :class:`StorageOperationError` naming the operation
-and the object; what earlier calls wrote stays intact.
+All objects of a run live under one root. The primitives here are the only writes the
+storage layer does, and none of them exposes a partial object: :func:`put_if_absent`
+(never overwritten; a lost race raises :class:`FileExistsError`), :func:`put_atomic_replace`
+(small replaceable pointers), :func:`replace_if` (compare-and-swap of a pointer) and
+:func:`upload_file` (large files, hidden behind a marker written afterwards). Local writes
+are temp-then-rename with fsyncs, so a power loss leaves the old or the new file, never a
+partial one; S3 listings are never cached. Transient S3 faults are retried idempotently
+(:mod:`asyncrl.storage.retry`); what is left raises :class:`StorageOperationError` naming
+the operation and the object. Per-primitive mechanics: ``docs/internals/storage.md``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Heartbeats of components that run as remote flow runs: ``components/{component}/{replica}.json``.
 
-The flow run of a remote component (a rollout server, the trainer on one node, the
-scheduler) rewrites its heartbeat every ``placement.heartbeat_s`` seconds: which start of
-the component it belongs to (``start_id``, fresh per start, so that a predecessor's last
-heartbeat never counts for its successor), its flow run, host and pid, whether the component
-is ready, and when it was written. The `train` flow's supervisor reads it to tell a component
-that is up from one whose machine is gone without a final state (a heartbeat older than
-``placement.heartbeat_timeout_s``). One small object per replica, replaced in place: the
-work per heartbeat does not grow with the run.
-
-The other way, ``components/{component}/{replica}.stop`` asks the flow run of one start to
-stop because its run finished (:func:`request_stop`): it then ends Completed, where a cancel
-(the run was cancelled, or the replica does not answer) ends it Cancelled.
+The flow run of a remote component rewrites its heartbeat every ``placement.heartbeat_s``
+seconds (its start id, flow run, host, pid, readiness, time written), so the `train` flow's
+supervisor can tell a component that is up from one whose machine is gone without a final
+state (a heartbeat older than ``placement.heartbeat_timeout_s``). The start id is fresh per
+start, so a predecessor's last heartbeat never counts for its successor. The other way,
+``components/{component}/{replica}.stop`` asks one start to stop because its run finished
+(:func:`request_stop`). One small object per replica, replaced in place: the work per
+heartbeat does not grow with the run.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The consumption ledger: which shards each training step used.
 
-One JSON object per step, ``ledger/step-{step:08d}.json``, published with
-put-if-absent before the step's weights are published. It is the audit trail
-of exactly-once use: a shard named by one entry can never be named by another.
-On resume from a checkpoint, :meth:`Ledger.rollback_after` drops the entries of
-steps the checkpoint does not contain, so their shards are trained on again.
-One trainer process writes the ledger; the check that a shard is unused and
-the write are not one atomic step across several writers.
-
-Work per :meth:`Ledger.record` is one put-if-absent: a :class:`Ledger` reads the
-entries once, at its first ``record`` (O(steps), once per process), and then keeps the
-last step and the consumed names in memory, updating them with every entry it writes
-or rolls back. Restart-safe: that state is only a copy of the entries, rebuilt from
-them by the next process, and a lost race on a step's entry (another writer) drops
-the copy so that the next call reads the entries again. The readers (:meth:`Ledger.steps`,
-:meth:`Ledger.entries`, :meth:`Ledger.consumed`, :meth:`Ledger.last_step`) always read
-storage: they are for audits, tests and watchers, not the trainer's step.
+One JSON object per step, ``ledger/step-{step:08d}.json``, published with put-if-absent
+before the step's weights are published: the audit trail of exactly-once use (a shard
+named by one entry can never be named by another). On resume from a checkpoint,
+:meth:`Ledger.rollback_after` drops the entries of steps the checkpoint does not contain,
+so their shards are trained on again. One trainer process writes the ledger. A
+:class:`Ledger` reads the entries once and then keeps a restart-safe copy in memory, so a
+:meth:`Ledger.record` is one put-if-absent whatever the run's length; the readers always
+read storage (for audits and tests). Details: ``docs/internals/storage.md``.
 """
 
 from __future__ import annotations

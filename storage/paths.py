@@ -1,31 +1,12 @@
 """The run-root layout: every relative path the storage layer uses is built here.
 
-Layout (relative to the run root)::
-
-    config.yaml                                   frozen run config
-    trajectories/shard-{seq:08d}-v{min:06d}-v{max:06d}.arrow
-    trajectories/_seq/{seq:08d}                   sequence-number claims (never deleted); each
-                                                  names its shard and group ids
-    consumed/{name}                               shards a ledger entry names (moved out of
-                                                  trajectories/ once consumed)
-    quarantine/{name}                             shards that failed validation
-    weights/v{version:06d}/...                    HF-format files of one version
-    weights/v{version:06d}/_COMPLETE              manifest, written after all files
-    weights/LATEST                                pointer to the newest complete version
-    ledger/step-{step:08d}.json                   shards consumed by one training step
-    checkpoints/step-{step:08d}/                  trainer state for resume
-    scheduler/state.json                          scheduler counters for resume
-    scheduler/written.json                        index of the group indices written in shards
-    doorbells/{topic}/{listener}.json             where a waiting component listens for rings
-    components/{component}/{replica}.json         heartbeat of a component run as a remote flow run
-    components/{component}/{replica}.stop         its run's request that it stop (the run finished)
-    evaluations/v{version:06d}.json               held-out result of one version, evaluated while
-                                                  the run trained (written once)
-    evaluations/state.json                        the evaluator's progress: K, last record, version
-                                                  in evaluation
-
-Paths are POSIX-style, relative, without ``..``; :func:`join` checks that.
-Other modules never format these names by hand.
+Other modules never format these names by hand; paths are POSIX-style, relative, without
+``..`` (:func:`join` checks that). The main areas of a run root: ``config.yaml`` (frozen run
+config), ``trajectories/`` (shards waiting, with their ``_seq/`` claims), ``consumed/``,
+``quarantine/``, ``weights/`` (versions, their ``_COMPLETE`` manifests and ``LATEST``),
+``ledger/``, ``checkpoints/``, ``scheduler/``, ``doorbells/``, ``components/`` (heartbeats
+of remote components) and ``evaluations/``. The full layout with each name's format:
+``docs/internals/storage.md``.
 """
 
 from __future__ import annotations
@@ -128,12 +109,6 @@ def shard_seq_claim(seq: int) -> str:
     """Relative path of the object that reserves shard sequence number ``seq``."""
     _check_non_negative("shard seq", seq)
     return join(SHARD_SEQ_DIR, f"{seq:08d}")
-
-
-def parse_shard_seq_claim(name: str) -> int | None:
-    """Sequence number of a claim object name, or ``None`` if it is not one."""
-    match = _SEQ_CLAIM_RE.match(name)
-    return int(match.group(1)) if match else None
 
 
 def quarantine_path(name: str) -> str:

@@ -1,40 +1,14 @@
 """Retries of object-store requests: the policy, where it comes from, and which faults are transient.
 
-Three layers absorb the transient faults of an S3-compatible store (throttling, 5xx
-answers, dropped or reset connections, bodies cut off mid-stream); each repeats only
-what is safe to repeat.
-
-1. botocore, per HTTP request, ``mode`` and ``attempts`` from
-   ``storage.options.config_kwargs.retries``: retries 500/502/503/504 answers,
-   throttling codes (``SlowDown``...), connection errors and timeouts. Before retry n
-   (n = 1, 2...) it waits rand(0, 1) * min(2 ** (n - 1), 20) s (``standard``,
-   ``adaptive``; ``legacy`` without the 20 s cap). ``standard`` and ``adaptive`` also
-   stop retrying once the client's retry quota (500 tokens, 5 per retry, 10 per
-   timeout, refunded by successes) is spent; ``adaptive`` rate-limits the client after
-   throttling answers.
-2. s3fs, per call: ``S3FileSystem.retries = attempts``. It repeats a call that botocore
-   gave up on with an HTTP client error (connection closed mid-answer, read timeout) or
-   ``SlowDown``, waiting min(0.1 * 1.7 ** i, 15) s; it re-reads a GET whose body broke
-   off, and resumes a download from the bytes it holds. Worst case for one call:
-   about attempts ** 2 HTTP requests.
-3. asyncrl (:mod:`asyncrl.storage.fs`), per operation, only where the lower layers
-   cannot know the outcome: a conditional put-if-absent answered 412 after a retried
-   PUT (the first attempt may have stored the object and lost its answer), and bulk
-   deletes (S3 reports per-key failures inside a 200 answer, which s3fs ignores).
-
-Below them aiohttp re-sends a GET, HEAD, PUT or DELETE once by itself when a kept-alive
-connection fails under it (the conditional PUT included). No option turns that off, so
-even ``attempts = 1`` absorbs some dropped connections, and layer 3 is needed then too.
-
-Every repeated request is idempotent: GET, HEAD and LIST read; PUT of the same bytes to
-the same key and DELETE leave the same state however often they land. The one
-non-idempotent request, the conditional PUT, is resolved by reading the object back
-(see :func:`asyncrl.storage.fs.put_if_absent`). A fault left after all retries is
-raised as :class:`~asyncrl.storage.errors.StorageOperationError` naming the operation
-and the object.
-
-This module imports no heavy library (the run config validates its options with it);
-botocore, aiohttp and s3fs are imported only to classify an error.
+Three layers absorb the transient faults of an S3-compatible store (throttling, 5xx answers,
+dropped connections, truncated bodies), each repeating only what is safe to repeat:
+botocore per HTTP request (``storage.options.config_kwargs.retries``), s3fs per call
+(``S3FileSystem.retries``), and :mod:`asyncrl.storage.fs` per operation where the lower
+layers cannot know the outcome (a conditional put answered 412 after a retry, bulk
+deletes). Every repeated request is idempotent; the one non-idempotent request, the
+conditional PUT, is resolved by reading the object back. A fault left after all retries
+raises :class:`~asyncrl.storage.errors.StorageOperationError`. This module imports no heavy
+library. Back-off formulas and each layer's rules: ``docs/internals/storage.md``.
 """
 
 from __future__ import annotations

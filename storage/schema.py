@@ -1,41 +1,14 @@
 """The Arrow schema of trajectory shards, the :class:`Sample` record, and validation.
 
-One row per sample (one generated answer, or one agent episode). The rows of a prompt
-group (the n samples of one prompt) are contiguous and always in the same shard; every
-row carries ``group_size`` so a reader can check that its group is complete.
-
-Multi-turn rows (schema version 3). An agent episode is one row whose output interleaves
-tokens the model sampled (trained) and tokens the environment inserted (tool results,
-user turns, chat-template glue: context the model attends to, never trained).
-``output_mask[t]`` is True where output token t was sampled by the model, False where the
-environment inserted it; ``turn_starts`` lists the output offsets where each model turn
-begins. Both are null for a single-turn row, whose output is all model tokens (so
-single-turn shards do not grow). Conventions for an environment token t:
-
-* ``behaviour_logprobs[t] == 0.0`` (no policy sampled it);
-* ``token_versions[t] == token_versions[t - 1]``: it repeats the version of the nearest
-  model token before it (output token 0 is always a model token), so versions stay
-  non-decreasing and the version range of a row is that of its model tokens.
-
-Readers that count generated tokens or check versions use the model tokens only
-(:meth:`Sample.model_values`, :attr:`Sample.model_token_count`).
-
-Row invariants checked by :func:`validate_table`:
-
-* ``len(output_token_ids) == len(behaviour_logprobs) == len(token_versions) >= 1``
-  and ``prompt_token_ids`` is not empty;
-* token versions are non-negative and non-decreasing along the output (a weight
-  update only ever moves a running sequence to a newer policy);
-* behaviour log-probabilities are finite and ``<= 0``; reward is finite;
-* ``submit_time <= finish_time``, both finite; ``finish_reason`` and ``task`` not empty;
-* all rows of a group are contiguous, share ``prompt_id`` and ``prompt_token_ids``,
-  and number exactly ``group_size``; ``run_id`` is the run's;
-* ``output_mask`` and ``turn_starts`` are both null or both set; when set,
-  ``len(output_mask) == len(output_token_ids)``, the mask holds at least one True,
-  ``turn_starts`` is exactly the list of offsets p with ``output_mask[p]`` True and
-  (p == 0 or ``output_mask[p - 1]`` False), and its first entry is 0 (so it is strictly
-  increasing and output token 0 is a model token); environment tokens follow the
-  conventions above.
+One row per sample (one generated answer, or one agent episode). The rows of a prompt group
+are contiguous and always in the same shard, and every row carries ``group_size`` so a reader
+can check that its group is complete. A multi-turn row (schema version 3) interleaves tokens
+the model sampled (``output_mask`` True: trained) with tokens the environment inserted
+(False: context only, behaviour log-prob 0.0, the version of the model token before them);
+``turn_starts`` lists where each model turn begins. Both are null for a single-turn row.
+:func:`validate_table` checks every row invariant (lengths, finite values, non-decreasing
+token versions, whole contiguous groups, mask/turn consistency); the full list is in
+``docs/internals/storage.md``.
 """
 
 from __future__ import annotations

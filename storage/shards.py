@@ -1,29 +1,13 @@
 """Trajectory shards: immutable Arrow IPC files under ``trajectories/``.
 
 A :class:`ShardWriter` turns whole prompt groups into one shard per call; a
-:class:`ShardReader` lists shards oldest policy first and reads them back,
-moving any file that breaks the contract to ``quarantine/``.
-
-Sequence numbers are reserved by a put-if-absent claim object
-(``trajectories/_seq/{seq}``) before the shard itself is published with
-put-if-absent, so concurrent writers always get distinct sequence numbers and
-no name is ever reused, even after a shard is quarantined. The claim names the
-shard it reserves and the group ids it will hold (:func:`read_claims`), so what was
-written after some sequence number can be found without listing or reading shards.
-
-Where a shard is over its life: ``trajectories/`` while unconsumed, ``consumed/``
-once a ledger entry names it (:meth:`ShardReader.retire`; a ledger rollback moves it
-back with :meth:`ShardReader.restore`), ``quarantine/`` if it was rejected. So
-``trajectories/`` holds only the shards still waiting for the trainer, and a trainer
-poll (:meth:`ShardReader.list_pending`) lists O(waiting shards) names, not O(run).
-
-Work per operation (S3 requests; ``M`` claims so far, ``P`` shards waiting):
-
-* :meth:`ShardWriter.write_groups`: 2 PUTs (claim, shard); the first call of a
-  writer also finds the end of the claims with at most ``2 ceil(log2(M + 1)) + 1``
-  HEADs (a galloping search, :meth:`ShardWriter._first_free_seq`).
-* :meth:`ShardReader.list_pending`: one listing of ``P + 1`` names.
-* :meth:`ShardReader.retire` / :meth:`ShardReader.restore`: GET + PUT + DELETE per shard.
+:class:`ShardReader` lists shards oldest first and reads them back, moving any file that
+breaks the contract to ``quarantine/``. Sequence numbers are reserved by a put-if-absent
+claim (``trajectories/_seq/{seq}``, naming the shard and its group ids) before the shard is
+published, so concurrent writers never share or reuse a name. A consumed shard moves to
+``consumed/`` (and back on a ledger rollback), so ``trajectories/`` holds only the shards
+still waiting and a trainer poll lists O(waiting shards) names, not O(run). Life cycle
+and the requests each operation costs: ``docs/internals/storage.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Published policy weights: ``weights/v{version:06d}/`` plus the ``weights/LATEST`` pointer.
 
-Publishing a version uploads every file of a local HF-format directory, then
-writes the ``_COMPLETE`` manifest (put-if-absent; format 2 lists each file with its
-size and SHA-256), then moves the ``LATEST`` pointer forward to it. A version counts
-as published only once its manifest exists, so readers never load a half-uploaded
-version, and the pointer never names an incomplete one. Versions are strictly increasing.
-
-Rules of the mechanisms here:
-
-* ``LATEST`` only moves forward: it is written with :func:`fs.replace_if`, a
-  compare-and-swap that replaces it only if it names an older version (or is absent or
-  corrupt). Two publishers racing leave it at the higher version whatever the order of
-  their writes; a publisher with an older version leaves it alone.
-* Downloads are verified: every file's size and (format 2) SHA-256 must match the
-  manifest, else :class:`WeightIntegrityError` names the file and both values and the
-  partial download is removed. Format 1 manifests (sizes only) are still read; their
-  files are checked by size.
-* Pruning first copies a version's lineage file (a few hundred bytes) to
-  ``weights-lineage/`` (the trainer's staleness, the scheduler's gate and the run audit
-  read the update count of any version a sample names, pruned or not), then deletes its
-  manifest (it stops counting as published), then its directory: ``weights/`` holds only
-  the versions kept, so listing it costs the same at step 10 and step 10,000. Pinned versions (``weights/_pins/``,
-  :meth:`WeightStore.pin`) are never pruned; which others to keep is the caller's
-  policy (:mod:`asyncrl.tasks.trainer.retention`).
+Publishing uploads every file of a local HF-format directory, then writes the ``_COMPLETE``
+manifest (put-if-absent; each file's size and SHA-256), then moves ``LATEST`` forward. A
+version counts as published only once its manifest exists, so readers never load a
+half-uploaded version, and versions are strictly increasing. ``LATEST`` only moves forward
+(a compare-and-swap, :func:`fs.replace_if`); downloads are verified against the manifest
+(:class:`WeightIntegrityError`); pruning keeps each version's lineage file in
+``weights-lineage/`` and never touches pinned versions, so ``weights/`` holds only the
+versions kept. Which to keep is the caller's policy (:mod:`asyncrl.tasks.trainer.retention`).
+Details: ``docs/internals/storage.md``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from asyncrl.configs.run_config import StorageConfig
+from asyncrl.configs.storage import StorageConfig
 
 CREDENTIAL_ENV = {
     "aws_access_key_id": "AWS_ACCESS_KEY_ID",

@@ -3,23 +3,12 @@ same :class:`~asyncrl.tasks.launch.components.Component` interface as a local pr
 so the one supervisor (:func:`~asyncrl.tasks.launch.supervisor.supervise`) starts, watches,
 restarts and stops it exactly as it does a local one.
 
-- ``start()``: one ``run_deployment`` per replica (a rollout server has one, the trainer one
-  per node), with the config as a parameter (secrets left out: the flow run takes them from
-  its worker's environment), this start's id, and the placement's job variables; returns at
-  once. Each flow run's id is recorded in the run's ``remote-flow-runs.json`` so that a
-  cancelled or crashed `train` flow's hook can cancel them.
-- ``poll()``: the flow runs' states, read at most every ``state_poll_s``: every replica
-  Completed -> 0; any Failed or Crashed -> 1, Cancelled -> 143 (its state message goes into
-  the local log this component's failures are reported from); a replica whose heartbeat of
-  this start is older than the heartbeat timeout (its machine may be gone without anyone
-  setting a final state) -> 137.
-- ``ready()``: every replica's heartbeat of this start says ready and is fresh (a rollout
-  server registers itself in the run root from its flow run, before that).
-- ``stop()``: when the run finished (not cancelled), every replica not yet final is first
-  asked to stop through the run root (:func:`~asyncrl.storage.heartbeats.request_stop`) and
-  ends Completed; what is still not final after ``graceful_stop_s`` (or everything, when the
-  run was cancelled or failed) is cancelled: its worker SIGTERMs the flow run, which stops its
-  processes. Waits up to ``stop_timeout_s`` for final states.
+``start()`` launches one flow run per replica (secrets left out of the parameters),
+``poll()`` maps their states to an exit status (Completed 0, Failed or Crashed 1,
+Cancelled 143, a stale heartbeat of this start 137), ``ready()`` reads the replicas'
+heartbeats, and ``stop()`` asks a finished run's replicas to stop through the run root
+before cancelling what is left. Flow run ids are recorded so that a cancelled or crashed
+`train` flow's hook can cancel them. Details: ``docs/internals/flows.md``.
 """
 
 from __future__ import annotations
@@ -33,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.configs.loading import parameter_dict
-from asyncrl.configs.run_config import RemotePlacement, RunConfig
+from asyncrl.configs.placement import RemotePlacement
+from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.heartbeats import clear_stop_request, delete_heartbeat, read_heartbeat, request_stop
 from asyncrl.tasks.inference.server_registry import unregister_server
 from asyncrl.tasks.launch.kinds import ComponentKind, component_name
+from asyncrl.tasks.launch.rl import RemoteFactory, RunStop
+from asyncrl.tasks.system.run_paths import RunPaths
 
 REMOTE_FLOW_RUNS_FILE = "remote-flow-runs.json"
 EXIT_COMPLETED, EXIT_FAILED, EXIT_CANCELLED, EXIT_LOST = 0, 1, 143, 137
@@ -289,3 +281,23 @@ def cancel_flow_runs(flow_run_ids: list[str], timeout_s: float, message: str) ->
             client.set_flow_run_state(uuid.UUID(run_id), Cancelled(message=f"{message}; no answer within {timeout_s:.0f} s"),
                                       force=True)  # fmt: skip
     return pending
+
+
+def remote_components(paths: RunPaths) -> RemoteFactory:
+    """The run's factory of remote components (``RLRunSettings.remote``): each component
+    ``kind`` (rollout server ``index``) as flow runs of its placement's deployment, one per
+    trainer node for the trainer and one otherwise, their ids recorded in the run's one
+    ``remote-flow-runs.json``."""
+    runs_file = RemoteFlowRunFile(paths.work_dir / REMOTE_FLOW_RUNS_FILE)
+
+    def make(
+        config: RunConfig, paths: RunPaths, kind: ComponentKind, index: int, drain: bool, stop: RunStop | None
+    ) -> RemoteComponent:
+        placement = getattr(config.placement, kind.replace("-", "_"))
+        replicas = config.trainer.nodes if kind == "trainer" else 1
+        name = component_name(kind, index)
+        return RemoteComponent(kind, index, replicas, placement, config, paths.root, runs_file,
+                               paths.log(f"{name}.remote.log"), drain=drain,
+                               run_cancelled=(lambda: stop is None or stop.cancelled))  # fmt: skip
+
+    return make

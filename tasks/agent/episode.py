@@ -1,20 +1,13 @@
 """Users' agent episodes: what one gets, how it is run, and what it leaves behind.
 
-An episode is ordinary async Python::
-
-    async def solve(context: EpisodeContext) -> float | None:
-        client = openai.AsyncOpenAI(base_url=context.base_url, api_key=context.api_key)
-        reply = await client.chat.completions.create(
-            model=context.model, messages=[{"role": "user", "content": context.row.prompt}], tools=TOOLS
-        )
-        ...                      # run the tools it asked for, send their results, ask again
-        return None              # or a reward of its own
-
-Every model call goes through the recording endpoint (:mod:`asyncrl.tasks.inference.proxy`),
-which keeps the exact tokens the model sampled and the tokens inserted between turns. The
-runner here opens an episode there, calls the user's function under a time limit, and
-closes it; whatever the function does (returns, raises, hangs) the run goes on, and the
-outcome says which (:class:`EpisodeOutcome`).
+An episode is ordinary async Python: a function of an :class:`EpisodeContext` that talks to
+the model with the official ``openai`` client (``base_url=context.base_url``), runs its own
+tools, and returns None or a reward of its own. Every model call goes through the recording
+endpoint (:mod:`asyncrl.tasks.inference.proxy`), which keeps the exact tokens the model
+sampled and those inserted between turns. The runner here opens an episode there, calls
+the user's function under a time limit, and closes it; whatever the function does
+(returns, raises, hangs) the run goes on, and :class:`EpisodeOutcome` says which.
+An example episode: ``docs/internals/agent.md``.
 """
 
 from __future__ import annotations

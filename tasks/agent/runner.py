@@ -2,20 +2,12 @@
 
 The group is the unit of admission, the staleness rule and exactly-once, as for
 single-turn samples: the scheduler admits it, :class:`EpisodeRunner` runs its n episodes
-at once, and :func:`episode_sample` turns each one kept into one trajectory row:
-
-- ``prompt_token_ids``: the first call's prompt (equal for every row of a group);
-- ``output_token_ids``: every later token of the conversation, with ``output_mask`` True
-  on the tokens the model sampled (trained) and False on the tokens inserted between turns
-  (tool results, user turns, template glue: context only), and ``turn_starts`` where each
-  model turn begins;
-- ``reward``: the episode's own, else the row's reward on the last assistant message; 0
-  for a failed episode that is recorded.
-
-Which episodes are kept (:func:`kept_outcomes`): one that made no model call has nothing to
-train on; one whose first prompt differs from its group's cannot share the group's row
-prompt; a failed one is kept with reward 0 under ``on_failure: record`` and left out under
-``drop``.
+at once, and :func:`episode_sample` turns each kept episode into one masked trajectory row
+(the first call's prompt; every later token, with ``output_mask`` True on what the model
+sampled; the episode's reward, else the row's reward). :func:`kept_outcomes` decides which
+episodes become rows: one that made no model call or whose first prompt differs from its
+group's cannot, and a failed one is kept with reward 0 under ``on_failure: record`` and
+left out under ``drop``. Field by field: ``docs/internals/agent.md``.
 """
 
 from __future__ import annotations

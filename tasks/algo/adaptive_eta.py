@@ -1,41 +1,17 @@
 """Adaptive staleness: the gate's effective bound e follows the off-policy drift the trainer
 measures, never above the configured eta (``rollout.adaptive_staleness``).
 
-A fixed eta is a guess made before the run: too small and generation waits for training,
-too large and the trainer learns from samples whose behaviour policy has drifted far from
-its own. The trainer measures that drift every step, over the tokens it trains
-(:mod:`asyncrl.tasks.algo.mismatch`), and publishes the figures with the step's weights
-(the lineage's ``metrics``); the scheduler reads them for every version it loads and moves
-e (:class:`AdaptiveEta`):
+Drift of step t at the current e (figures of :mod:`asyncrl.tasks.algo.mismatch`): over
+budget when D_t(e) = max_{s in 1..e} q99_t(s) > ``max_behav_weight_p99`` (q99_t(s): the
+0.99 quantile of the raw behaviour weights w = pi_prox / pi_behav of tokens of staleness s)
+or ESS_t = (sum w)^2 / (n sum w^2) < ``min_ess``. The rule, once per trained step:
 
-- the drift of step t, judged at the current e:
+    e <- max(min_eta, floor(e / 2))     if step t is over budget
+    e <- min(eta, e + 1)                after ``recover_steps`` steps in a row under it
 
-  * the behaviour-weight tail: D_t(e) = max over s in 1..e of q99_t(s), with q99_t(s) the
-    0.99 quantile of the raw behaviour weights w = pi_prox / pi_behav of the step's tokens
-    of staleness s (``mismatch/behav_weight_p99/staleness_<s>``). Only staleness values the
-    current e still admits count: tokens staler than e were admitted under an earlier,
-    larger e and say nothing about whether e itself is too large;
-  * the effective sample size ESS_t = (sum w)^2 / (n sum w^2) of the step's weights
-    (``mismatch/ess``), when ``min_ess`` is set;
-
-  over budget when D_t(e) > ``max_behav_weight_p99`` or ESS_t < ``min_ess``;
-- the rule, once per trained step (multiplicative decrease, additive increase):
-
-      e <- max(min_eta, floor(e / 2))            if step t is over budget
-      e <- min(eta, e + 1)                        after ``recover_steps`` steps in a row under it
-
-  A step without the figures (no stale tokens and ``min_ess`` unset, or no mismatch
-  metrics at all) counts as under budget: nothing was measured against e.
-
-Why the staleness rule still holds: the gate admits group k only while
-floor(k / B) <= i + e (:class:`~asyncrl.tasks.algo.staleness_gate.StalenessGate`), and
-e <= eta at every admission, so every trained sample is at most eta steps stale whatever e
-did in between; lowering e only stops new admissions until the trainer catches up (groups
-already admitted are generated and trained), raising it admits again.
-
-Each change is logged (``asyncrl.scheduler.adaptive``) and kept in :attr:`AdaptiveEta.changes`;
-the current e and the counters are saved in the scheduler state, so a restarted scheduler
-goes on from them instead of from eta.
+A step without figures counts as under budget. The bound still holds: the gate admits group
+k only while floor(k / B) <= i + e and e <= eta at every admission, so no trained sample is
+staler than eta. Why these choices, logging and resume: ``docs/internals/algo.md``.
 """
 
 from __future__ import annotations

@@ -1,39 +1,18 @@
 """Corrections of the behaviour weight of the decoupled PPO objective (see :mod:`.loss`).
 
-Notation, per trained output token t of sample s (its tokens: the set s, |s| of them; the
-trained tokens are the ones the model sampled, so a multi-turn sample's environment tokens
-are neither in s nor counted in |s|: they are outside ``loss_mask``):
+Per trained output token t of sample s (|s| trained tokens; environment tokens are outside
+``loss_mask``): log w_t = log pi_prox(y_t) - log pi_behav(y_t). The objective multiplies each
+token's clipped surrogate by a constant corrected weight rho'_t, defined by three choices:
 
-    log w_t = log pi_prox(y_t) - log pi_behav(y_t),     w_t = pi_prox / pi_behav
+- level: ``token`` rho_t = w_t; ``sequence_product`` rho_t = W_s = exp(sum_{k in s} log w_k);
+  ``sequence_geo_mean`` rho_t = G_s = exp(mean_{k in s} log w_k) (same rho for all of s);
+- bounds [low, high]: high = ``behav_weight_cap`` (None: none), low = ``behav_weight_floor``
+  (None: 0);
+- mode: ``clamp`` (TIS) rho'_t = min(max(rho_t, low), high); ``mask`` (MIS; IcePop at token
+  level with two bounds) rho'_t = rho_t and m_t = 0 where rho_t > high or rho_t < low.
 
-The objective multiplies each token's clipped surrogate by a corrected weight rho'_t
-(a constant: no gradient). Three choices define it:
-
-- **level**, the weight rho_t that is bounded and used:
-
-  - ``token``:              rho_t = w_t
-  - ``sequence_product``:   rho_t = W_s = prod_{k in s} w_k = exp(sum_{k in s} log w_k)
-    (sequence-level importance sampling: the likelihood ratio of the whole sample)
-  - ``sequence_geo_mean``:  rho_t = G_s = (prod_{k in s} w_k)^(1/|s|) = exp(mean_{k in s} log w_k)
-    (the length-normalised ratio of GSPO-like sequence corrections)
-
-  At a sequence level every token of s carries the same rho.
-
-- **bounds** [low, high]: high = ``behav_weight_cap`` (None: no upper bound), low =
-  ``behav_weight_floor`` (None: low = 0, a one-sided upper bound).
-
-- **mode**, what happens outside the bounds:
-
-  - ``clamp`` (truncate; "TIS"):  rho'_t = min(max(rho_t, low), high); every token stays
-  - ``mask`` ("MIS"; with two-sided bounds at token level, IcePop):  rho'_t = rho_t, and
-    m_t = 0 (the token leaves the objective) where rho_t > high or rho_t < low; at a
-    sequence level rho is the sample's, so the whole sample leaves.
-
-Defaults (token, high 5, no low, mask) are AReaL's: mask tokens whose weight exceeds 5.
-Masked tokens keep counting in the loss normaliser N (they contribute 0), as before.
-
-All functions are pure functions of explicit tensors of shape (T,), T = positions of a
-micro-batch; positions outside ``loss_mask`` get weight 0 and are never out of bounds.
+Defaults (token, high 5, mask) are AReaL's; masked tokens still count in the normaliser N.
+Pure functions of (T,) tensors; positions outside ``loss_mask`` get weight 0.
 """
 
 from __future__ import annotations

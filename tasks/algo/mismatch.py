@@ -1,44 +1,18 @@
 """Train/inference mismatch figures of one training step (the ``mismatch/*`` metrics).
 
-Inputs per trained output token t the trainer sees in the step (every kept sample of every
-rank; a token an environment inserted into a multi-turn sample is context, not sampled by
-any policy, and is never an input here):
-log p_trainer(y_t) = log pi_prox, computed by the trainer at the start of the step with its
-current parameters (:func:`~asyncrl.tasks.trainer.step.compute_proximal`); log p_behav(y_t),
-reported by the rollout server that sampled it; and its lag in training steps,
-lag_t = U_trainer - U(v_t) (:func:`~asyncrl.tasks.trainer.step.update_lag`, per token).
+Per trained token t: log pi_prox (the trainer's, at the start of the step), log pi_behav (the
+rollout server's) and lag_t = U_trainer - U(v_t); d_t = log pi_prox(y_t) - log pi_behav(y_t)
+and r_t = w_t = exp(d_t). Over the n_0 tokens with lag 0 (where a weight-sync bug shows first;
+the run's canary, :mod:`asyncrl.tasks.launch.canary`, watches them):
 
-**Tokens of the trainer's current version** (lag_t = 0: sampled by weights with as many
-updates as the trainer's, i.e. the same weights) should have p_trainer = p_behav up to the
-numerics of the two engines. With r_t = p_trainer(y_t) / p_behav(y_t) = exp(d_t),
-d_t = log p_trainer(y_t) - log p_behav(y_t), over those n_0 tokens:
+- ``abs_logp_diff_mean`` / ``abs_logp_diff_max`` of |d_t|; ``current_version_tokens`` = n_0;
+- ``k3_kl`` = mean[(r_t - 1) - log r_t], Schulman's unbiased k3 estimate of KL(pi_behav || pi_trainer);
+- ``ratio_outside_frac`` = share of tokens with r_t < 0.5 or r_t > 2.
 
-- ``mismatch/abs_logp_diff_mean`` = (1/n_0) sum_t |d_t|;  ``mismatch/abs_logp_diff_max`` = max_t |d_t|
-- ``mismatch/k3_kl`` = (1/n_0) sum_t [(r_t - 1) - log r_t]: Schulman's k3 estimator of
-  KL(pi_behav || pi_trainer) = E_{y ~ pi_behav}[log pi_behav(y) - log pi_trainer(y)] (the
-  tokens were sampled from pi_behav); unbiased, and >= 0 term by term;
-- ``mismatch/ratio_outside_frac`` = (1/n_0) #{t : r_t < 0.5 or r_t > 2};
-- ``mismatch/current_version_tokens`` = n_0 (the four figures above are left out when n_0 = 0).
-
-A weight-sync bug (a server labelled with the new version that still holds other weights)
-shows here as soon as its tokens reach the trainer; that is what the run's canary watches
-(:mod:`asyncrl.tasks.launch.canary`).
-
-**Over every token**, with the raw behaviour weight w_t = pi_prox / pi_behav = r_t (before
-any correction) and the token's staleness s_t = max(0, lag_t):
-
-- ``mismatch/behav_weight_p99/staleness_<s>`` and ``mismatch/behav_weight_max/staleness_<s>``:
-  the 0.99 quantile and the maximum of w_t over the tokens with s_t = s. Quantile with
-  linear interpolation between order statistics (numpy's default): for sorted x_0..x_{n-1},
-  h = 0.99 (n - 1), q = x_floor(h) + (h - floor(h)) (x_floor(h)+1 - x_floor(h));
-- ``mismatch/ess`` = (sum_t w_t)^2 / (n * sum_t w_t^2), the normalised effective sample size
-  of the importance weights (1: all equal; 1/n: one token holds all the weight).
-
-Several data-parallel ranks: sums, counts and maxima are combined exactly; the quantile is
-exact too: with n tokens of staleness s over all ranks, it needs only the k = n - floor(h)
-largest values, and the k largest of the union are among the union of each rank's k
-largest, so each rank sends at most k values (about 1% of its tokens) and every rank
-computes the same figure (:func:`all_gather_mismatch`).
+Over every token, by staleness s_t = max(0, lag_t): ``behav_weight_p99/staleness_<s>`` and
+``behav_weight_max/staleness_<s>`` (quantile of sorted x_0..x_{n-1}: h = 0.99 (n - 1),
+q = x_floor(h) + (h - floor(h)) (x_floor(h)+1 - x_floor(h))), and ``ess`` = (sum w)^2 / (n sum w^2).
+Exact across ranks (:func:`all_gather_mismatch`). Derivations: ``docs/internals/algo.md``.
 """
 
 from __future__ import annotations

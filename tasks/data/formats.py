@@ -53,14 +53,6 @@ class Layout:
     """Append the row's ``starter_code`` (if any) to the prompt (APPS/TACO, LiveCodeBench)."""
 
 
-def supported_layouts() -> str:
-    return (
-        "prompt+answer, GSM8K question+answer, MATH problem+solution, prompt+tests (code), "
-        "APPS/TACO question+input_output, LiveCodeBench question_content+public_test_cases, "
-        "CodeContests description+public_tests/private_tests/generated_tests"
-    )
-
-
 def split_final_answer(text: str) -> tuple[str | None, str]:
     """GSM8K answer text -> (solution before the last ``####`` or None, final answer).
 

@@ -1,51 +1,14 @@
 """Reading prompt datasets: Parquet and JSON Lines files in several layouts, and mixtures.
 
-Each row names the reward that scores it (its *task*) and carries that reward's data.
-Layouts, found by column names (first match wins) unless the caller names the fields:
-
-- ``prompt`` + ``answer`` (+ optional ``solution``): math (the synthetic task's Parquet);
-- ``question`` + ``answer``: GSM8K, whose answer text ends in ``#### N``; N (commas
-  between digit groups dropped) becomes the answer, the text before it the solution;
-- ``problem`` + ``solution`` (MATH): math; the answer is the content of the solution's last
-  ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces kept); an ``answer`` column wins;
-- ``prompt`` + ``tests`` (+ optional ``solution``, a reference program for the SFT warm
-  start): code, asyncrl's own layout; ``tests`` is the tests-file format of ``code_reward``
-  (``{"stdio": [{"input", "output"}], "asserts": [code], "calls": [{"function",
-  "arguments": JSON text of the argument list, "expected": JSON text}], "time_limit_s"}``,
-  at least one test);
-- ``question`` + ``input_output`` (APPS/TACO): code; ``{"inputs", "outputs", "fn_name"?}``.
-  Without ``fn_name`` each input/output pair is a stdin/stdout case (a list of lines is
-  joined with newlines); with it each input is the argument list and each output the return
-  value of ``fn_name``. Optional ``solutions`` (JSON list of programs; the first is the
-  solution) and ``time_limit`` (seconds, or text like ``"2 seconds"``);
-- ``question_content`` + ``public_test_cases`` (LiveCodeBench): code; a list of ``{"input",
-  "output", "testtype": "stdin" | "functional"}``; a functional input holds one JSON value per
-  line (the arguments), its output the JSON return value, and ``metadata`` (JSON) names the
-  function as ``func_name``. ``private_test_cases`` is used only when it is plain JSON (a
-  list); any other text (the release's base64/zlib/pickle encoding) is ignored, never decoded,
-  since unpickling runs arbitrary code;
-- ``description`` + ``public_tests``/``private_tests``/``generated_tests`` (CodeContests):
-  code; each ``{"input": [...], "output": [...]}`` gives stdin/stdout cases; ``time_limit``
-  ``{"seconds", "nanos"}``; ``solutions`` ``{"language", "solution"}``: the first Python 3
-  (language 3) program is the solution.
-
-APPS/TACO and LiveCodeBench rows with a non-empty ``starter_code`` get it appended to the
-prompt (``Start from this code:`` and a Python fence): it names the function to write.
-JSON-valued columns may hold JSON text or (in Parquet) the same value as nested structs and
-lists. Any layout may add:
-
-- ``task``: the row's task, ``math``, ``code`` or a plug-in named under ``reward.plugins``
-  (``load_prompts(..., plugins=...)``); null or empty means the layout's task. A math row
-  needs an answer, a code row its layout's tests; a plug-in row gets ``answer`` if present
-  (else ``""``) and every other non-null field except the prompt, ``task``, ``solution`` and
-  ``max_new_tokens`` in ``fields``;
-- ``max_new_tokens`` (int >= 1 or null): that prompt's generation budget per sample, capped
-  by ``rollout.max_new_tokens``.
-
-Formats by extension: ``.parquet``/``.pq`` (Parquet), ``.jsonl``/``.json`` (JSON Lines; a
-``.json`` file holding one JSON array of objects is read too), ``.yaml``/``.yml`` (a
-mixture of such files, :mod:`asyncrl.tasks.data.mixture`). In JSON Lines the first object
-fixes the layout. Paths may be local or any fsspec URI (``s3://...``).
+Each row names the reward that scores it (its *task*) and carries that reward's data. The
+layout is found by column names (first match wins) unless the caller names the fields:
+math (``prompt``/``answer``, GSM8K, MATH) and code (asyncrl's ``prompt``/``tests``,
+APPS/TACO, LiveCodeBench, CodeContests). Any layout may add ``task`` (``math``, ``code`` or
+a plug-in under ``reward.plugins``) and a per-prompt ``max_new_tokens``. Formats by
+extension: ``.parquet``/``.pq``, ``.jsonl``/``.json``, and ``.yaml``/``.yml`` for a mixture
+(:mod:`asyncrl.tasks.data.mixture`); paths may be any fsspec URI. Encoded test cases that
+would need unpickling are ignored, never decoded. Every layout's columns and rules:
+``docs/internals/data.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """Mixture files: one dataset made of several prompt files, each with a weight.
 
-A ``.yaml``/``.yml`` path given to ``load_prompts`` is a mixture::
-
-    seed: 0                       # optional, default 0
-    sources:
-      - {path: gsm8k.jsonl, weight: 2}
-      - {path: s3://bucket/apps.parquet, weight: 1, task: code}
-
-``path``: a Parquet or JSON Lines file (not another mixture); a relative path resolves
-against the mixture file's directory, an fsspec URI is kept as it is. ``weight``: a number
-> 0 (default 1). ``task``: optional, every row's task (a row's own ``task`` must agree).
-
-One epoch: with ``n_i`` the records of source ``i``, ``N = sum_i n_i`` and ``W = sum_i w_i``,
-source ``i`` contributes ``c_i = floor(N * w_i / W + 1/2)`` records (so the epoch holds about
-``N``). They are ``r[p_i[j mod n_i]]`` for ``j = 0 .. c_i - 1``, where ``p_i`` is a shuffle
-of the source's rows seeded by ``(seed, i)``: a source with ``c_i > n_i`` cycles through its
-shuffle (every row ``floor(c_i / n_i)`` or one more times), one with ``c_i <= n_i`` gives a
-seeded subset without repeats. The epoch is then shuffled (seeded by ``seed``), so any prefix
-is a sample of the mixture. A record's id becomes ``"{i}:{prompt_id}"`` for its first use and
-``"{i}:{prompt_id}~{k}"`` for the k-th repeat (k = ``j // n_i`` >= 1): distinct across
-sources and repeats, and stable for the same files and seed.
+A ``.yaml``/``.yml`` path given to ``load_prompts`` holds an optional ``seed`` and
+``sources``, each ``{path, weight (> 0, default 1), task (optional)}``; a relative path
+resolves against the mixture file's directory. One epoch: with n_i records in source i,
+N = sum_i n_i and W = sum_i w_i, source i contributes c_i = floor(N * w_i / W + 1/2) records,
+r[p_i[j mod n_i]] for j = 0 .. c_i - 1 with p_i a shuffle seeded by (seed, i), so a source
+cycles when c_i > n_i and gives a seeded subset otherwise. The epoch is then shuffled
+(seeded), so any prefix samples the mixture. Ids become ``"{i}:{prompt_id}"``, and
+``"{i}:{prompt_id}~{k}"`` for the k-th repeat: distinct and stable. Example:
+``docs/internals/data.md``.
 """
 
 from __future__ import annotations

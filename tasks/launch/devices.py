@@ -1,36 +1,14 @@
 """Device placement: what ``rollout.devices[k]`` and ``trainer.devices`` mean on the machine
 where the component starts, decided there (a remote component's machine, not the flow's).
 
-Detection (:func:`detect_machine`; no torch import, so the flow process stays light): the
-machine has GPUs when ``nvidia-smi -L`` lists any, else when ``/dev/nvidia<N>`` device files
-exist, else when ``/proc/driver/nvidia/gpus/`` has entries. The GPUs this process may hand out
-are the entries of its own ``CUDA_VISIBLE_DEVICES`` when set (CUDA's rule: the list ends at the
-first entry that is not a GPU index of the machine or a ``GPU-``/``MIG-`` UUID; UUIDs are kept
-as given), else ``0 .. n-1``. A process that sees none (no GPU, or ``CUDA_VISIBLE_DEVICES=``)
-is a machine without GPUs.
-
-Mapping of one device set ``ids`` (:func:`place`), with V the visible GPU list above:
-
-* GPU machine: ``CUDA_VISIBLE_DEVICES = ",".join(V[i] for i in ids)`` in the component's
-  environment. Device id i is the i-th GPU *this process sees*: with
-  ``CUDA_VISIBLE_DEVICES=4,5`` in the parent, ``devices: [1]`` is physical GPU 5. Inside the
-  component its GPUs are ``cuda:0 .. len(ids)-1`` in the order given. ``cpu_cores`` keeps its
-  meaning: the CPU affinity of the component beside its GPUs.
-* Machine without GPUs: the ids are CPU ids and the component is pinned to them
-  (``sched_setaffinity`` before ``exec``, inherited by all it spawns, as ``cpu_cores`` does).
-  Setting ``cpu_cores`` as well is refused by name: two ways to say one pinning.
-* An id the machine does not have (``i >= len(V)``, or a CPU id outside the machine) is refused
-  at start with :class:`DeviceError`, naming the field, the id and what the machine has.
-* No device set (None): nothing changes; the environment is inherited and ``cpu_cores``
-  pins as given.
-
-GPU memory of shared devices (:func:`shared_gpu_memory_fraction`): vLLM reserves
-``gpu_memory_utilization`` (default 0.92) of each GPU's memory and refuses to start when less
-is free. A server whose GPUs are also held by other components on the same placement
-(``placement.share_devices``) gets ``GPU_MEMORY_BUDGET / n`` of it, n the most components
-holding one of its GPUs, so that its sharers (another server, the trainer) find room. The
-evaluator's server (evaluation during training) follows the same rule on the ``local``
-placement (:func:`evaluator_gpu_memory_fraction`).
+:func:`detect_machine` finds GPUs without importing torch (``nvidia-smi -L``, then device
+files); the GPUs this process may hand out follow its own ``CUDA_VISIBLE_DEVICES``.
+:func:`place` maps a device set: on a GPU machine device id i is the i-th GPU this process
+sees (``CUDA_VISIBLE_DEVICES`` in the component's environment); on a machine without GPUs
+the ids are CPU ids the component is pinned to. An id the machine lacks is refused at start
+with :class:`DeviceError`. Servers sharing a GPU (``placement.share_devices``) split vLLM's
+memory budget (:func:`shared_gpu_memory_fraction`). Rules in full:
+``docs/internals/launch.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The asynchronous RL phase of a run as plain Python: every component (rollout servers,
-reward service, trainer, scheduler) under its own :func:`~asyncrl.tasks.launch.supervisor.supervise`,
-started through a :class:`ComponentRunner` — plain threads here and in `asyncrl chaos`, one
-Prefect task run each (the scheduler as a child flow run) in the `train` flow.
+reward service, trainer, scheduler, and with ``pipeline.eval_every`` the evaluator) under
+its own :func:`~asyncrl.tasks.launch.supervisor.supervise`, started through a
+:class:`ComponentRunner`: plain threads here and in `asyncrl chaos`, one Prefect task run
+each (the scheduler as a child flow run) in the `train` flow.
 
-With ``pipeline.eval_every`` the run also has an evaluator (evaluation during training,
-:mod:`asyncrl.tasks.evaluator`), started last.
-
-The run ends when the trainer has trained ``trainer.max_steps`` steps (and, with
-``drain``, the scheduler has written every admitted group, and the evaluator has evaluated
-its last version or ``pipeline.training_eval.finish_timeout_s`` has passed); then every
-component is stopped. The first component that fails past its restart budget stops all the
-others and its :class:`~asyncrl.tasks.launch.supervisor.ComponentFailed` is raised; so is any
-exception (a cancel's ``TerminationSignal`` included) that reaches :func:`run_rl`: every
-process group is killed on the way out. The evaluator is the exception (:data:`OPTIONAL`):
-training is not lost because evaluation failed, so past its restarts its failure is a
-warning (its own run Failed, the component's failure event, the reason in the result) and
-the run goes on without it.
+The run ends when the trainer has trained ``trainer.max_steps`` steps (and the drain and the
+evaluator are done); then every component is stopped. A component failing past its restart
+budget stops the others and its :class:`~asyncrl.tasks.launch.supervisor.ComponentFailed`
+is raised; every process group is killed on the way out. Only the evaluator (:data:`OPTIONAL`)
+fails with a warning: training is not lost because evaluation failed.
+See ``docs/internals/launch.md``.
 """
 
 from __future__ import annotations
@@ -52,8 +46,7 @@ from asyncrl.tasks.launch.canary import CanaryAlarm, MismatchCanary, log_alarm
 from asyncrl.tasks.launch.components_setup import rl_trainer_launch
 from asyncrl.tasks.launch.context import RunContext, open_run_context
 from asyncrl.tasks.system.run_paths import RunPaths
-from asyncrl.tasks.launch.kinds import ComponentKind, component_name
-from asyncrl.flows.prefect_api.remote_component import REMOTE_FLOW_RUNS_FILE, RemoteComponent, RemoteFlowRunFile
+from asyncrl.tasks.launch.kinds import ComponentKind
 from asyncrl.tasks.evaluator.held_out import EvalResult
 from asyncrl.tasks.tracking.lineage_recorder import BackgroundPoller, LineageRecorder, file_ref, read_evaluations
 from asyncrl.tasks.launch.supervisor import (
@@ -167,6 +160,9 @@ class RLRunSettings:
     policy: RestartPolicy
     drain: bool = False
     """Wait until the scheduler has written every admitted group (chaos audits need it)."""
+    remote: RemoteFactory | None = None
+    """Makes the components that ``config.placement`` puts on other machines (the train flow's
+    Prefect deployments); None: every component must be local."""
     drain_timeout_s: float = 300.0
     poll_s: float = 0.5
 
@@ -179,11 +175,19 @@ def restart_policy(config: RunConfig) -> RestartPolicy:
     )
 
 
+class RemoteFactory(Protocol):
+    """Makes component ``kind`` (replica ``index``) of a run on another machine."""
+
+    def __call__(
+        self, config: RunConfig, paths: RunPaths, kind: ComponentKind, index: int, drain: bool, stop: RunStop | None
+    ) -> Component: ...
+
+
 def run_components(
-    config: RunConfig, paths: RunPaths, drain: bool, stop: RunStop | None = None
+    config: RunConfig, paths: RunPaths, drain: bool, stop: RunStop | None = None, remote: RemoteFactory | None = None
 ) -> list[tuple[ComponentKind, Component]]:
     """The run's components in start order: servers, reward service, trainer, scheduler, each
-    local or remote as ``config.placement`` says (:func:`remote_component`). The local reward
+    local or remote (made by ``remote``) as ``config.placement`` says. The local reward
     service and scheduler share a token (``ASYNCRL_REWARD_TOKEN`` if set, else a fresh one
     per run); a remote scheduler runs with its own reward service, so there is none here.
     ``stop``: the run's stop signal (a remote component stopped by a finished run ends
@@ -191,20 +195,25 @@ def run_components(
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     placement = config.placement
     remote_scheduler = placement.scheduler != "local"
-    runs_file = RemoteFlowRunFile(paths.work_dir / REMOTE_FLOW_RUNS_FILE)  # one for all remote components
+    placed_remotely = [k for k in ("rollout_server", "trainer", "scheduler") if getattr(placement, k) != "local"]
+    if placed_remotely and remote is None:
+        raise ValueError(
+            f"placement.{placed_remotely[0]}: a component on another machine runs only under the train flow "
+            "(asyncrl run, or a Prefect deployment); set it to local here"
+        )
     components: list[tuple[ComponentKind, Component]] = [
-        ("rollout-server", remote_component(config, paths, "rollout-server", i, drain, stop, runs_file)
+        ("rollout-server", remote(config, paths, "rollout-server", i, drain, stop)
          if placement.rollout_server != "local" else run_rollout_component(i, config, paths))
         for i in range(config.rollout.num_servers)
     ]  # fmt: skip
     if not remote_scheduler:
         components.append(("reward-service", reward_component(paths, token)))
     components.append(
-        ("trainer", remote_component(config, paths, "trainer", 0, drain, stop, runs_file) if placement.trainer != "local"
+        ("trainer", remote(config, paths, "trainer", 0, drain, stop) if placement.trainer != "local"
          else trainer_component(rl_trainer_launch(config, paths)))
     )  # fmt: skip
     components.append(
-        ("scheduler", remote_component(config, paths, "scheduler", 0, drain, stop, runs_file) if remote_scheduler
+        ("scheduler", remote(config, paths, "scheduler", 0, drain, stop) if remote_scheduler
          else scheduler_component(config, paths, drain=drain, reward_token=token))
     )  # fmt: skip
     if config.pipeline.eval_every:
@@ -212,19 +221,6 @@ def run_components(
     return components
 
 
-def remote_component(
-    config: RunConfig, paths: RunPaths, kind: ComponentKind, index: int, drain: bool, stop: RunStop | None,
-    runs_file: RemoteFlowRunFile,
-) -> RemoteComponent:
-    """Component ``kind`` (rollout server ``index``) as flow runs of its placement's
-    deployment: one per trainer node for the trainer, one otherwise; their ids recorded in
-    the run's ``runs_file``."""
-    placement = getattr(config.placement, kind.replace("-", "_"))
-    replicas = config.trainer.nodes if kind == "trainer" else 1
-    name = component_name(kind, index)
-    return RemoteComponent(kind, index, replicas, placement, config, paths.root, runs_file,
-                           paths.log(f"{name}.remote.log"), drain=drain,
-                           run_cancelled=(lambda: stop is None or stop.cancelled))  # fmt: skip
 
 
 def run_rl(
@@ -278,7 +274,7 @@ def run_rl(
         elif event.kind in ("restarting", "failed"):
             LOG.warning("%s %s: %s", event.component, event.kind, event.detail)
 
-    for kind, component in run_components(config, paths, settings.drain, stop):
+    for kind, component in run_components(config, paths, settings.drain, stop, settings.remote):
         statuses[component.name] = ComponentStatus(component.name)
         futures[component.name] = _launch(runner, kind, component, stop, settings.policy, handle, statuses)
     ready_at = 0.0

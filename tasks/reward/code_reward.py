@@ -1,19 +1,15 @@
 """Code rewards: extract the program from a response and run it against unit tests in the sandbox.
 
-Tests file format (JSON)::
+Tests file format (JSON; each list may be absent, at least one test required)::
 
     {"stdio": [{"input": "1 2\\n", "output": "3\\n"}, ...],
      "asserts": ["assert add(1, 2) == 3", ...],
      "calls": [{"function": "add", "arguments": "[1, 2]", "expected": "3"}, ...],
      "time_limit_s": 2.0}
 
-Each list may be absent; at least one test is required. In a call case, ``arguments`` is the
-JSON text of the argument list and ``expected`` the JSON text of the return value
-(:class:`~asyncrl.tasks.reward.types.CallCase`); ``function`` is an identifier. ``time_limit_s``
-(optional, a positive number) is the problem's own time limit per test (``problem_limits``).
-
-With bubblewrap, all the tests of one program run in one sandbox, each as its own process
-(``code.sandbox_per``, ``Sandbox.session``).
+``arguments``/``expected``: JSON texts (:class:`~asyncrl.tasks.reward.types.CallCase`);
+``time_limit_s``: the problem's own limit per test. With bubblewrap all the tests of one
+program run in one sandbox, each as its own process (``code.sandbox_per``).
 """
 
 from __future__ import annotations

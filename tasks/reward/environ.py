@@ -1,17 +1,12 @@
 """The environments of reward workers and of sandboxed programs, written once.
 
-A reward worker is started by the pool from a process (the trainer, the reward
-server) whose environment holds secrets: cloud keys, API keys, the reward server's
-token. A worker needs none of them, and everything it holds can leak: into a plug-in
-reward function, into the bubblewrap process (pid 1 of every sandbox, whose
-``/proc/1/environ`` the program can read), into a crash report.
-
-- workers get ``worker_environment(os.environ)``: only the names in
-  WORKER_ENV_NAMES and those starting with WORKER_ENV_PREFIXES (what Python, the
-  locale and the sandbox's ``shutil.which("bwrap")`` read). No ``ASYNCRL_*`` variable
-  is passed: the worker reads its whole configuration from the pool's first message.
-- bubblewrap is started with SANDBOX_ENV (``Popen(env=...)``) and gives the program
-  the same variables and nothing else (``--clearenv`` then ``--setenv``).
+A reward worker is started from a process (the trainer, the reward server) whose environment
+holds secrets: cloud keys, API keys, the reward server's token. A worker needs none of them,
+and everything it holds can leak (into a plug-in, into bubblewrap's readable
+``/proc/1/environ``, into a crash report). So workers get ``worker_environment(os.environ)``:
+only WORKER_ENV_NAMES and names starting with WORKER_ENV_PREFIXES, no ``ASYNCRL_*`` variable
+(a worker reads its configuration from the pool's first message). Bubblewrap is started
+with SANDBOX_ENV and gives the program the same variables and nothing else.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Per-task figures of scored samples: mean reward, pass@1 and unbiased pass@k.
 
-A sample is correct when its reward is at least :data:`CORRECT_REWARD` (a right math answer;
-a program that passed every test, whatever the code reward's scoring). For a prompt with n
+A sample is correct when its reward is at least :data:`CORRECT_REWARD`. For a prompt with n
 samples of which c are correct (Chen et al., 2021)::
 
     pass@k = 1 - C(n - c, k) / C(n, k)        (1 when n - c < k; defined for k <= n)
 
-and a figure of a task is the mean over that task's prompts (pass@k over those with n >= k).
-pass@1 reduces to c / n. The trainer reports them per step over the groups it trains on,
-evaluation over the held-out prompts; metric names are ``reward_mean/<task>``,
-``pass_at_1/<task>``, ``pass_at_<k>/<task>`` and ``prompts/<task>`` (MLflow metric names
-allow no ``@``).
+A task's figure is the mean over its prompts (pass@k over those with n >= k); pass@1 is
+c / n. Metric names: ``reward_mean/<task>``, ``pass_at_1/<task>``, ``pass_at_<k>/<task>``,
+``prompts/<task>`` (MLflow allows no ``@``).
 """
 
 from __future__ import annotations

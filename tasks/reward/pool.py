@@ -1,16 +1,12 @@
 """A pool of reward worker processes that survives its workers.
 
-One dispatcher thread owns the workers: it hands each idle worker one request at a
-time, enforces every request's time budget by killing the worker that overruns it,
-replaces a worker that dies or is killed, and completes the batch future when every
-item has a result. A failure of one item (its worker died, it timed out) is that
-item's reason; the batch always completes.
-
-Workers are separate interpreters (``python -m asyncrl.tasks.reward.worker``), not
-forks of the caller, so a pool can start from a threaded process (the scheduler) and
-never re-imports the caller's ``__main__``. They start with an allow-listed
-environment (``environ.worker_environment``): the caller's secrets (cloud keys, API
-keys, the reward server's token) never reach a worker, a plug-in or a sandbox.
+One dispatcher thread owns the workers: it hands each idle worker one request at a time,
+kills a worker that overruns its request's time budget, replaces one that dies, and
+completes the batch when every item has a result (a failed item carries its reason; the
+batch always completes). Workers are separate interpreters
+(``python -m asyncrl.tasks.reward.worker``), not forks, so a pool can start from a threaded
+process; they start with an allow-listed environment (``environ.worker_environment``), so
+the caller's secrets never reach a worker, a plug-in or a sandbox.
 """
 
 from __future__ import annotations

@@ -1,62 +1,15 @@
 """Run untrusted Python inside bubblewrap with resource limits.
 
-Isolation (``bwrap``):
-- new user, pid, network, ipc, uts and cgroup namespaces (``--unshare-all
-  --unshare-user``), no nested user namespaces (``--disable-userns``), all
-  capabilities dropped, a new session (no TIOCSTI injection into our terminal),
-  SIGKILL when the worker dies (``--die-with-parent``);
-- the network namespace has only its own loopback: nothing on the host or beyond
-  is reachable;
-- the file system is a fresh root holding read-only ``/usr`` (and the ``/bin``,
-  ``/lib*`` links into it), a new ``/proc``, a new, read-only ``/dev`` (null, zero,
-  full, random, urandom, tty, pts), a two-line ``/etc`` (passwd, group) and the
-  program files, read-only, under ``/sandbox``. The only writable places are two
-  private tmpfs of ``limits.tmpfs_mb`` each (``--size`` before ``--tmpfs``, bwrap >=
-  0.7): ``/tmp`` (the working directory) and ``/dev/shm``, gone with the sandbox.
-  Host homes, ``/etc/shadow`` and the rest of the host never appear; no host
-  directory is writable.
-- the files are handed over as memfds (``--ro-bind-data``): nothing is written on
-  the host.
-- environment: bwrap itself is started with SANDBOX_ENV only (``Popen(env=...)``; it
-  is pid 1 of the sandbox, and its ``/proc/1/environ`` is readable there), and the
-  program gets the same few variables (``--clearenv`` / ``--setenv``); see
-  ``environ.py``. No descriptor but stdin, stdout and stderr reaches the program.
-- system calls: a seccomp filter (``--seccomp FD``, built in ``seccomp.py``) makes
-  ptrace, process_vm_*, bpf, io_uring_*, userfaultfd, perf_event_open, the key
-  calls, mount/namespace calls, kexec/module/swap/reboot and memfd_create fail with
-  EPERM, as does every call through a foreign ABI (i386, x32, arm32).
-- output: control characters of the program's stderr are escaped
-  (``escape_controls``) before they enter a reason's detail, so no escape sequence
-  reaches a terminal or a log viewer.
-
-Limits: ``prlimit`` sets RLIMIT_CPU/AS/NPROC/NOFILE/FSIZE and RLIMIT_CORE=0 inside
-the sandbox, after its user namespace exists, so RLIMIT_NPROC counts only that
-sandbox's processes (set outside, it would be shared by every sandbox of the same
-host uid). The kernel never applies RLIMIT_NPROC to host uid 0, so when the service
-runs as root the sandbox runs as ``code.sandbox_uid`` (65534 by default) on the
-host. The wall-time limit and the output cap are enforced here: the whole sandbox is
-killed (its pid namespace dies with bwrap, daemonised children included).
-
-What caps what (no cgroup is used, see below):
-
-- processes and threads: RLIMIT_NPROC = ``limits.nproc`` for the whole sandbox (its
-  own user namespace counts them), so a fork bomb stops at that many;
-- memory: RLIMIT_AS = ``limits.memory_mb`` per process, so the sandbox's anonymous
-  memory is at most ``nproc * memory_mb``; files in memory at most ``2 * tmpfs_mb``
-  (``/tmp`` and ``/dev/shm``), each file at most ``fsize_mb``; memfds are denied
-  (seccomp), and no other writable file system exists;
-- CPU: RLIMIT_CPU per process, and the wall-time limit for the whole sandbox.
-
-One sandbox per program (``Sandbox.session``, the code reward's default): the tests of one
-program run one after the other in one sandbox built as above, each as its own process started
-by a small driver that is the sandbox's pid 1 (``sandbox_driver.py``), with the same per-test
-limits and reasons; whatever a test leaves behind is killed before the next one starts. A
-sandbox is never shared between programs. ``Sandbox.run`` keeps one sandbox per run.
-
-A cgroup would cap the sandbox's total memory and pids in one number, but needs a
-writable, delegated cgroup v2 subtree for the service; none is assumed (hosts with
-cgroup v1 only, or a container's read-only ``/sys/fs/cgroup``, are common), so the
-rlimits above are the caps everywhere.
+Isolation: new user, pid, network, ipc, uts and cgroup namespaces, no capabilities, a fresh
+root with read-only ``/usr`` and the program files (memfds: nothing written on the host), two
+private size-capped tmpfs (``/tmp``, ``/dev/shm``) as the only writable places, loopback-only
+networking, an allow-listed environment (``environ.py``) and a seccomp deny-list
+(``seccomp.py``). Limits: ``prlimit`` sets RLIMIT_CPU/AS/NPROC/NOFILE/FSIZE (no core dumps)
+inside the sandbox's user namespace, so a fork bomb stops at ``limits.nproc`` and memory is
+bounded by ``nproc * memory_mb`` plus the tmpfs; wall time and output are capped here by
+killing the whole sandbox. No cgroup is assumed, so these rlimits are the caps everywhere.
+``Sandbox.session`` runs one program's tests in one sandbox (``sandbox_driver.py``).
+What each measure stops, and why: ``docs/internals/reward.md``.
 """
 
 from __future__ import annotations

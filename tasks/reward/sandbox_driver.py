@@ -1,36 +1,14 @@
 """The driver that runs every test of ONE program inside ONE sandbox (``SandboxSession``).
 
-It is copied into the sandbox (``/sandbox/.asyncrl-driver.py``) and runs there as the pid
-namespace's init (``bwrap --as-pid-1``) under the system interpreter (``python -I -S``), so it
-imports nothing from asyncrl, only builtin modules (its start-up is paid once per program), and
+Copied into the sandbox and run there as the pid namespace's init (``bwrap --as-pid-1``)
+under the system interpreter (``python -I -S``), so it imports only builtin modules and
 needs Python >= 3.7. Arguments: ``FD WALL_S OUTPUT_BYTES WORKDIR PYTHON PRLIMIT_ARGV...``.
-
-Protocol over the Unix stream socket FD, one test at a time. A frame is a 4-byte big-endian
-length and that many bytes:
-
-- driver -> host once started: the frame ``ready``;
-- host -> driver per test: a frame holding the name of the file to run (UTF-8), carrying the
-  test's stdin (a memfd) as SCM_RIGHTS;
-- driver -> host per test: a frame ``REPLY`` (``struct`` format below: has-status, status,
-  timed out, overflow (0 none, 1 stdout, 2 stderr), wall seconds, stdout and stderr sizes),
-  then those stdout and stderr bytes;
-- the host closes the socket when done: the driver exits, and the sandbox with it.
-
-Each test is its own child process, started exactly as a one-test sandbox starts the program
-(``prlimit <limits> -- python -I /sandbox/NAME`` in ``/tmp`` with the sandbox's environment),
-with the same limits: the rlimits through prlimit (RLIMIT_NPROC counts every process of the
-sandbox, this driver included, as bwrap's own init counted before), the wall-time limit from
-the child's start, the output cap on each of stdout and stderr. When the main process exits,
-hits the wall time or overflows, the driver kills every other process of the sandbox
-(``kill(-1, SIGKILL)``: init is spared) and reaps them all before it answers, as the end of a
-one-test sandbox (its pid namespace dying) did: no process of one test outlives it. ``/tmp``
-and ``/dev/shm`` are shared by the tests of the program, never between programs.
-
-The driver protects its channel: it is not dumpable (no test can open ``/proc/1/mem``, list
-``/proc/1/fd`` or read its environment; a socket cannot be reopened through ``/proc`` anyway),
-all its descriptors are close-on-exec, the kernel never delivers SIGKILL or SIGSTOP sent from
-inside the namespace to its init, and it handles no signal a test could use (only SIGCHLD,
-whose only effect is a reap). Expected outputs never enter the sandbox: the host judges.
+Over the Unix socket FD it serves one test at a time (frames of a 4-byte big-endian length
+and that many bytes: ``ready``; per test a file name with its stdin memfd, answered by a
+``REPLY`` struct and the output bytes). Each test is its own child with the one-test
+sandbox's limits, and every process it leaves is killed and reaped before the answer, so no
+test outlives itself. Tests cannot reach the driver's channel, and expected outputs never
+enter the sandbox. Protocol in full: ``docs/internals/reward.md``.
 """
 
 from __future__ import annotations

@@ -1,40 +1,14 @@
 """A seccomp deny-list for the code sandbox, as a classic BPF program built with ``struct``.
 
-bubblewrap loads it (``--seccomp FD``) just before it executes the program, after it
-has built the sandbox, so bwrap's own setup (mounts, namespaces) is not affected and
-every process of the program inherits it (a filter can never be removed, and with
-``no_new_privs`` set by bwrap it survives execve).
-
-The kernel runs the filter on each system call with ``struct seccomp_data``::
-
-    struct seccomp_data { int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]; };
-    #   offset              0         4              8                          16
-
-and the program is, for the native architecture ``A`` (x86_64 or aarch64, from
-``platform.machine()``) and the denied numbers ``n_1 .. n_k`` of that architecture::
-
-    0      ld  [4]                    ; seccomp_data.arch
-    1      jeq #A, 1, 0               ; native ABI: go on at 3
-    2      ret #ERRNO(EPERM)          ; foreign ABI (i386 int 0x80, arm32 compat): every call denied
-    3      ld  [0]                    ; seccomp_data.nr
-    (x86_64 only)
-    4      jge #0x40000000, DENY, 0   ; the x32 ABI (nr | __X32_SYSCALL_BIT): denied
-    .      jeq #n_i, DENY, 0          ; one per denied number, i = 1..k
-    ALLOW  ret #ALLOW
-    DENY   ret #ERRNO(EPERM)
-
-Jump offsets are relative (``target = pc + 1 + offset``) and fit in 8 bits: the list
-is far below 255 entries. Denied calls fail with EPERM rather than killing the
-process, so a program probing them gets an ordinary OSError.
-
-What is denied and why: debugging and reading other processes' memory (ptrace,
-process_vm_readv/writev), kernel attack surface with a record of exploits (bpf,
-io_uring_*, userfaultfd, perf_event_open, the key management calls), mounts and
-namespaces (mount, umount2, pivot_root, chroot, unshare, setns and the new mount
-API: open_tree, move_mount, fsopen, fsconfig, fsmount, fspick, mount_setattr),
-file handles that bypass path lookup (name_to_handle_at, open_by_handle_at), kernel
-and machine control (kexec_*, *_module, swapon/swapoff, reboot), and anonymous
-memory files (memfd_create, memfd_secret), whose pages no tmpfs size caps.
+bubblewrap loads it (``--seccomp FD``) just before it executes the program, so bwrap's own
+setup is unaffected and every process of the program inherits it (it can never be removed).
+The program checks ``seccomp_data.arch``: a foreign ABI (i386, arm32 compat) and, on x86_64,
+the x32 ABI fail every call; for the native ABI each denied number jumps to
+``ret ERRNO(EPERM)``, anything else is allowed. Denied calls fail with EPERM rather than
+killing the process, so a probing program gets an ordinary OSError. Denied: ptrace and
+cross-process memory access, kernel attack surface (bpf, io_uring, userfaultfd,
+perf_event_open, keys), mounts and namespaces, file handles, kernel and machine control,
+and memfds. The BPF listing and why each call is denied: ``docs/internals/reward.md``.
 """
 
 from __future__ import annotations

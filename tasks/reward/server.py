@@ -2,36 +2,13 @@
 apart from the scheduler: ``python -m asyncrl.tasks.reward.server --config RUN_CONFIG
 [--host 127.0.0.1] [--port 0]``.
 
-``RUN_CONFIG`` is the run's full config; its ``reward`` section configures the pool and
-its ``storage`` section names the run root. The process starts a :class:`RewardPool`,
-then an HTTP server (port 0: a free port), then registers its URL in the run root
-(``rewards/service.json``, see :mod:`asyncrl.tasks.reward.service_registry`), where clients
-(:class:`~asyncrl.tasks.reward.remote.RemoteRewardScorer`) find it.
-
-HTTP API (JSON bodies):
-
-- ``POST /score`` ``{"requests": [RewardRequest JSON, ...]}`` -> ``{"results": [RewardResult
-  JSON, ...]}``, one result per request, in order; 400 names the bad field, 503 when the
-  pool cannot score;
-- ``GET /health`` -> 200 ``{"status": "ok", "stats": {...}}`` while the pool is healthy,
-  503 ``{"status": "broken", "error": "..."}`` otherwise;
-- ``GET /stats`` -> the pool's :class:`PoolStats`.
-
-Every ``REPORT_EVERY_S`` seconds, and once more when it stops, the service logs one line
-of its pool's stats (:func:`format_stats`: items scored, reason counts, worker restarts).
-
-With ``ASYNCRL_REWARD_TOKEN`` set, every path answers 401 without ``Authorization: Bearer
-<token>`` (/health included: its supervisor has the token, as it set it). A non-loopback
-``--host`` requires the token.
-
-The process ends:
-
-- on SIGTERM or SIGINT: unregisters, stops serving, closes the pool (its workers are
-  stopped, stragglers killed) and exits 0;
-- when the pool breaks: the same, with the pool's error on stderr, exit 1.
-
-Exit status: 0 stopped, 1 the pool failed (to start, or later) or another error, 2 bad
-config or arguments.
+It starts a :class:`RewardPool` from the run config's ``reward`` section, an HTTP server
+(``POST /score``, ``GET /health``, ``GET /stats``), and registers its URL in the run root
+(:mod:`asyncrl.tasks.reward.service_registry`) for clients
+(:class:`~asyncrl.tasks.reward.remote.RemoteRewardScorer`). With ``ASYNCRL_REWARD_TOKEN`` every
+path needs the bearer token (required off loopback). It ends on SIGTERM/SIGINT or when the
+pool breaks. Exit status: 0 stopped, 1 the pool failed or another error, 2 bad config or
+arguments. HTTP API and stats logging: ``docs/internals/reward.md``.
 """
 
 from __future__ import annotations

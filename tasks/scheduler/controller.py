@@ -2,64 +2,14 @@
 them on the rollout servers, scores them, writes trajectory shards, and pushes every
 newly published weight version to the servers.
 
-Plain asyncio over narrow protocols (a group generator, a reward scorer); the scheduler
-process (`tasks/scheduler/main.py`) only wires real components into it.
-
-Exactly-once across restarts: group k (k = 0, 1, ...) is always prompt
-`PromptSchedule.record(k)` and always has id `g{k:08d}`. The gate's admitted count is
-persisted (`scheduler/state.json`) *before* group k is dispatched, and shards are the
-truth of what was produced: a restarted controller re-dispatches the admitted groups
-that no shard holds (they were in flight or buffered), without admitting them again,
-so neither the staleness bound nor the exactly-once rule can break.
-
-Which groups some shard holds is kept in a small index, ``scheduler/written.json``
-(:class:`WrittenGroups`), saved after every shard the controller writes, so a cycle
-never lists or reads shards: see :func:`load_written_groups` for why it is restart-safe.
-
-Every trained sample within the bound: groups are written in admission order. The gate
-admits group k (counting from 0; with dynamic filtering, kept groups only) only while
-floor(k / B) <= i + eta, so the first token of every sample of group k is sampled by
-weights with at least floor(k / B) - eta steps (a trainer rollback aside, see
-:class:`_GeneratorUpdates`);
-the trainer, taking B groups per step oldest-written first, trains group k at its step
-floor(k / B) (U_trainer = floor(k / B)), hence staleness <= eta. That holds only if the
-trainer's step boundaries are the admission batches: were groups written as they finish,
-a long-tailed group of batch b lands behind groups of batches b + 1, b + 2, ... and is
-trained several steps late, then dropped by ``trainer.max_staleness`` (generated for
-nothing). So a finished group waits in memory until every group admitted before it is
-written (head-of-line blocking, bounded: the gate keeps at most eta + 1 batches in
-flight), and shards never straddle a batch boundary: a piece that completes a batch is
-written at once, a partial one when it holds ``shard_groups`` groups or its oldest group
-waited ``shard_seconds`` (so a trainer taking whole shards until it holds B groups gets
-exactly one batch). Alternatives weighed: interrupting and resubmitting groups at risk
-throws their tokens away, and letting the trainer pick single groups would have the
-ledger record groups instead of shards; in-order writing costs neither waste nor a
-storage contract, only the wait for a batch's slowest group, which the trainer needs
-before that step anyway (the feed takes shards in written order,
-:mod:`asyncrl.tasks.trainer.feed`). Restart: the written groups stay a prefix of the
-admitted ones, so a restarted controller re-dispatches exactly the groups after it.
-What a stop costs: finished groups behind a group still generating are not written
-(they would break the order); like the cut groups, they are generated again by the
-next run and counted in ``wasted_tokens``.
-
-Dynamic filtering (``dynamic_filter``, DAPO style): a group whose rewards are all equal
-has no advantage signal and is not trained. It is recorded in
-``scheduler/filtered/g{k:08d}.json`` (:func:`save_filtered`) and only then released from
-the gate (:meth:`StalenessGate.release`), so the gate's Nr counts the kept groups alone
-and the rule holds for them (proof in the gate's docstring). In the write order a
-filtered group is skipped: it counts as done in the written-groups index (its
-``filtered`` count), never in a shard, and shards line up with batches of kept groups.
-A restart counts the filtered groups again from the index and the records of the
-unwritten admitted groups (one existence check each), releases them, and does not
-generate them again; the run audit reads the records
-(:mod:`asyncrl.tasks.launch.audit`, rule (a)).
-
-Agent episodes (``rollout.episode``): a group is n runs of the user's episode through the
-recording endpoint (:mod:`asyncrl.tasks.agent.runner`) instead of n samples of one prompt;
-each episode kept becomes one masked row, and everything above (admission, write order,
-the rule, restarts) is per group as before. A group none of whose episodes can be kept is
-recorded in ``scheduler/filtered/`` (reason ``no_episode_kept``) and released like a
-filtered one.
+Exactly-once across restarts: group k is always prompt `PromptSchedule.record(k)` with id
+`g{k:08d}`; the admitted count is persisted (`scheduler/state.json`) *before* group k is
+dispatched, and shards (indexed in ``scheduler/written.json``) are the truth of what was
+produced, so a restart re-dispatches admitted, unwritten groups without admitting them again.
+The gate admits group k (kept groups only) only while floor(k / B) <= i + eta, and groups are
+written in admission order, never a shard across a batch boundary, so the trainer trains
+group k at step floor(k / B): no sample is staler than eta. Filtered groups are recorded,
+then released. Proof, trade-offs, filtering, episodes: ``docs/internals/scheduler.md``.
 """
 
 from __future__ import annotations
@@ -616,8 +566,8 @@ class RolloutController:
             await self._flush(partial=True)
         finally:
             self.stats.finished_at = time.monotonic()
-            # Finished but behind a group that was still generating: not written (see the
-            # module docstring), generated again by the next run.
+            # Finished but behind a group that was still generating: not written (write order,
+            # docs/internals/scheduler.md), generated again by the next run.
             self.stats.discarded_tokens += sum(s.model_token_count for g in self._done.values() if g for s in g)
             self.stats.streamed_tokens = sum(self.generator.streamed_tokens().values()) - streamed_before
             stop.set()

@@ -2,38 +2,13 @@
 reward service (:mod:`asyncrl.tasks.reward.server`, found through its registration):
 ``python -m asyncrl.tasks.scheduler.main --config PRIVATE_CONFIG [--server URL ...]``.
 
-``PRIVATE_CONFIG`` is the run's full config (``RunPaths.private_config``, written by
-``prepare_run``; the trainer process reads the same file). Cycle after cycle:
-
-1. Servers: the ``--server`` URLs, else the run's registry (``rollout/servers/``, where a
-   rollout server's supervisor registers it once healthy); waits for at least one.
-2. Every server is brought to one weight version W, the newest published (0 before the
-   first publish): a server whose label is older or unset gets W loaded and labelled
-   (:func:`update_server_weights`), and every server is resumed, since a scheduler killed
-   mid-update leaves its servers paused. Labels are set only after the weights they name
-   are loaded, so the token versions stay exact.
-3. The rollout controller runs (:func:`run_scheduler`), resuming from
-   ``scheduler/state.json``: groups admitted before a restart that no shard holds are
-   generated again, none is admitted twice.
-
-Each cycle appends its figures to ``scheduler-stats.jsonl`` in the run's work directory.
-A cycle ends, and the process:
-
-- on SIGTERM or SIGINT: stops the controller (groups in flight are cancelled; a later
-  start regenerates them) and exits 0;
-- once the trainer has published the weights of step ``trainer.max_steps`` (the lineage
-  of the ``LATEST`` version names that step): with ``--no-drain`` exits 0 at once (groups in
-  flight stay admitted and unwritten; a later resume generates them); otherwise drains, i.e. runs the controller with
-  ``max_groups`` = the groups admitted so far, so that every admitted group is written
-  and none is added, and exits 0;
-- when the registry changes (a server restarted and registered again): starts the next
-  cycle on the new set of servers: a new cycle is how a restarted server comes back into
-  rotation. (A server of the cycle that failed and answers again without a restart rejoins at
-  the next weight update: the rollout client's rejoin);
-- when every server is out of rotation (``NoLiveServerError``): waits until the registry
-  changes or ``--retry-seconds`` have passed, then the next cycle.
-
-Exit status: 0 stopped or finished, 2 bad config or arguments, 1 any other error.
+Cycle after cycle it finds the servers (``--server`` or the run's registry), brings each to
+the newest published weight version (a label is set only after its weights are loaded, so
+token versions stay exact) and runs the controller (:func:`run_scheduler`) from
+``scheduler/state.json``. A cycle ends on SIGTERM/SIGINT (exit 0), once the last step's
+weights are out (drain unless ``--no-drain``, exit 0), when the registry changes (next cycle
+on the new servers), or when no server is live (wait, next cycle). Exit status: 0 stopped or
+finished, 2 bad config or arguments, 1 any other error. See ``docs/internals/scheduler.md``.
 """
 
 from __future__ import annotations
@@ -322,7 +297,7 @@ def serve(
     terminate = StopSignal()
     terminate.install()
     prompts = load_prompts(config.data.train_path, plugins=config.reward.plugins)
-    codec = load_codec(config.model.path)  # while the servers start: ~10 s on 2 busy CPUs, not on the first batch
+    codec = load_codec(config.model.path)  # while the servers start: slow on busy CPUs, so not on the first batch
     max_groups: int | None = None
     unlike: object = None
     while wait_for_servers(source, terminate.event, poll_s, unlike, retry_s):

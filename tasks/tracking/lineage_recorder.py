@@ -1,20 +1,12 @@
-"""Feeds MLflow from what the trainer leaves in storage: per-step metrics (its JSONL file on
-this machine; when the trainer runs on another machine, the ``metrics`` its lineage file
-carries) and each published weight version, with the shards it was trained on (the version's
-lineage file), as a LoggedModel plus one lineage manifest artifact. The trainer process
-itself never talks to MLflow.
-
-Work per poll does not grow with the run: the metrics file is read from where the last
-poll stopped, and the versions come from a :class:`VersionFollower`, which reads the
-``LATEST`` pointer (one read) and looks only at the versions above the last one handed
-out. Per new version: one existence check of its manifest, one read of its lineage file,
-and one read of each shard it was trained on (for the digest, rows and groups).
-
-With evaluation during training (``follow_evaluations``), each record the evaluator writes
-in ``evaluations/`` is logged as ``eval/pass_at_1``, ``eval/pass_at_1/<task>``, ... (the names
-:meth:`~asyncrl.tasks.evaluator.held_out.EvalResult.metrics` gives) at step = its weight
-version: one read of the evaluator's state per poll, a listing and the new records' reads
-only when it has written one.
+"""Feeds MLflow from what the trainer leaves in storage: per-step metrics (its JSONL file, or
+the ``metrics`` of its lineage files when the trainer runs elsewhere) and each published
+weight version with the shards it was trained on, as a LoggedModel plus one lineage
+manifest artifact; with ``follow_evaluations``, the evaluator's records as ``eval/*``
+metrics. The trainer process itself never talks to MLflow. Work per poll does not grow
+with the run: the metrics file is read from where the last poll stopped, versions come from
+a :class:`VersionFollower` that looks only above the last one handed out, and evaluation
+records are listed only when the evaluator's state says there is a new one.
+Requests per poll: ``docs/internals/tracking.md``.
 """
 
 from __future__ import annotations

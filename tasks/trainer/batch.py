@@ -1,18 +1,13 @@
 """Micro-batch tensors from token sequences: packed (dynamic micro-batching) or padded.
 
-A sequence is ``prompt + output`` tokens; of the output, the *trained* tokens are those
-the model sampled (all of them, unless :attr:`TokenSequence.trained` marks tokens an
-environment inserted, which stay in the input as context). Position j of the flattened
-layout holds the logit that predicts the token at j + 1 of the same sequence;
-``loss_mask[j]`` is true exactly when that next token is a trained output token. So the
-trained tokens of the sequences of a micro-batch, in layout order, are
-``targets[loss_mask]``, and per-trained-token values (behaviour log-probs, advantages)
-are placed with :meth:`MicroBatch.expand`. Lengths for packing count every token.
-
-Packed layout: one row of the concatenated sequences, no padding; ``position_ids``
-restart at 0 for each sequence, which makes transformers build a block-diagonal causal
-mask (a token attends only to earlier tokens of its own sequence). Padded layout (the
-fixed-count baseline): one row per sequence, right-padded, with a 2-D attention mask.
+A sequence is ``prompt + output`` tokens; its *trained* tokens are the output tokens the
+model sampled (environment tokens marked by :attr:`TokenSequence.trained` stay in the input
+as context). Position j of the flattened layout holds the logit that predicts token j + 1
+of the same sequence, and ``loss_mask[j]`` is true exactly when that token is trained, so
+the trained tokens of a micro-batch are ``targets[loss_mask]`` and per-token values are
+placed with :meth:`MicroBatch.expand`. Packed layout: one row, no padding, ``position_ids``
+restarting per sequence (a block-diagonal causal mask in transformers). Padded layout (the
+fixed-count baseline): one right-padded row per sequence with a 2-D attention mask.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Trainer checkpoints in the run root: DeepSpeed state of one step, published atomically.
 
-``checkpoints/step-{step:08d}/`` holds the files DeepSpeed writes for one tag (module,
-optimizer and scheduler state) and, written last with put-if-absent, a ``_COMPLETE``
-manifest naming every file with its size plus the trainer state (steps done, weight
-version of the parameters). A checkpoint without its manifest is an interrupted save and
-is ignored (and replaced if the same step is saved again).
-
-DeepSpeed saves and loads local directories, so files go through ``work_dir``, a
-directory of the node's local disk. With several ranks every rank writes its own part of
-the state (ZeRO stage 1/2: one optimizer file per rank) into its node's directory; each
-node's leader (local rank 0) uploads the files its node wrote, rank 0 writes the manifest
-from the file lists of all nodes (gathered), and on load every node's leader downloads all
-files. The manifest records the data-parallel world size that saved the checkpoint; a
-checkpoint loads at another world size after its ZeRO optimizer files are re-partitioned
-(:mod:`asyncrl.tasks.trainer.zero_reshard`).
+``checkpoints/step-{step:08d}/`` holds the files DeepSpeed writes for one tag and, written
+last with put-if-absent, a ``_COMPLETE`` manifest naming every file with its size plus the
+trainer state (steps done, weight version). A checkpoint without its manifest is an
+interrupted save and is ignored. Files go through the node's local ``work_dir``; with
+several ranks each node's leader uploads its node's files and rank 0 writes the manifest.
+The manifest records the data-parallel world size; a checkpoint loads at another one after
+its ZeRO optimizer files are re-partitioned (:mod:`asyncrl.tasks.trainer.zero_reshard`).
+Multi-node details: ``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from asyncrl.configs.run_config import OptimizerConfig
+from asyncrl.configs.trainer import OptimizerConfig
 
 if TYPE_CHECKING:
     import torch

@@ -1,25 +1,14 @@
 """The trainer's input: whole trajectory shards, in the order they were written, checked before use.
 
-A training step consumes whole shards (the ledger records shard names), taken in
-sequence-number order (the order they were written) until they hold at least B prompt
-groups. The rollout controller writes groups in admission order and never lets a shard
-straddle a batch boundary (:mod:`asyncrl.tasks.scheduler.controller`), so step s takes
-exactly the s-th admission batch: the batch the staleness gate admitted against weights
-with at least s - eta steps, and no sample of it is staler than eta. Taking shards by
-their oldest policy version instead (what this feed once did) lets a later batch whose
-first tokens happen to be older overtake an earlier one, which is then trained a step
-late. On a root whose shards do not line up with batches (written by an older
-scheduler, or after a shard was quarantined) a step takes more than B groups, never
-fewer, so every group is still trained no later than its batch's step. Consumed shards are moved out of
-``trajectories/`` (:meth:`ShardReader.retire`), so a poll lists only the shards still
-waiting: O(waiting shards) names per poll, never O(run). Every shard is validated by the
-storage reader (a bad one is quarantined there) and then checked against the model:
-every token id must be below the vocabulary size, every sequence must fit the
-micro-batch token budget. Both checks cover every token the model reads, so the
-environment tokens of a multi-turn sample (context, not trained) count like the others. A shard failing that check is quarantined too
-(:meth:`ShardReader.quarantine`), and :class:`TrainerInputError` names the shard, row,
-field, value and where the shard went; nothing is consumed, and a restarted trainer
-goes on without the shard.
+A step consumes whole shards (the ledger records shard names) in sequence-number order until
+they hold at least B groups. The controller writes groups in admission order and never lets a
+shard straddle a batch (:mod:`asyncrl.tasks.scheduler.controller`), so step s takes exactly
+the s-th admission batch and no sample is staler than eta; if shards do not line up, a step
+takes more than B groups, never fewer. Consumed shards leave ``trajectories/``, so a poll
+lists O(waiting shards) names. Every shard is validated by the storage reader, then against
+the model (token ids below the vocabulary, sequences within the micro-batch budget); a failing
+shard is quarantined and :class:`TrainerInputError` names it, nothing consumed. Why written
+order: ``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations

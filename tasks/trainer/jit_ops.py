@@ -1,16 +1,13 @@
 """DeepSpeed's just-in-time compiled ops, built before the first trainer needs them.
 
 On CPU, ``deepspeed.init_distributed`` loads DeepSpeed's shared-memory collective op
-(``deepspeed_shm_comm``), which DeepSpeed compiles on first use: 38 s on the idle 2-core
-machine, more beside a starting vLLM server, inside the first trainer start of a fresh
-environment (a user's first run, a benchmark's first measured run, whichever test starts a
-trainer first). Built once into ``TORCH_EXTENSIONS_DIR``
+(``deepspeed_shm_comm``), which DeepSpeed compiles on first use: a long wait inside the
+first trainer start of a fresh environment (a user's first run, a benchmark's first measured
+run, whichever test starts a trainer first). Built once into ``TORCH_EXTENSIONS_DIR``
 (:func:`~asyncrl.tasks.trainer.process.with_torch_extensions_dir`), it then loads without
-compiling.
-
-``make setup`` runs ``python -m asyncrl.tasks.trainer.jit_ops`` after installing, and the
-benchmarks that time trainers call :func:`ensure_jit_ops_built` before they measure. An
-accelerator without such ops (CUDA's collectives are NCCL's) builds nothing.
+compiling. ``make setup`` runs ``python -m asyncrl.tasks.trainer.jit_ops`` after installing,
+and the benchmarks that time trainers call :func:`ensure_jit_ops_built` before they measure.
+An accelerator without such ops (CUDA's collectives are NCCL's) builds nothing.
 """
 
 from __future__ import annotations

@@ -1,44 +1,15 @@
 """The RL training loop: wait for B groups, record, train, publish, checkpoint; resume.
 
-Per step k (1-based; ledger entry ``step-k``):
-
-1. take the first-written unconsumed shards holding >= B prompt groups (checked; bad input
-   raises before anything is written): exactly the next admission batch, see
-   :mod:`asyncrl.tasks.trainer.feed`;
-2. record them in the ledger as step k, before anything is published, then move them
-   from ``trajectories/`` to ``consumed/`` (:meth:`ShardReader.retire`), so the next poll
-   lists only the shards still waiting;
-3. run the RL step (:func:`run_rl_step`); staleness is measured in training steps,
-   against the k - 1 steps the trainer's weights have received, with each token's version
-   counted by the steps its weights received (its lineage's ``step``, see
-   :func:`asyncrl.tasks.trainer.step.sample_staleness`); the step's figures add
-   ``wasted_tokens``, the output tokens of the samples it drops as too stale (:func:`stale_tokens`);
-4. publish the new weights as version i + 1 through the :class:`WeightStore` (HF files
-   plus ``asyncrl_lineage.json``: parent version, step, shards, the step's metrics);
-5. every ``checkpoint_every`` steps, save a checkpoint (step k, version i + 1).
-
-Data parallelism: every rank runs this loop. Rank 0 alone reads the run root for input
-(the shards, the doorbell, the wait timeout) and hands each poll's outcome to every rank
-(:func:`broadcast_from_rank0`), so all ranks train the same step input; rank 0 alone
-writes the ledger, publishes weights and logs metrics; checkpoints are saved and loaded
-by all ranks together (:mod:`asyncrl.tasks.trainer.checkpoint`). Barriers order rank 0's
-storage writes against the other ranks' work.
-
-Start and resume: a fresh run publishes the initial weights as version 0 when the store
-holds none (otherwise the engine is expected to hold the store's latest version) and saves
-checkpoint 0, so that every later restart has a checkpoint to return to. A restart loads
-the newest complete checkpoint c and rolls back the ledger entries after c.step: their
-shards are trained again from the checkpointed state. Weight versions published after
-the checkpoint are *not* re-published or deleted (their shards are moved back to
-``trajectories/`` before each rolled-back entry is deleted, so a rollback cut by a kill is
-completed by the next start): the resumed trainer's version label is
-max(c.version, latest published) and it publishes from the next number on, so versions
-stay strictly increasing for the rollout servers; the lineage file of each version names
-its ``step`` and the version label the trainer held (``parent_version``). After such a
-restart labels run ahead of updates (label k+1 holds c.step + 1 updates), which is why
-staleness reads updates from the lineage and never subtracts labels: the re-consumed
-shards, whose tokens come from versions up to k, are measured against the updates the
-weights actually received and trained, not dropped as if the rolled-back steps had happened.
+Per step k: take the first-written unconsumed shards holding >= B groups
+(:mod:`asyncrl.tasks.trainer.feed`), record them in the ledger as step k before anything is
+published and retire them, run the RL step (:func:`run_rl_step`), publish version i + 1 with
+its lineage, and checkpoint every ``checkpoint_every`` steps. Rank 0 alone reads and writes
+the run root; all ranks train the same input. A restart loads the newest complete checkpoint
+c and rolls back the ledger after c.step; versions published since are kept and labels go
+on from the latest, so versions stay strictly increasing while labels may run ahead of
+updates. So staleness counts the updates a version's lineage records
+(:func:`asyncrl.tasks.trainer.step.sample_staleness`), never label differences. Step by step
+and resume: ``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Trainer process entry point: ``python -m asyncrl.tasks.trainer.main --config RUN.yaml``.
 
-One process on CPU (gloo; MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK are filled in
-when absent) or one per device under ``deepspeed``/``torchrun`` (``trainer.processes`` per
-node, ``trainer.nodes`` nodes: data parallel, see :mod:`asyncrl.tasks.trainer.step`).
-The config is parsed before torch is imported, so a bad config fails at once. With
-several processes, each node's leader (local rank 0) downloads the initial weights into
-the node's work directory, and rank 0 alone publishes, logs metrics and prints the
-``{"event": ...}`` lines.
-
-Modes: ``rl`` (default) resumes or starts the RL loop of :mod:`asyncrl.tasks.trainer.loop`
-and runs it to ``trainer.max_steps``; ``sft`` fine-tunes on the reference answers of
-``data.sft_path`` (else ``data.train_path``) and publishes the result as the next weight version (the warm start
-of a later ``rl`` run).
-
+One process on CPU (gloo; missing rendezvous variables filled in) or one per device under
+``deepspeed``/``torchrun`` (data parallel, see :mod:`asyncrl.tasks.trainer.step`). The
+config is parsed before torch is imported, so a bad config fails at once; rank 0 alone
+publishes, logs metrics and prints the ``{"event": ...}`` lines. Modes: ``rl`` (default)
+resumes or starts the loop of :mod:`asyncrl.tasks.trainer.loop` to ``trainer.max_steps``;
+``sft`` fine-tunes on reference answers and publishes the warm start as the next version.
 Exit status: 0 done, 2 bad config or arguments, 3 bad trajectory input (nothing consumed),
 4 timed out waiting for trajectories, 1 anything else (traceback on stderr).
 """
@@ -29,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncrl.configs.loading import ConfigError, load_config
-from asyncrl.configs.run_config import OptimizerConfig, RunConfig
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.trainer import OptimizerConfig
 
 if TYPE_CHECKING:
     from asyncrl.storage.fs import RunRoot

@@ -1,42 +1,14 @@
 """Retention of published weight versions: what the trainer keeps after each publish.
 
-Right after every publish the writer rank calls :func:`prune_after_publish`. With C the
-version just published, U(v) the update count of version v (its lineage ``step``,
-:func:`asyncrl.storage.weight_lineage.lineage_updates`), m the run's max staleness
-(``trainer.max_staleness``, else ``rollout.eta``) and K ``trainer.keep_versions``, a
-version v of the store is kept iff at least one holds:
-
-1. v >= C (the current version; anything newer is a publish in progress);
-2. U(v) >= U(C) - (m + 1) (the staleness window): the trainer's next step counts a
-   sample's staleness as U(C) - U(v) over its oldest token's version v and drops it above
-   m, so no sample from an older version can still be trained; the one extra update is a
-   margin for a rollout server still fetching the version before the newest when the
-   trainer publishes;
-3. v is the lowest complete version (the run's initial weights: version 0 or the SFT
-   warm start; evaluation compares it with the final version). It is never deleted, so it
-   stays the lowest;
-4. v is the version of a complete checkpoint (a restarted trainer resumes from it);
-5. v is pinned (``weights/_pins/``, written when the register stage registers it);
-6. v is one of the K newest complete versions besides C;
-7. v is a version the run's evaluator (evaluation during training, ``evaluations/state.json``)
-   may still load: the one it is evaluating, and the newest multiple of its period that it
-   has no record of yet (:meth:`~asyncrl.storage.evaluations.EvaluatorState.needed`), so a
-   slow evaluator does not find its next version pruned. Older pending multiples are
-   skipped by the evaluator anyway.
-
-Every other version is deleted by :meth:`WeightStore.prune` (manifest first, then its
-files except the lineage file, which staleness and the audit still read). A trainer
-killed mid-prune leaves versions without manifest below the pointer; the next prune
-deletes them. When in doubt nothing is deleted: a run root without ``config.yaml`` (the
-run's frozen config, where m and K are read) is not pruned; one whose config or
-checkpoint manifests are unreadable, or whose store fails mid-pass, is not pruned this
-time (a warning names why; the publish stands and the next pass tries again).
-
-The same call first aborts the incomplete multipart uploads under ``weights/`` and
-``checkpoints/`` (:func:`abort_trainer_uploads`: parts left by a killed trainer), with or
-without a policy: only the trainer uploads there, and while its writer rank runs this no
-upload of its own is in flight. So the first publish of a (re)started trainer cleans
-what an earlier one left (``RLTrainer.start`` may call it too, before anything else).
+After every publish the writer rank calls :func:`prune_after_publish`. With C the version just
+published, U(v) the update count of v (its lineage ``step``), m the max staleness
+(``trainer.max_staleness``, else ``rollout.eta``) and K ``trainer.keep_versions``, v is kept
+iff: (1) v >= C; (2) U(v) >= U(C) - (m + 1), the staleness window plus one update of margin;
+(3) v is the lowest complete version; (4) v is a complete checkpoint's version; (5) v is
+pinned; (6) v is one of the K newest besides C; (7) the evaluator may still load v. Every
+other version is pruned (:meth:`WeightStore.prune`); when in doubt (config or manifests
+unreadable, the store failing) nothing is. The same call aborts incomplete multipart uploads
+under ``weights/`` and ``checkpoints/``. Why each rule: ``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations

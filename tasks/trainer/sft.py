@@ -1,18 +1,15 @@
 """Supervised fine-tuning (the pipeline's warm-start) on the RL trainer's engine.
 
-Each example is the rendered prompt followed by the reference answer (a code row: its
-reference program, fenced as the code reward extracts it) and EOS; the loss
-is cross-entropy on the answer tokens only, averaged over all answer tokens of the batch:
+Each example is the rendered prompt, the reference answer (a code row: its program, fenced
+as the code reward extracts it) and EOS; the loss is cross-entropy on the answer tokens only:
 
-    loss = -(1 / N) * sum_{answer tokens t} log pi_theta(x_t | x_<t),   N = answer tokens in the batch
+    loss = -(1 / N) * sum_{answer tokens t} log pi_theta(x_t | x_<t)
+    N = answer tokens in the batch
 
-computed over token-budget micro-batches (packed sequences) with one optimizer update
-per batch.
-
-With W data-parallel ranks every rank draws the same batch (same seed), trains its
-token-balanced share of it (:func:`~asyncrl.tasks.trainer.data_parallel.balanced_partition`),
-with N summed over ranks and the loss multiplied by W before backward (DeepSpeed averages
-gradients over ranks): the same update as one rank on the whole batch, as in the RL step.
+over token-budget micro-batches with one optimizer update per batch. With W data-parallel
+ranks every rank draws the same batch, trains its token-balanced share
+(:func:`~asyncrl.tasks.trainer.data_parallel.balanced_partition`), with N summed over ranks
+and the loss multiplied by W (DeepSpeed averages gradients): the one-rank update.
 """
 
 from __future__ import annotations

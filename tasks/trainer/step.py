@@ -1,44 +1,14 @@
 """One decoupled-PPO training step over B prompt groups (AReaL, arXiv 2505.24298).
 
-Phases, in order:
-
-1. advantages per group from the rewards (:func:`group_advantages`), broadcast to the
-   trained tokens; computed over the whole group, before any stale sample is dropped, so
-   the baseline is the group's;
-2. staleness per sample in training steps (updates), s = max(0, U_trainer - min_t U(v_t))
-   over its model tokens t (:func:`sample_staleness`); samples with s > max_staleness are
-   dropped (counted and warned about, never trained);
-3. proximal log-probs log pi_prox of every trained token of the kept samples, with the
-   parameters as they are at the start of the step, without gradient (decoupled objective
-   only); with them, the train/inference mismatch figures of the step (:func:`step_mismatch`).
-   A step with a single optimizer update and a forward pass without dropout
-   (:func:`reuses_update_forward`) takes them from the update's own forward pass instead
-   of a separate one: its parameters are the step-start ones, so
-   log pi_prox = stop_gradient(log pi_theta) there and u_t = 1 (the clip is inactive);
-4. the groups are split into ``mini_batches`` contiguous mini-batches; each is packed
-   into token-budget micro-batches, whose losses are accumulated (one backward each)
-   and normalised by the trained-token count N of the whole mini-batch; then one
-   optimizer update per mini-batch.
-
-Trained tokens are the output tokens the model sampled. In a multi-turn sample
-(:attr:`~asyncrl.storage.schema.Sample.output_mask`) the tokens an environment inserted
-are context only: they are in the input of every forward pass (packing and lengths count
-them), but carry no loss, advantage, behaviour log-prob, version, staleness or mismatch
-figure. A single-turn sample trains every output token, as before multi-turn rows existed.
-
-Gradient flows only through log pi_theta (the current forward pass); proximal and
-behaviour log-probs and advantages are constants.
-
-Data parallelism over W ranks (:func:`run_rl_step`): every rank prepares the whole step
-(phases 1-2 are cheap and identical everywhere), then takes its share of each
-mini-batch's samples, split by tokens (:func:`~asyncrl.tasks.trainer.data_parallel.balanced_partition`),
-computes the proximal log-probs of its own samples and packs them into its own
-micro-batches. The loss stays that of the whole mini-batch (:func:`ppo_update`): N is the
-output-token count summed over ranks, and each rank's loss is multiplied by W before
-backward because DeepSpeed averages gradients over ranks, so the update equals the
-one-rank update on the same mini-batch up to float summation order. The step's metrics
-are reduced over ranks (:func:`all_reduce_step_figures`), so every rank, and rank 0 which
-logs them, describes the whole step.
+Phases: (1) group advantages from the rewards (:func:`group_advantages`), over the whole
+group before any stale sample is dropped; (2) staleness per sample in training steps,
+s = max(0, U_trainer - min_t U(v_t)) over its model tokens (:func:`sample_staleness`), samples
+with s > max_staleness dropped; (3) log pi_prox with the step-start parameters, and the
+mismatch figures (:func:`step_mismatch`), from the update's own forward pass when
+:func:`reuses_update_forward` holds; (4) per mini-batch, micro-batches normalised by its
+trained-token count N, one optimizer update. Gradient flows only through log pi_theta;
+environment tokens are context, never trained. With W ranks each trains a token-balanced
+share, N summed and the loss times W: the one-rank update. See ``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations
@@ -51,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from asyncrl.configs.run_config import TrainerConfig
+from asyncrl.configs.trainer import TrainerConfig
 from asyncrl.storage.schema import Sample
 from asyncrl.tasks.algo.advantages import AdvantageMethod, group_advantages
 from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch

@@ -1,35 +1,14 @@
 """Re-partition the optimizer state of a ZeRO stage 1/2 checkpoint for another world size.
 
-DeepSpeed (0.19) saves ZeRO stage 1 and 2 optimizer state as one file per data-parallel
-rank, ``[bf16_]zero_pp_rank_{r}_mp_rank_{m}_optim_states.pt``, and its ``load_checkpoint``
-refuses a checkpoint whose ``dp_world_size`` differs from the engine's ("Automatic
-adjustment of ZeRO's optimizer state partitioning with a new world size is not currently
-supported"); its universal-checkpoint route needs an offline conversion and an engine
-built with ``load_universal_checkpoint``. The state is world-size free underneath, so
-this module rewrites the files of one tag for the new world size, after which DeepSpeed
-loads them as a same-size checkpoint (and checks them as such).
-
-Layout (what :class:`deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer`
-builds, for each parameter group g): the group's parameters are flattened, in a fixed
-order that does not depend on the world size, into F_g elements (any per-parameter
-alignment padding included), padded at the tail to W * P_g elements, and rank r owns
-elements [r * P_g, (r + 1) * P_g). A rank's file holds
-
-- ``single_partition_of_fp32_groups[g]``: its fp32 master elements without the tail
-  padding (``group_paddings[g]`` elements dropped);
-- ``base_optimizer_state``: the torch optimizer's state dict over the flat partitions,
-  e.g. AdamW's ``exp_avg`` / ``exp_avg_sq`` of P_g elements (padding included) and a
-  scalar ``step``;
-- ``param_slice_mappings[g]``: parameter name -> (numel, start) of its fragment in the
-  partition; ``partition_count``, ``group_paddings``: per group.
-
-Re-partitioning: the flat group is the concatenation over old ranks of their elements
-without padding (F_g elements); new rank r' takes elements [r' P'_g, (r'+1) P'_g) of it,
-zero-padded at the tail to P'_g, with P'_g the partition size of the engine that loads
-(``DeepSpeedZeroOptimizer.single_partition_of_fp32_groups``). Scalars (``step``) and the
-other entries are the same on every rank and are copied. The model-states file names the
-world size that DeepSpeed checks (``dp_world_size``); it is rewritten too. Exact: every
-element is copied, none is recomputed.
+DeepSpeed saves ZeRO stage 1/2 optimizer state as one file per data-parallel rank and
+refuses to load it at another ``dp_world_size`` (its universal-checkpoint route needs an
+offline conversion). The state is world-size free underneath: per parameter group g the
+parameters are flattened into F_g elements, padded to W * P_g, and rank r owns
+[r * P_g, (r + 1) * P_g). Re-partitioning concatenates the old ranks' elements without
+padding and gives new rank r' elements [r' P'_g, (r' + 1) P'_g), zero-padded to P'_g;
+scalars such as ``step`` are copied and the model-states file's ``dp_world_size`` is
+rewritten. Exact: every element is copied, none is recomputed. The file layout:
+``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from asyncrl.configs.loading import ConfigError, config_from_dict, load_config
-from asyncrl.configs.run_config import RemotePlacement, RunConfig
+from asyncrl.configs.placement import RemotePlacement
+from asyncrl.configs.run_config import RunConfig
 
 
 def config(**sections: dict[str, Any]) -> RunConfig:

@@ -177,7 +177,7 @@ def test_credentials_block_opens_an_s3_root_without_credentials_in_config(
 ) -> None:
     from prefect.blocks.system import Secret
 
-    from asyncrl.configs.run_config import StorageConfig
+    from asyncrl.configs.storage import StorageConfig
     from asyncrl.storage import fs
 
     Secret(value={"aws_access_key_id": moto_endpoint.key, "aws_secret_access_key": moto_endpoint.secret}).save(

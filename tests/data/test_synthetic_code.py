@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from asyncrl.configs.run_config import RunConfig, SyntheticDataConfig
+from asyncrl.configs.pipeline import SyntheticDataConfig
+from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.data.loader import CODE_TASK, PromptRecord
 from asyncrl.tasks.data.synthetic_code import (
     FINALS,

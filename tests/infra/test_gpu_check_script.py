@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.bench.weight_sync import phase_figures
-from asyncrl.tasks.inference.bench import StallRow, ThroughputRow
+from asyncrl.bench.rollout import StallRow, ThroughputRow
 from asyncrl.flows.prefect_api.artifacts import PipelineSummary
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.tasks.reward.cli import add_reward_bench, add_reward_commands
+from asyncrl.cli.reward import add_reward_bench, add_reward_commands
 
 
 def run_cli(argv: Sequence[str]) -> int:

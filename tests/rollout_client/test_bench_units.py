@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-import asyncrl.tasks.inference.bench as bench_module
+import asyncrl.bench.rollout as bench_module
 from asyncrl.cli.main import build_parser
-from asyncrl.tasks.inference.bench import BenchSettings, format_tables, long_tailed_lengths, run_rollout_bench, stall_row
+from asyncrl.bench.rollout import BenchSettings, format_tables, long_tailed_lengths, run_rollout_bench, stall_row
 from asyncrl.tasks.inference.samples import UpdateStats
 
 

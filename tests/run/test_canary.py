@@ -11,7 +11,7 @@ import prefect.events
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.configs.run_config import TrackingConfig
+from asyncrl.configs.tracking import TrackingConfig
 from asyncrl.tasks.launch.canary import EVENT, CanaryAlarm, MismatchCanary, mismatch_crossings
 from asyncrl.flows.prefect_api.events import prefect_alarm
 from asyncrl.configs.canary import MismatchCanaryConfig

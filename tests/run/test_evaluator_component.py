@@ -111,3 +111,17 @@ def test_at_the_end_the_run_waits_a_bounded_time_then_names_the_abandoned_versio
     finished = {"evaluator": done(ComponentOutcome("evaluator", "finished", 0, 0))}
     _wait_evaluator(finished, 600.0, 0.05, RunStop(), {}, paths)  # returns at once
     _wait_evaluator({}, 600.0, 0.05, RunStop(), {}, paths)  # no evaluator
+
+
+def test_a_remote_placement_needs_the_flow_s_remote_factory(tmp_path: Path) -> None:
+    config = run_config(tmp_path, placement={"trainer": {"deployment": "component/asyncrl-gpu"}})
+    with pytest.raises(ValueError, match=r"^placement\.trainer: a component on another machine runs only under the train flow"):
+        run_components(config, run_paths(config), drain=False)
+    made: list[tuple[str, int]] = []
+
+    def remote(config: RunConfig, paths: Any, kind: str, index: int, drain: bool, stop: RunStop | None) -> Any:
+        made.append((kind, index))
+        return object()
+
+    kinds = [kind for kind, _ in run_components(config, run_paths(config), drain=False, remote=remote)]
+    assert made == [("trainer", 0)] and kinds == ["rollout-server", "reward-service", "trainer", "scheduler"]

@@ -20,7 +20,7 @@ import s3_servers
 from s3_fault_proxy import FAULT_KINDS, FaultPlan, FaultProxy, s3_fault_proxy
 from safetensors.numpy import save_file
 
-from asyncrl.configs.run_config import StorageConfig
+from asyncrl.configs.storage import StorageConfig
 from asyncrl.storage import fs, paths
 from asyncrl.storage.errors import StorageOperationError
 from asyncrl.storage.fs import RunRoot, open_root

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.configs.run_config import OptimizerConfig
+from asyncrl.configs.trainer import OptimizerConfig
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.schema import Sample
 from asyncrl.tasks.model.tiny import TinyModelSpec, write_tiny_model

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.configs.run_config import OptimizerConfig
+from asyncrl.configs.trainer import OptimizerConfig
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.schema import Sample
 from asyncrl.tasks.trainer.batch import TokenSequence

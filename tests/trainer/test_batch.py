@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asyncrl.tasks.trainer.batch import TokenSequence, build_micro_batches, pack_sequences, pad_sequences
-from asyncrl.tasks.trainer.bench import long_tailed_lengths
+from asyncrl.bench.trainer import long_tailed_lengths
 from asyncrl.tasks.trainer.feed import TrainerInputError, check_samples
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
 from asyncrl.tasks.algo.packing import fixed_count_micro_batches, pack_micro_batches, packing_efficiency

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.tasks.trainer.bench import (
+from asyncrl.bench.trainer import (
     BenchSettings,
     add_trainer_bench,
     format_table,

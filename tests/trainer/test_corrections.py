@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from asyncrl.configs.run_config import TrainerConfig
+from asyncrl.configs.trainer import TrainerConfig
 from asyncrl.tasks.trainer.batch import TokenSequence, pack_sequences, pad_sequences
 from asyncrl.tasks.algo.corrections import correct_behaviour_weight, sequence_index, token_log_weight
 from asyncrl.tasks.algo.loss import decoupled_ppo_loss

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncrl.configs.run_config import OptimizerConfig
+from asyncrl.configs.trainer import OptimizerConfig
 from asyncrl.tasks.trainer.engine import EngineSettings, deepspeed_config
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from asyncrl.configs.run_config import OptimizerConfig
+from asyncrl.configs.trainer import OptimizerConfig
 from asyncrl.tasks.trainer.engine import lr_factor
 
 

@@ -2,18 +2,14 @@
 long-tailed length workload, and the stall per weight update in both interrupt modes.
 
     tokens/s (concurrency c) = output tokens of all requests / wall seconds,
-    with c requests in flight at a time; request lengths L_i (ignore_eos) drawn from a
-    truncated power law, so a few long generations dominate as with reasoning models.
+    with c requests in flight and request lengths (ignore_eos) from a truncated power law;
     stall per update = first /pause sent -> last /resume answered (UpdateStats.stall_s),
-    measured while the server is generating, split into its phases (pause, load,
-    set version, resume); stall / load = mean stall / mean load, where load is the
-    weight loader's own time (reload in place, prefix-cache reset; the fetch from the store
-    too unless it was fetched before the pause);
-    fetch before pause = :meth:`ServerWeightLoader.prefetch`, as the scheduler runs it
-    for a server on its host: generation goes on meanwhile, so it is not stall.
-    server start = spawn -> first answer to the start-up warm-up (``RolloutServer``'s
-    ``__enter__``); ``--worker-in-own-process`` measures vLLM's CPU default beside ours,
-    ``--spawn-engine-core`` the engine core spawned as vLLM's CPU platform asks.
+    measured while generating and split into pause, load, set version, resume;
+    stall / load = mean stall / mean load (the weight loader's own time).
+
+Also reported: the fetch before the pause (:meth:`ServerWeightLoader.prefetch`, not stall)
+and the server start time (``--worker-in-own-process``, ``--spawn-engine-core``: vLLM's CPU
+defaults beside ours). Details: ``docs/internals/inference.md``.
 """
 
 from __future__ import annotations

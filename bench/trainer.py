@@ -1,20 +1,13 @@
 """``asyncrl bench trainer``: dynamic micro-batching versus fixed-count padded micro-batches.
 
 Both variants run the same PPO update (DeepSpeed engine, forward + backward + optimizer
-step) on the same long-tailed batch of sequences:
-
-- ``packed``: first-fit-decreasing packing under a token budget, packed rows, no padding;
-- ``fixed``: consecutive groups of ``fixed_count`` sequences, each right-padded to its longest.
-
-Reported per variant: micro-batches, real tokens, positions computed (padding included),
-packing efficiency (:func:`packing_efficiency`: real tokens over the budget per packed
-micro-batch, over count x longest per fixed one), seconds per update and trained tokens/s
-(real tokens per second of update).
-
-A second table times a whole decoupled-PPO step of one mini-batch on the packed batch,
-with log pi_prox from a separate forward pass (``separate``) and from the update's own
-forward pass (``reused``, what :func:`~asyncrl.tasks.trainer.step.run_rl_step` does when
-:func:`~asyncrl.tasks.trainer.step.reuses_update_forward` holds).
+step) on the same long-tailed batch: ``packed`` (first-fit-decreasing packing under a token
+budget, no padding) and ``fixed`` (groups of ``fixed_count`` sequences, right-padded).
+Reported per variant: micro-batches, real tokens, positions computed, packing efficiency
+(:func:`packing_efficiency`), seconds per update and trained tokens/s. A second table times
+a whole decoupled-PPO step with log pi_prox from a separate forward pass (``separate``) and
+from the update's own (``reused``, what :func:`~asyncrl.tasks.trainer.step.run_rl_step` does
+when :func:`~asyncrl.tasks.trainer.step.reuses_update_forward` holds).
 """
 
 from __future__ import annotations
@@ -183,7 +176,7 @@ def format_table(rows: list[BenchRow]) -> str:
 
 
 def cmd_bench_trainer(args: argparse.Namespace) -> int:
-    from asyncrl.configs.run_config import OptimizerConfig
+    from asyncrl.configs.trainer import OptimizerConfig
     from asyncrl.tasks.model.tiny import write_tiny_model
     from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
 

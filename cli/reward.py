@@ -103,7 +103,7 @@ def cmd_reward_code(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_reward(args: argparse.Namespace) -> int:
-    from asyncrl.tasks.reward.bench import bench_json, format_bench_table, run_reward_bench
+    from asyncrl.bench.reward import bench_json, format_bench_table, run_reward_bench
 
     if any(w < 1 for w in args.workers):
         raise ValueError(f"--workers: every count must be >= 1, got {args.workers}")

@@ -1,0 +1,128 @@
+"""The ``trainer`` section and its optimizer (also the SFT stage's, ``pipeline.sft_optimizer``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from asyncrl.configs.base import StrictModel
+from asyncrl.configs.cpus import check_cpu_cores
+
+
+class OptimizerConfig(StrictModel):
+    type: Literal["adamw"] = Field("adamw", description="Optimizer (AdamW only).")
+    lr: float = Field(1e-5, gt=0.0, le=1.0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
+        (0.9, 0.999), description="AdamW (beta1, beta2)."
+    )
+    grad_clip: float | None = Field(1.0, gt=0.0, description="Clip the gradient norm to this; None: no clipping.")
+    warmup_steps: int = Field(0, ge=0, description="Updates of linear learning-rate warm-up.")
+    decay: Literal["constant", "cosine"] = Field(
+        "constant", description="After warm-up: keep lr, or cosine-decay it to min_lr_ratio * lr by the last update."
+    )
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Final learning rate of the cosine decay, as a share of lr.")
+
+
+class TrainerConfig(StrictModel):
+    batch_groups: int = Field(8, ge=1, description="B: prompt groups per training step.")
+    mini_batches: int = Field(
+        1, ge=1, description="Optimizer updates per step (the B groups are split into this many mini-batches)."
+    )
+    max_steps: int = Field(20, ge=1, description="Training steps of the RL stage.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer of the RL trainer.")
+    objective: Literal["decoupled", "standard"] = Field(
+        "decoupled", description="Decoupled PPO (behaviour / proximal / theta) or standard PPO for ablations."
+    )
+    eps_clip: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range.")
+    eps_clip_high: float | None = Field(
+        None, gt=0.0, description="Separate upper clip (clip-higher); None uses eps_clip on both sides."
+    )
+    behav_weight_cap: float | None = Field(
+        5.0, gt=1.0, description="Upper bound on the behaviour weight rho; None: no upper bound."
+    )
+    """rho = pi_prox / pi_behav at ``behav_weight_level``."""
+    behav_cap_mode: Literal["mask", "clamp"] = Field(
+        "mask", description="Outside the bounds: drop the token (`mask`) or truncate rho to the bound (`clamp`)."
+    )
+    """``mask`` drops the token (at a sequence level, the whole sample; "MIS", IcePop when
+    two-sided); ``clamp`` truncates rho to the bound ("TIS")."""
+    behav_weight_floor: float | None = Field(
+        None, gt=0.0, lt=1.0, description="Lower bound on rho, making the bounds two-sided; None: upper bound only."
+    )
+    """Two-sided bounds [floor, cap] need ``behav_weight_cap``."""
+    behav_weight_level: Literal["token", "sequence_product", "sequence_geo_mean"] = Field(
+        "token", description="Which behaviour weight the bounds and the objective use: per token or per sample."
+    )
+    """Each token's w_t = pi_prox / pi_behav, or per sample (over its output tokens) their
+    product prod_t w_t or geometric mean exp(mean_t log w_t), then carried by every token of
+    the sample (:mod:`asyncrl.tasks.algo.corrections` has the formulas)."""
+    advantage: Literal["grpo", "drgrpo", "rloo"] = Field("grpo", description="Group advantage estimator.")
+    micro_batch_tokens: int = Field(4096, ge=1, description="Token budget of one micro-batch (dynamic micro-batching).")
+    packer: Literal["ffd"] = Field("ffd", description="How sequences are packed into micro-batches (first-fit decreasing).")
+    zero_stage: Literal[0, 1, 2] = Field(
+        1, description="DeepSpeed ZeRO stage (3 is not supported: publishing reads full parameters)."
+    )
+    checkpoint_every: int = Field(5, ge=1, description="Save a trainer checkpoint every this many steps.")
+    keep_versions: int = Field(0, ge=0, description="Weight versions kept in the store beyond those the run still needs.")
+    """Those the run needs: the current one, those within max_staleness + 1 updates of it,
+    checkpoints', registered and the initial one; 0 prunes everything else after each publish."""
+    max_staleness: int | None = Field(None, ge=0, description="Drop samples staler than this (default: rollout.eta).")
+    cpu_cores: tuple[int, ...] | None = Field(
+        None, description="CPU ids the trainer process (and its workers) is pinned to; None = no pinning."
+    )
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads of each RL trainer process (OMP_NUM_THREADS); None: shared out."
+    )
+    """PyTorch's intra-op threads. None: the trainer's CPUs shared out among the processes
+    computing on them at once (see ``rl_trainer_threads``); spinning OpenMP threads on CPUs
+    that a rollout server also uses slows training steps many times over. The SFT stage, alone
+    on the machine, uses every CPU."""
+
+    processes: int = Field(1, ge=1, description="Data-parallel trainer processes per node, one per device.")
+    """Above 1 the trainer runs under ``torchrun`` with DeepSpeed ZeRO (``zero_stage``) across
+    them, gloo on CPU and NCCL on GPUs."""
+    nodes: int = Field(1, ge=1, description="Trainer nodes, `processes` each.")
+    """Above 1 every node is one flow run of ``placement.trainer``'s deployment and they meet at
+    ``rendezvous``."""
+    rendezvous: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.:\[\]-]+:[0-9]{1,5}$",
+        description="`host:port` of torchrun's c10d rendezvous (`trainer.nodes` > 1).",
+    )
+    devices: tuple[int, ...] | None = Field(
+        None, description="Device ids of the trainer on its node, one per process; None: no placement."
+    )
+    """``processes`` of them: GPU ids (``CUDA_VISIBLE_DEVICES``) on a GPU machine, CPU ids
+    (pinning) on a machine without GPUs."""
+
+    @field_validator("cpu_cores")
+    @classmethod
+    def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return check_cpu_cores(cores, "trainer.cpu_cores")
+
+    @model_validator(mode="after")
+    def _behaviour_weight_bounds(self) -> TrainerConfig:
+        if self.behav_weight_floor is not None and self.behav_weight_cap is None:
+            raise ValueError(
+                f"trainer.behav_weight_floor: {self.behav_weight_floor} needs trainer.behav_weight_cap "
+                "(bounds are an upper bound or two-sided [floor, cap])"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _processes_and_devices(self) -> TrainerConfig:
+        if self.devices is not None:
+            if len(self.devices) != self.processes or len(set(self.devices)) != len(self.devices):
+                raise ValueError(
+                    f"trainer.devices: {list(self.devices)} must be {self.processes} distinct device ids, "
+                    f"one per process (trainer.processes={self.processes})"
+                )
+            if min(self.devices) < 0:
+                raise ValueError(f"trainer.devices: {list(self.devices)} holds a negative id")
+        if self.nodes > 1 and self.rendezvous is None:
+            raise ValueError(
+                f"trainer.rendezvous: trainer.nodes={self.nodes} needs the host:port the nodes meet at"
+            )
+        return self
