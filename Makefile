@@ -24,7 +24,7 @@ system-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
 	  else echo "warning: bubblewrap (bwrap) is missing: install it to score code rewards"; fi; }
 
-# Debian's Chromium lets the UI screenshot tests (tests/infra) run; without it they skip.
+# Debian's Chromium lets the UI screenshot tests (tests/integration/infra) run; without it they skip.
 test-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

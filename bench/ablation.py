@@ -22,7 +22,9 @@ from typing import Any, get_args
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.trainer import TrainerConfig
-from asyncrl.bench.e2e import format_staleness, parse_int_list, staleness_counts, wasted_tokens
+from asyncrl.bench.e2e import parse_int_list
+from asyncrl.bench.e2e_report import format_staleness
+from asyncrl.bench.e2e_figures import staleness_counts, wasted_tokens
 
 Objective = str
 OBJECTIVES: tuple[str, ...] = get_args(TrainerConfig.model_fields["objective"].annotation)
@@ -104,7 +106,7 @@ def run_summary(
     """One configuration: final pass@1 (at the last evaluated version) and its change from
     the starting model, the pass@1 curve by step (step = version - start_version), the
     training reward by step, the staleness reached, the samples dropped as too stale and the
-    tokens wasted (:func:`asyncrl.bench.e2e.wasted_tokens`), and from the scheduler's figures
+    tokens wasted (:func:`asyncrl.bench.e2e_figures.wasted_tokens`), and from the scheduler's figures
     the tokens cut by stops, the groups dynamic filtering left out and, with adaptive
     staleness, the lowest effective bound and the number of changes."""
     steps = sorted(step_metrics)

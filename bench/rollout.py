@@ -170,7 +170,8 @@ def run_rollout_bench(model_dir: Path | None, settings: BenchSettings, work_dir:
 def _measure_rollout(model_dir: Path | None, settings: BenchSettings, work: Path) -> dict[str, Any]:
     from asyncrl.tasks.model.tiny import write_tiny_model
     from asyncrl.tasks.inference.client import RolloutClient
-    from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig, server_env
+    from asyncrl.tasks.inference.server import RolloutServer, server_env
+    from asyncrl.tasks.inference.server_config import RolloutServerConfig
     from asyncrl.tasks.inference.vllm_platform import FORK_ENGINE_CORE_ENV
 
     model_dir = model_dir or write_tiny_model(work / "model", seed=settings.seed)

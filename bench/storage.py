@@ -36,12 +36,8 @@ from asyncrl.storage.shards import ShardReader, ShardWriter
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.tracking.lineage_recorder import VersionFollower, version_manifest
-from asyncrl.tasks.scheduler.controller import (
-    WrittenGroups,
-    group_id,
-    save_written_groups,
-    written_group_indices,
-)
+from asyncrl.tasks.scheduler.written_index import WrittenGroups, save_written_groups, written_group_indices
+from asyncrl.tasks.scheduler.group_schedule import group_id
 from asyncrl.tasks.trainer.feed import ShardFeed
 from asyncrl.tasks.trainer.retention import prune_after_publish
 

@@ -79,7 +79,7 @@ def _items(settings: BenchSettings, vocab_size: int) -> list[Any]:
     import torch
 
     from asyncrl.tasks.trainer.batch import TokenSequence
-    from asyncrl.tasks.trainer.step import TrainItem
+    from asyncrl.tasks.trainer.step_data import TrainItem
 
     rng = random.Random(settings.seed + 1)
     items = []
@@ -117,7 +117,9 @@ def timed_row(
 def run_trainer_bench(engine: TrainEngine, settings: BenchSettings) -> list[BenchRow]:
     """Time ``repeats`` PPO updates per variant (after one warm-up update each)."""
     from asyncrl.tasks.trainer.batch import build_micro_batches
-    from asyncrl.tasks.trainer.step import RLSettings, UpdateStats, ppo_update
+    from asyncrl.tasks.trainer.step import ppo_update
+    from asyncrl.tasks.trainer.step_figures import UpdateStats
+    from asyncrl.tasks.trainer.rl_settings import RLSettings
 
     items = _items(settings, engine.vocab_size)
     sequences = [item.sequence for item in items]
@@ -142,7 +144,9 @@ def run_proximal_bench(engine: TrainEngine, settings: BenchSettings) -> list[Ben
     pi_prox (after one warm-up step each): ``separate`` (:func:`compute_proximal`, then the
     update) and ``reused`` (the update's own forward pass)."""
     from asyncrl.tasks.trainer.batch import build_micro_batches
-    from asyncrl.tasks.trainer.step import RLSettings, UpdateStats, compute_proximal, ppo_update
+    from asyncrl.tasks.trainer.step import compute_proximal, ppo_update
+    from asyncrl.tasks.trainer.step_figures import UpdateStats
+    from asyncrl.tasks.trainer.rl_settings import RLSettings
 
     items = _items(settings, engine.vocab_size)
     sequences = [item.sequence for item in items]

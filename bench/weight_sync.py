@@ -469,7 +469,8 @@ def run_weight_sync_bench(
     s3_bucket: str = "asyncrl-bench",
 ) -> dict[str, Any]:
     """The whole bench (see the module docstring) under ``work_dir``; the JSON-ready result."""
-    from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig
+    from asyncrl.tasks.inference.server import RolloutServer
+    from asyncrl.tasks.inference.server_config import RolloutServerConfig
 
     work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

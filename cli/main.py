@@ -112,10 +112,12 @@ def preflight_run(config: RunConfig) -> None:
     """What `asyncrl run` checks before Prefect starts, reading only: the run root was not
     started with other trajectory settings, and the model is there unless the run writes it."""
     from asyncrl.tasks.model.checks import require_model_dir
+    from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
     from asyncrl.tasks.launch.context import check_resumable
 
     if not config.pipeline.init_tiny_model:
         require_model_dir(config.model.path)
+    apply_storage_credentials(config.storage)
     check_resumable(config)
 
 

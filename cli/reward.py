@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.configs.reward import CodeRewardConfig, MathRewardConfig, RewardConfig, SandboxLimits
-from asyncrl.tasks.reward.sandbox import escape_controls
+from asyncrl.tasks.reward.sandbox_outcome import escape_controls
 from asyncrl.tasks.reward.types import RewardResult
 
 

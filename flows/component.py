@@ -17,6 +17,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, runtime
 
+from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.heartbeats import clear_stop_request, stop_requested
 from asyncrl.tasks.launch.component_host import heartbeat_writer, hosted_components, hosted_groups_file, run_hosted
@@ -34,6 +35,7 @@ def component(
     (see the module docstring). ``start_id`` ties the heartbeat to the start that launched
     this flow run; ``replica`` is the trainer node (0 for the others)."""
     logger = get_run_logger()
+    apply_storage_credentials(config.storage)
     paths = prepare_run(config)
     name = component_name(kind, index)
     groups = ProcessGroupFile(paths.work_dir / hosted_groups_file(kind, index, replica))

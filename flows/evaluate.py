@@ -7,6 +7,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.launch.stages import evaluate_versions
 from asyncrl.tasks.launch.context import prepare_run
@@ -28,6 +29,7 @@ def resolve_versions(available: list[int], requested: list[int] | None) -> list[
 @flow(name="evaluate", log_prints=True)
 def evaluate_run(config: RunConfig, versions: list[int] | None = None) -> dict[str, Any]:
     """pass@1 (averaged over pipeline.eval_samples samples) of `versions` (default: newest)."""
+    apply_storage_credentials(config.storage)
     paths = prepare_run(config)
     chosen = resolve_versions(WeightStore(paths.root).list_versions(), versions)
     results = evaluate_versions(config, paths, chosen)

@@ -20,12 +20,13 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.secrets import strip_uri_password
 from asyncrl.flows.train import train
 from asyncrl.storage import fs
 from asyncrl.tasks.launch import stages
-from asyncrl.flows.prefect_api.artifacts import PipelineSummary, artifact_key, summary_markdown
+from asyncrl.flows.prefect_api.artifacts import PipelineSummary, artifact_key, stage_progress_artifact, summary_markdown
 from asyncrl.tasks.launch.context import RunContext, open_run_context, system_metrics
 from asyncrl.tasks.system.run_paths import run_paths
 from asyncrl.tasks.tracking.lineage_recorder import file_ref
@@ -44,20 +45,23 @@ def _config(parameters: dict[str, Any]) -> RunConfig:
 @task(name="prepare-data", task_run_name="prepare-data", cache_key_fn=lambda ctx, p: stages.data_key(_config(p)), persist_result=True)
 def prepare_data(config: RunConfig) -> dict[str, str]:
     """Write the synthetic task (when configured) and check the data files; their digests."""
-    return stages.prepare_data(config)
+    with stage_progress_artifact(config.run_work_dir, config.name, "prepare-data"):
+        return stages.prepare_data(config)
 
 
 @task(name="init-model", task_run_name="init-model", cache_key_fn=lambda ctx, p: stages.model_key(_config(p)), persist_result=True)
 def init_model(config: RunConfig) -> str:
     """Write the tiny model at model.path unless one is there; its content digest."""
-    return stages.init_model(config)
+    with stage_progress_artifact(config.run_work_dir, config.name, "init-model"):
+        return stages.init_model(config)
 
 
 @task(name="sft", task_run_name="sft", cache_key_fn=lambda ctx, p: stages.sft_key(_config(p)), persist_result=True)
 def sft(config: RunConfig, data: dict[str, str], model: str | None) -> int:
     """SFT warm start, published as the run root's first weight version. ``data`` and
     ``model`` (the earlier stages' digests) order it after them; its key reads the files."""
-    return stages.run_sft(config, run_paths(config))
+    with stage_progress_artifact(config.run_work_dir, config.name, "sft"):
+        return stages.run_sft(config, run_paths(config))
 
 
 @task(
@@ -68,7 +72,8 @@ def sft(config: RunConfig, data: dict[str, str], model: str | None) -> int:
 )
 def evaluate(config: RunConfig, versions: list[int]) -> dict[str, dict[str, Any]]:
     """Held-out pass@1 of ``versions`` on one vLLM server."""
-    return stages.eval_results_to_json(stages.evaluate_versions(config, run_paths(config), versions))
+    with stage_progress_artifact(config.run_work_dir, config.name, "evaluate"):
+        return stages.eval_results_to_json(stages.evaluate_versions(config, run_paths(config), versions))
 
 
 @task(name="register", task_run_name="register")
@@ -89,7 +94,7 @@ def run_stage(stage_task: Any, config: RunConfig, refresh: bool, outputs_present
     state = options(config, *args, return_state=True)
     how = "cached" if state.name == "Cached" else "run"
     if how == "cached":
-        StageProgress(config.run_work_dir, config.name, stage_task.name, 1, "stage").finish(
+        StageProgress(config.run_work_dir, stage_task.name, 1, "stage").finish(
             "from an earlier run", state="cached"
         )
     return state.result(), how
@@ -144,6 +149,7 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> tu
 def pipeline(config: RunConfig, refresh: bool = False) -> dict[str, Any]:
     """Prepare data, optional SFT warm start, asynchronous RL, evaluation, registration;
     ``refresh`` redoes the cached stages."""
+    apply_storage_credentials(config.storage)
     context = open_run_context(config)
     clear_progress(context.paths.work_dir)
     try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from prefect import flow
 
+from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.reward.service_registry import TOKEN_ENV
 from asyncrl.tasks.launch.components import scheduler_component
@@ -35,6 +36,7 @@ def scheduler(
     """Supervise the run's scheduler (see the module docstring); ``work`` and ``stop`` are
     given by the `train` flow only."""
     if work is None:
+        apply_storage_credentials(config.storage)
         paths = prepare_run(config)
         stop = RunStop()
         token = os.environ.get(TOKEN_ENV, "")  # the token of the reward service that runs elsewhere

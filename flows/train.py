@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, wait
 
+from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.scheduler import scheduler
 from asyncrl.flows.prefect_api.artifacts import StepProgressArtifact, publish_training_report
@@ -91,9 +92,10 @@ def train(config: RunConfig, mlflow_owned: bool = True) -> dict[str, Any]:
     has steps already. ``mlflow_owned``: end the run's MLflow run with the flow (the pipeline
     passes False: it owns the MLflow run and ends it after evaluation)."""
     logger = get_run_logger()
+    apply_storage_credentials(config.storage)
     context = open_run_context(config)
     artifact = StepProgressArtifact(config.name, config.trainer.max_steps)
-    stage = StageProgress(context.paths.work_dir, config.name, "train", config.trainer.max_steps, "steps", artifact=False)
+    stage = StageProgress(context.paths.work_dir, "train", config.trainer.max_steps, "steps")
 
     def progress(step: int, total: int, metrics: dict[str, float]) -> None:
         reward = metrics.get("reward_mean", float("nan"))

@@ -1,28 +1,26 @@
 """Run-root access through fsspec: a local directory or an S3-compatible bucket.
 
-All objects of a run live under one root. The primitives here are the only writes the
-storage layer does, and none of them exposes a partial object: :func:`put_if_absent`
-(never overwritten; a lost race raises :class:`FileExistsError`), :func:`put_atomic_replace`
-(small replaceable pointers), :func:`replace_if` (compare-and-swap of a pointer) and
-:func:`upload_file` (large files, hidden behind a marker written afterwards). Local writes
-are temp-then-rename with fsyncs, so a power loss leaves the old or the new file, never a
-partial one; S3 listings are never cached. Transient S3 faults are retried idempotently
-(:mod:`asyncrl.storage.retry`); what is left raises :class:`StorageOperationError` naming
-the operation and the object. Per-primitive mechanics: ``docs/internals/storage.md``.
+All objects of a run live under one root. The primitives here are the only writes the storage
+layer does, and none of them exposes a partial object: :func:`put_if_absent` (never
+overwritten; a lost race raises :class:`FileExistsError`), :func:`put_atomic_replace` (small
+replaceable pointers), :func:`~asyncrl.storage.compare_and_swap.replace_if` (compare-and-swap
+of a pointer) and :func:`upload_file` (large files, hidden behind a marker written afterwards).
+Local writes are temp-then-rename with fsyncs, so a power loss leaves the old or the new file,
+never a partial one; S3 listings are never cached. Transient S3 faults are retried idempotently
+(:mod:`asyncrl.storage.retry`); what is left raises :class:`StorageOperationError` naming the
+operation and the object. Per-primitive mechanics: ``docs/internals/storage.md``.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import posixpath
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,14 @@ from fsspec.implementations.local import LocalFileSystem
 from asyncrl.storage import paths, retry
 from asyncrl.storage.errors import StorageOperationError
 from asyncrl.storage.retry import RetryPolicy
+from asyncrl.storage.local_files import copy_durably, fsync_path, write_local_temp
+from asyncrl.storage.s3_ops import (
+    conditional_conflict,
+    named_faults,
+    precondition_failed,
+    s3_delete_tree_round,
+    s3_is_file,
+)
 
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 # AWS answers 409 ConditionalRequestConflict while another conditional write to the
@@ -109,87 +115,6 @@ def open_root(uri: str, options: dict[str, Any] | None = None) -> RunRoot:
     return root
 
 
-def _precondition_failed(exc: BaseException) -> bool:
-    """Whether an S3 error is a failed ``If-None-Match`` (HTTP 412, code PreconditionFailed)."""
-    return bool({"PreconditionFailed", "412"} & retry.s3_error_codes(exc))
-
-
-def _conditional_conflict(exc: BaseException) -> bool:
-    """Whether an S3 error is a 409 ``ConditionalRequestConflict`` (a concurrent conditional write)."""
-    return "ConditionalRequestConflict" in retry.s3_error_codes(exc)
-
-
-@contextmanager
-def _named_faults(root: RunRoot, operation: str, relpath: str) -> Iterator[None]:
-    """Raise a transient fault the retries left as :class:`StorageOperationError` naming
-    ``operation`` and ``relpath``; every other error passes unchanged."""
-    try:
-        yield
-    except StorageOperationError:
-        raise
-    except Exception as exc:
-        if retry.is_transient(exc):
-            raise StorageOperationError(operation, root.display(relpath), root.retry.attempts, exc) from exc
-        raise
-
-
-def _s3_is_file(root: RunRoot, target: str) -> bool:
-    """Whether ``target`` is an object. Unlike ``fs.isfile``, which answers False on any
-    error, a fault propagates, so a busy store is never mistaken for a missing object."""
-    try:
-        return root.fs.info(target)["type"] == "file"
-    except FileNotFoundError:
-        return False
-
-
-def _local_temp(final: str) -> tuple[int, str]:
-    directory, name = os.path.split(final)
-    os.makedirs(directory, exist_ok=True)
-    return tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-
-
-def _write_local_temp(final: str, data: bytes) -> str:
-    fd, tmp = _local_temp(final)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return tmp
-
-
-def fsync_path(path: str) -> None:
-    """fsync a local file (its data) or directory (the renames and links done in it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _copy_durably(source: str, final: str, temp_suffix: str) -> None:
-    """Copy ``source`` to ``final`` through a hidden temporary sibling: copy, fsync it,
-    rename it over ``final``, fsync the directory. No partial ``final`` is ever visible."""
-    directory, name = os.path.split(final)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=temp_suffix)
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.chmod(tmp, 0o644)
-        fsync_path(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_path(directory)
-
-
 def _exists_error(root: RunRoot, relpath: str) -> FileExistsError:
     return FileExistsError(errno.EEXIST, "object already exists", root.display(relpath))
 
@@ -223,20 +148,20 @@ def put_if_absent(root: RunRoot, relpath: str, data: bytes) -> None:
     target = root.full_path(relpath)
     for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
         try:
-            with _named_faults(root, "put_if_absent", relpath):
+            with named_faults(root, "put_if_absent", relpath):
                 root.fs.pipe_file(target, data, mode="create")
             return
         except StorageOperationError:
             raise
         except OSError as exc:
-            if isinstance(exc, FileExistsError) or _precondition_failed(exc):
+            if isinstance(exc, FileExistsError) or precondition_failed(exc):
                 holds = _holds(root, relpath, data)
                 if holds:
                     return
                 if holds is not None:
                     raise _exists_error(root, relpath) from None
                 # Deleted between the 412 and the read: the key is free again.
-            elif not _conditional_conflict(exc) or attempt == _CONFLICT_ATTEMPTS:
+            elif not conditional_conflict(exc) or attempt == _CONFLICT_ATTEMPTS:
                 raise
         time.sleep(retry.backoff_s(attempt))
     # Only reached when the key vanished after the last 412: another writer holds it in play.
@@ -245,7 +170,7 @@ def put_if_absent(root: RunRoot, relpath: str, data: bytes) -> None:
 
 def _local_put_if_absent(root: RunRoot, relpath: str, data: bytes) -> None:
     target = root.full_path(relpath)
-    tmp = _write_local_temp(target, data)
+    tmp = write_local_temp(target, data)
     try:
         os.link(tmp, target)
     except FileExistsError:
@@ -274,7 +199,7 @@ def put_atomic_replace(root: RunRoot, relpath: str, data: bytes) -> None:
     """
     target = root.full_path(relpath)
     if root.is_local:
-        tmp = _write_local_temp(target, data)
+        tmp = write_local_temp(target, data)
         try:
             os.replace(tmp, target)
         except BaseException:
@@ -282,81 +207,8 @@ def put_atomic_replace(root: RunRoot, relpath: str, data: bytes) -> None:
             raise
         fsync_path(os.path.dirname(target))
         return
-    with _named_faults(root, "put_atomic_replace", relpath):
+    with named_faults(root, "put_atomic_replace", relpath):
         root.fs.pipe_file(target, data)
-
-
-_REPLACE_IF_ATTEMPTS = 20
-
-
-def replace_if(root: RunRoot, relpath: str, data: bytes, accept: Callable[[bytes | None], bool]) -> bool:
-    """Store ``data`` at ``relpath`` if ``accept(current)`` is true for the bytes it
-    would replace (``None``: no object); a compare-and-swap. Returns whether the object
-    holds ``data`` afterwards.
-
-    The decision and the write are one atomic step against every other caller:
-
-    * local: read, ``accept`` and the temporary + ``os.replace`` run under an exclusive
-      ``flock`` of ``.{name}.lock`` in the same directory (released by the kernel when the
-      holder dies, so a killed writer never blocks the next one);
-    * S3: read the object and its ETag, then ``PutObject`` with ``If-Match: <etag>``
-      (``If-None-Match: *`` if there was none). 412 or 409 means another writer got in
-      first: read again and decide again, at most ``_REPLACE_IF_ATTEMPTS`` times (each
-      failure is someone else's success, so only a livelock of writers exhausts them;
-      :class:`OSError` names the object then). A retried PUT whose first attempt landed
-      gets 412, reads ``data`` back, and ``accept`` then decides as for any other content.
-    """
-    target = root.full_path(relpath)
-    if root.is_local:
-        directory, name = os.path.split(target)
-        os.makedirs(directory, exist_ok=True)
-        lock_fd = os.open(os.path.join(directory, f".{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            current = _read_or_none(root, relpath)
-            if not accept(current):
-                return current == data
-            put_atomic_replace(root, relpath, data)
-            return True
-        finally:
-            os.close(lock_fd)  # releases the flock
-    bucket, key, _ = root.fs.split_path(target)
-    for attempt in range(1, _REPLACE_IF_ATTEMPTS + 1):
-        with _named_faults(root, "replace_if", relpath):
-            try:
-                etag: str | None = root.fs.info(target).get("ETag")
-                if not etag:
-                    raise OSError(errno.ENOTSUP, "the store gives no ETag to condition a replace on", root.display(relpath))
-            except FileNotFoundError:
-                etag = None
-        current = None if etag is None else _read_or_none(root, relpath)
-        if current is None:
-            etag = None
-        if not accept(current):
-            return current == data
-        match = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
-        try:
-            with _named_faults(root, "replace_if", relpath):
-                root.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **match)
-            root.fs.invalidate_cache(target)
-            return True
-        except StorageOperationError:
-            raise
-        except OSError as exc:
-            lost = isinstance(exc, FileExistsError) or _precondition_failed(exc) or _conditional_conflict(exc)
-            if not lost:
-                raise
-        time.sleep(retry.backoff_s(min(attempt, 3)))
-    raise OSError(
-        errno.EAGAIN, f"conditional replace lost to other writers {_REPLACE_IF_ATTEMPTS} times", root.display(relpath)
-    )
-
-
-def _read_or_none(root: RunRoot, relpath: str) -> bytes | None:
-    try:
-        return read_bytes(root, relpath)
-    except FileNotFoundError:
-        return None
 
 
 MULTIPART_MIN_BYTES = 5 * 2**20
@@ -375,11 +227,11 @@ def upload_file(root: RunRoot, local_path: Path, relpath: str) -> None:
     """
     target = root.full_path(relpath)
     if root.is_local:
-        _copy_durably(str(local_path), target, ".tmp")
+        copy_durably(str(local_path), target, ".tmp")
         return
     if os.path.getsize(local_path) >= MULTIPART_MIN_BYTES:
         abort_incomplete_uploads(root, relpath, exact=True)
-    with _named_faults(root, "upload", relpath):
+    with named_faults(root, "upload", relpath):
         root.fs.put_file(str(local_path), target)
 
 
@@ -398,7 +250,7 @@ def abort_incomplete_uploads(root: RunRoot, relpath: str, exact: bool = False) -
     prefix = key if exact else key.rstrip("/") + "/"
     uploads: list[tuple[str, str]] = []
     marker: dict[str, str] = {}
-    with _named_faults(root, "list_multipart_uploads", relpath):
+    with named_faults(root, "list_multipart_uploads", relpath):
         while True:
             page = root.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker)
             uploads.extend(
@@ -411,7 +263,7 @@ def abort_incomplete_uploads(root: RunRoot, relpath: str, exact: bool = False) -
     root_key = root.fs.split_path(root.path)[1].rstrip("/")
     aborted: list[str] = []
     for upload_key, upload_id in uploads:
-        with _named_faults(root, "abort_multipart_upload", relpath):
+        with named_faults(root, "abort_multipart_upload", relpath):
             try:
                 root.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload_key, UploadId=upload_id)
             except FileNotFoundError:
@@ -432,13 +284,13 @@ def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
     if root.is_local:
         if not os.path.isfile(source):
             raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
-        _copy_durably(source, str(local_path), ".part")
+        copy_durably(source, str(local_path), ".part")
         return
     fd, tmp = tempfile.mkstemp(dir=local_path.parent, prefix=f".{local_path.name}.", suffix=".part")
     os.close(fd)
     try:
-        with _named_faults(root, "download", relpath):
-            if not _s3_is_file(root, source):
+        with named_faults(root, "download", relpath):
+            if not s3_is_file(root, source):
                 raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
             root.fs.get_file(source, tmp)
         fsync_path(tmp)
@@ -447,31 +299,6 @@ def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
     fsync_path(str(local_path.parent))
-
-
-_LINK_REFUSED = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES})
-
-
-def link_file(root: RunRoot, relpath: str, local_path: Path) -> bool:
-    """Hard-link the object ``relpath`` of a local root to ``local_path`` (its directory
-    fsynced): no bytes copied. False (nothing created) where that cannot be done: an S3
-    root, another filesystem, or one without hard links; the caller then downloads.
-
-    Safe for objects never written again in place (published weight files: a publish or a
-    prune replaces or unlinks names, never bytes)."""
-    if not root.is_local:
-        return False
-    local_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(root.full_path(relpath), local_path)
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath)) from None
-    except OSError as exc:
-        if exc.errno in _LINK_REFUSED:
-            return False
-        raise
-    fsync_path(str(local_path.parent))
-    return True
 
 
 def read_json_object(root: RunRoot, relpath: str) -> dict[str, Any] | None:
@@ -497,7 +324,7 @@ def read_bytes(root: RunRoot, relpath: str) -> bytes:
         if root.is_local:
             with open(source, "rb") as handle:
                 return handle.read()
-        with _named_faults(root, "read", relpath):
+        with named_faults(root, "read", relpath):
             return bytes(root.fs.cat_file(source))
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath)) from None
@@ -513,7 +340,7 @@ def read_many(root: RunRoot, relpaths: Iterable[str]) -> dict[str, bytes]:
     if root.is_local or len(wanted) <= 1:
         return {relpath: read_bytes(root, relpath) for relpath in wanted}
     by_full = {root.full_path(relpath): relpath for relpath in wanted}
-    with _named_faults(root, "read", posixpath.commonpath(wanted) or "."):
+    with named_faults(root, "read", posixpath.commonpath(wanted) or "."):
         contents = root.fs.cat(list(by_full), on_error="return")
     result: dict[str, bytes] = {}
     for full, relpath in by_full.items():
@@ -521,7 +348,7 @@ def read_many(root: RunRoot, relpaths: Iterable[str]) -> dict[str, bytes]:
         if isinstance(content, FileNotFoundError):
             raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
         if isinstance(content, BaseException):
-            with _named_faults(root, "read", relpath):
+            with named_faults(root, "read", relpath):
                 raise content
         result[relpath] = bytes(content)
     return result
@@ -532,7 +359,7 @@ def exists(root: RunRoot, relpath: str) -> bool:
     target = root.full_path(relpath)
     if root.is_local:
         return os.path.exists(target)
-    with _named_faults(root, "exists", relpath):
+    with named_faults(root, "exists", relpath):
         return bool(root.fs.exists(target))
 
 
@@ -550,7 +377,7 @@ def list_dir(root: RunRoot, reldir: str) -> list[str]:
             return []
     else:
         try:
-            with _named_faults(root, "list", reldir):
+            with named_faults(root, "list", reldir):
                 entries = root.fs.ls(target, detail=False, refresh=True)
         except FileNotFoundError:
             return []
@@ -574,7 +401,7 @@ def list_tree(root: RunRoot, reldir: str) -> list[str]:
             found.extend(os.path.relpath(os.path.join(directory, f), target).replace(os.sep, "/") for f in files)
         return sorted(found)
     try:
-        with _named_faults(root, "list", reldir):
+        with named_faults(root, "list", reldir):
             entries = root.fs.find(target, withdirs=False, detail=True)
     except FileNotFoundError:
         return []
@@ -598,8 +425,8 @@ def delete(root: RunRoot, relpath: str, missing_ok: bool = False) -> None:
             if not missing_ok:
                 raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath)) from None
         return
-    with _named_faults(root, "delete", relpath):
-        if not missing_ok and not _s3_is_file(root, target):
+    with named_faults(root, "delete", relpath):
+        if not missing_ok and not s3_is_file(root, target):
             raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath))
         try:
             root.fs.rm_file(target)
@@ -621,14 +448,14 @@ def delete_tree(root: RunRoot, reldir: str) -> None:
         if os.path.isdir(target):
             shutil.rmtree(target)
         return
-    with _named_faults(root, "delete_tree", reldir):
-        listed = _s3_delete_tree_round(root, target)
+    with named_faults(root, "delete_tree", reldir):
+        listed = s3_delete_tree_round(root, target)
         rounds = 1
         while listed and rounds <= root.retry.attempts:
             if rounds > 1:
                 time.sleep(retry.backoff_s(rounds - 1))
             # This round's listing shows what the last bulk delete left; it deletes that again.
-            listed = _s3_delete_tree_round(root, target)
+            listed = s3_delete_tree_round(root, target)
             rounds += 1
     if not listed:
         return
@@ -637,23 +464,6 @@ def delete_tree(root: RunRoot, reldir: str) -> None:
         f"bulk deletes left {len(listed)} object(s) after {rounds} round(s): {sorted(listed)[:10]}",
         root.display(reldir),
     )
-
-
-def _s3_delete_tree_round(root: RunRoot, target: str) -> list[str]:
-    """List ``target`` and delete what is there; return the files the listing showed (none: done)."""
-    try:
-        found = root.fs.find(target, withdirs=True, detail=True)
-    except FileNotFoundError:
-        return []
-    files = [path for path, info in found.items() if info.get("type") != "directory"]
-    if files:
-        root.fs.rm(files)
-    # Filer-backed stores (SeaweedFS) keep emptied directories as "dir/" entries
-    # that listings still show; plain S3 ignores deleting such absent keys.
-    directories = [path for path, info in found.items() if info.get("type") == "directory"]
-    for directory in sorted(set(directories) | {target}, key=len, reverse=True):
-        root.fs.rm_file(directory.rstrip("/") + "/")
-    return files
 
 
 def move_no_overwrite(root: RunRoot, src: str, dst: str) -> None:

@@ -6,7 +6,7 @@ training steps those weights received) and ``shards``. Version labels only ever 
 but after a trainer restart they no longer count updates: the trainer resumes from
 checkpoint step s while the killed trainer may have published steps s+1..k as versions up
 to k, so its next version (label k+1) holds s+1 updates. Staleness is therefore measured
-in updates, read here, by the trainer (:func:`asyncrl.tasks.trainer.step.sample_staleness`),
+in updates, read here, by the trainer (:func:`asyncrl.tasks.trainer.staleness.sample_staleness`),
 the scheduler's staleness gate and the run audit alike.
 """
 

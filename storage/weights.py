@@ -3,10 +3,10 @@
 Publishing uploads every file of a local HF-format directory, then writes the ``_COMPLETE``
 manifest (put-if-absent; each file's size and SHA-256), then moves ``LATEST`` forward. A
 version counts as published only once its manifest exists, so readers never load a
-half-uploaded version, and versions are strictly increasing. ``LATEST`` only moves forward
-(a compare-and-swap, :func:`fs.replace_if`); downloads are verified against the manifest
-(:class:`WeightIntegrityError`); pruning keeps each version's lineage file in
-``weights-lineage/`` and never touches pinned versions, so ``weights/`` holds only the
+half-uploaded version, and versions are strictly increasing. ``LATEST`` only moves forward (a
+compare-and-swap, :func:`~asyncrl.storage.compare_and_swap.replace_if`); downloads are verified
+against the manifest (:class:`WeightIntegrityError`); pruning keeps each version's lineage file
+in ``weights-lineage/`` and never touches pinned versions, so ``weights/`` holds only the
 versions kept. Which to keep is the caller's policy (:mod:`asyncrl.tasks.trainer.retention`).
 Details: ``docs/internals/storage.md``.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.storage import fs, paths
+from asyncrl.storage import compare_and_swap, fs, local_files, paths
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
@@ -196,8 +196,8 @@ class WeightStore:
 
     def advance_latest(self, version: int, published_at: float) -> bool:
         """Point ``LATEST`` at ``version`` unless it names ``version`` or a newer one already;
-        return whether it names ``version`` now. A compare-and-swap (:func:`fs.replace_if`):
-        an absent or unreadable pointer is replaced; a newer one is never moved back."""
+        return whether it names ``version`` now. A compare-and-swap
+        (:func:`~asyncrl.storage.compare_and_swap.replace_if`): an absent or unreadable pointer is replaced; a newer one is never moved back."""
         _check_version(version)
         data = json.dumps({"version": version, "published_at": published_at}).encode()
 
@@ -205,7 +205,7 @@ class WeightStore:
             named = _pointer_version(current)
             return named is None or named < version
 
-        fs.replace_if(self._root, paths.WEIGHTS_LATEST, data, older)
+        compare_and_swap.replace_if(self._root, paths.WEIGHTS_LATEST, data, older)
         return self.latest() == version
 
     def manifest(self, version: int) -> dict[str, Any]:
@@ -230,8 +230,8 @@ class WeightStore:
         """Copy published ``version`` into ``dest_dir`` (must not exist, or be empty); return it.
 
         With ``link``, a local store's files are hard-linked instead of copied where the
-        filesystem allows (:func:`fs.link_file`: no bytes written; a rollout server's cache
-        on the store's disk), and verified where they lie; otherwise, and for S3, copied.
+        filesystem allows (:func:`~asyncrl.storage.local_files.link_file`: no bytes written; a
+        rollout server's cache on the store's disk), and verified where they lie; otherwise, and for S3, copied.
         Files land in a hidden sibling directory first (each fsynced, see
         :func:`fs.download_file`), are checked against the manifest's sizes and SHA-256
         digests, and the directory is then renamed to ``dest_dir`` (its parent fsynced),
@@ -250,7 +250,7 @@ class WeightStore:
             for relname, expected in files.items():
                 local_path = staging / relname
                 source = self._root.display(paths.weights_file(version, relname))
-                if not (link and fs.link_file(self._root, paths.weights_file(version, relname), local_path)):
+                if not (link and local_files.link_file(self._root, paths.weights_file(version, relname), local_path)):
                     fs.download_file(self._root, paths.weights_file(version, relname), local_path)
                 size = local_path.stat().st_size
                 if size != expected.size:
@@ -267,7 +267,7 @@ class WeightStore:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        fs.fsync_path(str(dest_dir.parent))
+        local_files.fsync_path(str(dest_dir.parent))
         return dest_dir
 
     def pin(self, version: int) -> None:

@@ -1,8 +1,14 @@
 """Session-wide settings and shared servers of the test suite.
 
-One SeaweedFS, one moto server and one tiny model per test session; the rollout tests
-share one vLLM server (``server_a`` in tests/rollout_client/conftest.py). Helpers live in
+One SeaweedFS, one moto server and one tiny model per test session; the inference tests
+share one vLLM server (``server_a`` in tests/support/fixtures_inference.py). Helpers live in
 tests/support (on pytest's pythonpath).
+
+The suite is split by cost: tests/unit (no live process), tests/integration (live processes
+or servers: vLLM, DeepSpeed, Prefect, SeaweedFS, reward workers, sandboxes, asyncrl
+subprocesses) and tests/e2e (whole runs), each by the code's package names. The fixtures
+that tests of one package share across those three live in the plugin modules of
+``pytest_plugins`` below (tests/support), so they reach each test wherever it lives.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Any
 
 import pytest
 import s3_servers
+
+pytest_plugins = ["fixtures_inference", "fixtures_storage", "fixtures_trainer"]
 
 # Prefect must not try to reach its telemetry service from an offline machine.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -9,12 +9,17 @@ take the progress callback from here only when a flow calls them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 import re
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+
+from asyncrl.tasks.launch.progress import read_progress
 
 if TYPE_CHECKING:
     from asyncrl.tasks.evaluator.held_out import EvalResult
@@ -28,6 +33,41 @@ def artifact_key(run_name: str, suffix: str) -> str:
     """A Prefect artifact key (lowercase letters, digits, dashes) from the run name."""
     base = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-") or "run"
     return f"{base}-{suffix}"
+
+
+@contextmanager
+def stage_progress_artifact(work_dir: Path, run_name: str, stage: str, every_s: float = 2.0) -> Iterator[None]:
+    """While the block runs a pipeline stage inside a task or flow run, mirror the stage's entry
+    of ``progress.json`` (:class:`~asyncrl.tasks.launch.progress.StageProgress`) into the
+    progress artifact ``<run>-<stage>-progress``: every ``every_s`` seconds when it moved, and
+    once at the end, so the stage itself knows nothing of Prefect."""
+    artifact_id = create_progress_artifact(
+        progress=0.0, key=artifact_key(run_name, f"{stage}-progress"), description=f"{stage} of run {run_name}"
+    )
+    done = threading.Event()
+
+    def percent() -> float | None:
+        state = read_progress(work_dir).get(stage)
+        return None if state is None else state.percent
+
+    def mirror() -> None:
+        shown = 0.0
+        while not done.wait(every_s):
+            now = percent()
+            if now is not None and now != shown:
+                update_progress_artifact(artifact_id, progress=now)
+                shown = now
+
+    thread = threading.Thread(target=mirror, name=f"{stage}-progress-artifact", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        final = percent()
+        if final is not None:
+            update_progress_artifact(artifact_id, progress=final)
 
 
 class StepProgressArtifact:

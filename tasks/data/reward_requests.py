@@ -11,7 +11,7 @@ same way in both.
 
 from __future__ import annotations
 
-from asyncrl.tasks.data.loader import CODE_TASK, MATH_TASK, PromptRecord
+from asyncrl.tasks.data.records import CODE_TASK, MATH_TASK, PromptRecord
 from asyncrl.tasks.reward.types import RewardRequest
 
 

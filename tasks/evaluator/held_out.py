@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.tasks.scheduler.controller import RewardScorer, TextCodec
-from asyncrl.tasks.data.loader import PromptRecord, load_prompts
+from asyncrl.tasks.scheduler.protocols import RewardScorer, TextCodec
+from asyncrl.tasks.data.loader import load_prompts
+from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.reward.pass_at_k import CORRECT_REWARD, task_figures
 from asyncrl.tasks.data.reward_requests import reward_request

@@ -2,31 +2,28 @@
 
 Requests go to vLLM's streamed ``POST /inference/v1/generate``, whose final chunk carries the
 engine's ``weight_versions`` spans, so every kept token's weight version is known exactly,
-never guessed from timing. Each sample of a group is its own request, resubmitted alone
-(after an abort, or elsewhere after a server failure) as prompt + tokens so far.
-:meth:`RolloutClient.update_weights` pauses every server, loads, sets the version and
-resumes, in ``interrupt_mode`` ``recompute`` (abort and resubmit; the paper's) or ``keep``
-(freeze with the KV cache and continue). Rejoin: a server out of rotation is looked at again
-with a doubling wait up to :data:`MAX_REJOIN_WAIT_S` and put back at the next weight update
-once it answers. Modes, failures and rejoin in detail: ``docs/internals/inference.md``.
+never guessed from timing. Each sample of a group is its own request, resubmitted alone (after
+an abort, or elsewhere after a server failure) as prompt + tokens so far.
+:meth:`RolloutClient.update_weights` pauses every server, loads, sets the version and resumes,
+in ``interrupt_mode`` ``recompute`` (abort and resubmit; the paper's) or ``keep`` (freeze with
+the KV cache and continue). Rejoin: a server out of rotation is looked at again with a doubling
+wait up to :data:`~asyncrl.tasks.inference.server_rotation.MAX_REJOIN_WAIT_S` and put back at
+the next weight update once it answers
+(:class:`~asyncrl.tasks.inference.server_rotation.ServerRotation`). Modes, failures and rejoin
+in detail: ``docs/internals/inference.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 import httpx
 
-from asyncrl.tasks.system.http_errors import error_text as _error_text
 from asyncrl.tasks.inference.routing import ServerAddress, ServerPool, ServerState
 from asyncrl.tasks.inference.samples import (
     INTERRUPT_MODES,
@@ -36,176 +33,25 @@ from asyncrl.tasks.inference.samples import (
     Segment,
     UpdateStats,
 )
+from asyncrl.tasks.inference.client_errors import ServerFailure, misconfigured, raise_for_status, raise_stream_error
+from asyncrl.tasks.inference.server_rotation import ServerRotation, WeightLoader, call_loader
+from asyncrl.tasks.inference.vllm_api import (
+    GENERATE_PATH,
+    PAUSE_PARAMS,
+    SamplingOptions,
+    check_generate_args,
+    check_positive_int,
+    versions_from_spans,
+)
 
 logger = logging.getLogger(__name__)
 
-GENERATE_PATH = "/inference/v1/generate"
-PAUSE_PARAMS: dict[InterruptMode, dict[str, str]] = {
-    "recompute": {"mode": "abort", "clear_cache": "true"},
-    # clear_cache=true would make vLLM preempt the frozen requests (reset_running_requests)
-    # and so recompute their KV cache at resume: keep mode would silently become recompute.
-    "keep": {"mode": "keep", "clear_cache": "false"},
-}
-WeightLoader = Callable[[Any], "Awaitable[object] | object"]
-"""Called once per server with the address given to the client (e.g. a
-``RolloutServerHandle``), while that server is paused; sync loaders run in a thread."""
 
-
-class RolloutAuthError(PermissionError):
-    """A server refused the client's API key (HTTP 401)."""
-
-
-class RolloutSetupError(RuntimeError):
-    """A server lacks an endpoint the client needs (a launch flag is missing)."""
-
-
-class RolloutRequestError(ValueError):
-    """A server rejected a generation request as invalid (HTTP 400/422)."""
-
-
-class _ServerFailure(Exception):
-    """The server failed mid-request; ``partial`` holds the tokens that can be kept."""
-
-    def __init__(self, reason: str, partial: Segment | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.partial = partial
-
-
-MAX_REJOIN_WAIT_S = 600.0
-"""Longest wait between two looks at a server out of rotation (:func:`rejoin_wait_s`)."""
-REJOIN_LOOK_TIMEOUT_S = 5.0
-"""A look at a server out of rotation that gets no answer within this counts as failed."""
 KEEPALIVE_S = 2.0
 """Idle time after which the client drops a pooled connection (uvicorn closes at 5 s)."""
 
 
-@dataclass(frozen=True)
-class SamplingOptions:
-    temperature: float
-    top_p: float
-    ignore_eos: bool
-    stop_token_ids: tuple[int, ...]
-    stream_interval: int
-
-    def params(self, max_tokens: int) -> dict[str, Any]:
-        """vLLM ``SamplingParams`` of one segment; ``logprobs: 0`` = the sampled token's only."""
-        return {
-            "stream_interval": self.stream_interval,
-            "max_tokens": max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "logprobs": 0,
-            "ignore_eos": self.ignore_eos,
-            "stop_token_ids": list(self.stop_token_ids),
-            "detokenize": False,
-        }
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
-
-
-def check_generate_args(
-    prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float, top_p: float
-) -> None:
-    """``ValueError`` naming the first bad argument of :meth:`RolloutClient.generate_group`."""
-    if len(prompt_token_ids) == 0:
-        raise ValueError("prompt_token_ids: empty prompt; at least one token id is required")
-    for i, token in enumerate(prompt_token_ids):
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise ValueError(f"prompt_token_ids[{i}]: token ids are non-negative ints, got {token!r}")
-    _check_positive_int("n", n)
-    _check_positive_int("max_new_tokens", max_new_tokens)
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature: must be a finite number >= 0, got {temperature!r}")
-    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top_p: must be in (0, 1], got {top_p!r}")
-
-
-def versions_from_spans(spans: object, num_tokens: int, source: str) -> list[int]:
-    """One version per output token from vLLM's spans ``[{"version", "start", "end"}, ...]``.
-
-    The spans must tile ``[0, num_tokens)`` in order; each version string must be an int.
-    """
-    if num_tokens == 0:
-        return []
-    if not isinstance(spans, list) or not spans:
-        raise RuntimeError(f"{source}: {num_tokens} tokens came without weight_versions spans")
-    versions: list[int] = []
-    for span in spans:
-        raw = span.get("version") if isinstance(span, dict) else None
-        if not isinstance(raw, str) or not raw.isdigit():
-            raise RuntimeError(
-                f"{source}: weight version {raw!r} is not an int (was the server restarted outside the client?)"
-            )
-        if span.get("start") != len(versions) or not isinstance(span.get("end"), int) or span["end"] < span["start"]:
-            raise RuntimeError(f"{source}: weight_versions spans {spans} do not tile [0, {num_tokens})")
-        versions.extend([int(raw)] * (span["end"] - span["start"]))
-    if len(versions) != num_tokens:
-        raise RuntimeError(f"{source}: weight_versions spans {spans} do not tile [0, {num_tokens})")
-    return versions
-
-
-def _raise_for_status(server: ServerState, path: str, response: httpx.Response) -> None:
-    """Map a non-200 answer to the error that says what to fix; 5xx means a failing server."""
-    status = response.status_code
-    if status == 200:
-        return
-    text = _error_text(response)
-    where = f"rollout server {server.url}{path}"
-    if status == 401:
-        raise RolloutAuthError(
-            f"{where} refused the API key (HTTP 401: {text}); check the api_key given for this server"
-        )
-    if status == 403 and "scale-out" in text.lower():
-        raise RolloutSetupError(f"{where} is disabled: start vLLM with --enable-scale-out ({text})")
-    if status == 404:
-        raise RolloutSetupError(
-            f"{where} not found (HTTP 404): the server needs VLLM_SERVER_DEV_MODE=1 and --enable-scale-out"
-        )
-    if status in (400, 413, 422):
-        raise RolloutRequestError(f"{where} rejected the request (HTTP {status}): {text}")
-    if status >= 500:
-        raise _ServerFailure(f"{path} answered HTTP {status}: {text}")
-    raise RolloutSetupError(f"{where}: unexpected HTTP {status}: {text}")
-
-
-def _raise_stream_error(server: ServerState, error: object) -> None:
-    """An error sent inside the stream: a 4xx code is a bad request, anything else a failing server."""
-    code = error.get("code") if isinstance(error, dict) else None
-    message = error.get("message", error) if isinstance(error, dict) else error
-    if isinstance(code, int) and 400 <= code < 500:
-        raise RolloutRequestError(
-            f"rollout server {server.url}{GENERATE_PATH} rejected the request (HTTP {code}): {str(message)[:1000]}"
-        )
-    raise _ServerFailure(f"stream error: {str(error)[:500]}")
-
-
-async def _call_loader(load: WeightLoader, address: Any) -> None:
-    """Run a weight loader for one server: awaited if a coroutine function, else in a thread
-    (and its result awaited if it is awaitable)."""
-    if inspect.iscoroutinefunction(load):
-        await load(address)
-        return
-    result = await asyncio.to_thread(load, address)
-    if inspect.isawaitable(result):
-        await result
-
-
-def _misconfigured(error: BaseException) -> bool:
-    """A server that refused the key or lacks the endpoints: no rejoin can mend it."""
-    return isinstance(error, (RolloutAuthError, RolloutSetupError))
-
-
-def rejoin_wait_s(base_s: float, attempts: int) -> float:
-    """Seconds before the next look at a server out of rotation after ``attempts`` failed looks
-    or rejoins: min(base_s * 2 ** attempts, :data:`MAX_REJOIN_WAIT_S`)."""
-    return min(base_s * 2.0 ** min(attempts, 32), MAX_REJOIN_WAIT_S)
-
-
-class RolloutClient:
+class RolloutClient(ServerRotation):
     """Generates sample groups on a pool of vLLM servers and updates their weights in place.
 
     Use as ``async with RolloutClient(servers) as client:``. Each server's engine
@@ -238,8 +84,8 @@ class RolloutClient:
             raise ValueError(f"interrupt_mode: must be one of {list(INTERRUPT_MODES)}, got {interrupt_mode!r}")
         if isinstance(initial_version, bool) or not isinstance(initial_version, int) or initial_version < 0:
             raise ValueError(f"initial_version: must be an int >= 0, got {initial_version!r}")
-        _check_positive_int("max_segments", max_segments)
-        _check_positive_int("stream_interval", stream_interval)
+        check_positive_int("max_segments", max_segments)
+        check_positive_int("stream_interval", stream_interval)
         if request_timeout_s <= 0 or control_timeout_s <= 0:
             raise ValueError(
                 f"request_timeout_s and control_timeout_s must be > 0, got {request_timeout_s}, {control_timeout_s}"
@@ -417,7 +263,7 @@ class RolloutClient:
             self._active[server.index].add(partial)
             try:
                 segment = await self._stream_segment(server, partial, options)
-            except _ServerFailure as failure:
+            except ServerFailure as failure:
                 self._take_out(server, failure.reason)
                 partial.retries += 1
                 if failure.partial is not None:
@@ -432,7 +278,7 @@ class RolloutClient:
         return partial.finish("length", time.time()), last_url
 
     async def _stream_segment(self, server: ServerState, partial: PartialSample, options: SamplingOptions) -> Segment:
-        """Stream one request; ``_ServerFailure`` (with the keepable tokens) if the server fails."""
+        """Stream one request; ``ServerFailure`` (with the keepable tokens) if the server fails."""
         http = self._client()
         body = {
             "token_ids": partial.next_prompt(),
@@ -451,13 +297,13 @@ class RolloutClient:
             ) as response:
                 if response.status_code != 200:
                     await response.aread()
-                    _raise_for_status(server, GENERATE_PATH, response)
+                    raise_for_status(server, GENERATE_PATH, response)
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[len("data: ") :])
                     if "error" in chunk:
-                        _raise_stream_error(server, chunk["error"])
+                        raise_stream_error(server, chunk["error"])
                     for choice in chunk.get("choices") or []:
                         ids = choice.get("token_ids") or []
                         content = (choice.get("logprobs") or {}).get("content") or []
@@ -471,11 +317,11 @@ class RolloutClient:
                             spans = choice.get("weight_versions")
         except httpx.TransportError as exc:
             keep = self._keepable(server, epoch, version, token_ids, logprobs)
-            raise _ServerFailure(f"connection failed: {exc!r}", keep) from None
-        except _ServerFailure as failure:
-            raise _ServerFailure(failure.reason, self._keepable(server, epoch, version, token_ids, logprobs))
+            raise ServerFailure(f"connection failed: {exc!r}", keep) from None
+        except ServerFailure as failure:
+            raise ServerFailure(failure.reason, self._keepable(server, epoch, version, token_ids, logprobs))
         if finish_reason is None:
-            raise _ServerFailure(
+            raise ServerFailure(
                 "stream ended without a finish reason", self._keepable(server, epoch, version, token_ids, logprobs)
             )
         if finish_reason not in ("stop", "length", "abort"):
@@ -551,7 +397,7 @@ class RolloutClient:
 
         async def run_loader(server: ServerState) -> None:
             begun = time.monotonic()
-            await _call_loader(load, server.address)
+            await call_loader(load, server.address)
             load_s[server.url] = time.monotonic() - begun
 
         mark = time.monotonic()
@@ -615,10 +461,10 @@ class RolloutClient:
             if not isinstance(result, BaseException):
                 kept.append(server)
                 continue
-            misconfigured = _misconfigured(result)
+            misconfigured = misconfigured(result)
             if misconfigured or not isinstance(result, Exception):
                 fatal = fatal or result
-            reason = f"{what} failed: {result}" if isinstance(result, _ServerFailure) else f"{what} failed: {result!r}"
+            reason = f"{what} failed: {result}" if isinstance(result, ServerFailure) else f"{what} failed: {result!r}"
             failed[server.url] = reason
             self._take_out(server, reason, rejoinable=not misconfigured)
             await self._release_failed(server)
@@ -631,143 +477,11 @@ class RolloutClient:
             raise fatal
         return kept
 
-    async def _release_failed(self, server: ServerState) -> None:
-        """Best effort on a server leaving rotation mid-update: abort its requests (they move
-        to other servers) and resume it; a dead server just fails both calls."""
-        for method, path, params in (("POST", "/pause", {"mode": "abort"}), ("POST", "/resume", None)):
-            try:
-                await self._control(server, method, path, params=params)
-            except Exception as exc:  # noqa: BLE001 - the server is already out; the reason is logged
-                logger.warning("rollout server %s (out of rotation): %s %s failed: %r", server.url, method, path, exc)
-                return
 
-    async def _control(self, server: ServerState, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        """One control request (pause, resume, version...); ``_ServerFailure`` if unreachable or 5xx.
 
-        Control requests are idempotent: one that got no response because the server closed
-        a pooled connection as it was sent (``RemoteProtocolError``) is sent once more on a
-        new connection.
-        """
-        for attempt in (1, 2):
-            try:
-                response = await self._client().request(
-                    method, server.url + path, headers=server.headers, timeout=self._control_timeout, **kwargs
-                )
-                break
-            except httpx.RemoteProtocolError as exc:
-                if attempt == 2:
-                    raise _ServerFailure(f"{path}: connection failed: {exc!r}") from None
-                logger.debug("rollout server %s: %s %s got no response (%r); resending", server.url, method, path, exc)
-            except httpx.TransportError as exc:
-                raise _ServerFailure(f"{path}: connection failed: {exc!r}") from None
-        _raise_for_status(server, path, response)
-        body = response.json()
-        return body if isinstance(body, dict) else {"result": body}
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            raise RuntimeError("RolloutClient is not started: use `async with RolloutClient(...)` or `await start()`")
-        return self._http
 
-    def _take_out(self, server: ServerState, reason: str, *, rejoinable: bool = True) -> None:
-        """Take ``server`` out of rotation; unless it is misconfigured (not ``rejoinable``),
-        look at it again after :func:`rejoin_wait_s` (module docstring, "Rejoin")."""
-        if server.live:
-            logger.warning("rollout server %s taken out of rotation: %s", server.url, reason)
-            server.rejoin_attempts = 0
-        self._pool.take_out(server, reason)
-        self._schedule_look(server, rejoinable=rejoinable)
 
-    def _schedule_look(self, server: ServerState, *, rejoinable: bool = True) -> None:
-        """A server out of rotation is not answering; look at it again :func:`rejoin_wait_s` of
-        its ``rejoin_attempts`` from now, or never if it is not ``rejoinable``."""
-        server.answering = False
-        server.rejoin_at = (
-            time.monotonic() + rejoin_wait_s(self._rejoin_probe_s, server.rejoin_attempts) if rejoinable else None
-        )
 
-    # ----- rejoin (module docstring) -----
 
-    async def _watch_out_of_rotation(self) -> None:
-        """Look at every server out of rotation whose ``rejoin_at`` has come, for the client's life."""
-        while True:
-            await asyncio.sleep(min(1.0, self._rejoin_probe_s))
-            now = time.monotonic()
-            due = [
-                s for s in self._pool.servers
-                if not s.live and not s.answering and s.rejoin_at is not None and s.rejoin_at <= now
-            ]  # fmt: skip
-            await asyncio.gather(*(self._look(server) for server in due))
 
-    async def _look(self, server: ServerState) -> None:
-        """One look at a server out of rotation: ``answering`` if ``GET /v1/models`` answers 200."""
-        try:
-            response = await self._client().get(
-                server.url + "/v1/models", headers=server.headers, timeout=REJOIN_LOOK_TIMEOUT_S
-            )
-            answers = response.status_code == 200
-        except httpx.HTTPError:
-            answers = False
-        if answers:
-            server.answering = True
-            logger.info("rollout server %s (out of rotation: %s) answers again; the next weight update rejoins it",
-                        server.url, server.failure)  # fmt: skip
-        else:
-            server.rejoin_attempts += 1
-            self._schedule_look(server)
-
-    async def _rejoin(self, version: int, load: WeightLoader) -> None:
-        """Bring every answering server out of rotation to ``version`` and back into rotation
-        (the caller holds the update lock; the servers in rotation already run ``version``)."""
-        answering = [s for s in self._pool.servers if not s.live and s.answering]
-        if not answering:
-            return
-
-        async def rejoin(server: ServerState) -> None:
-            reason = server.failure
-            try:
-                # Whatever it still runs was moved to other servers when it went out.
-                await self._control(server, "POST", "/pause", params=PAUSE_PARAMS["recompute"])
-                await _call_loader(load, server.address)
-                await self._control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
-                await self._control(server, "POST", "/resume")
-            except Exception as exc:  # noqa: BLE001 - it stays out; the reason is logged
-                server.rejoin_attempts += 1
-                self._schedule_look(server, rejoinable=not _misconfigured(exc))
-                logger.warning("rollout server %s did not rejoin at weight version %d: %r", server.url, version, exc)
-                await self._release_failed(server)  # not left paused by the pause above
-                return
-            server.version = version
-            self._pool.readmit(server)
-            logger.warning("rollout server %s back in rotation at weight version %d (it was out: %s)",
-                           server.url, version, reason)  # fmt: skip
-
-        await asyncio.gather(*(rejoin(server) for server in answering))
-
-    # ----- start-up checks -----
-
-    async def _probe(self, server: ServerState) -> None:
-        """Check the key (a guarded path), the dev endpoints (``/weight_info``) and the
-        generate endpoint (one 1-token request); set or adopt the weight version."""
-        try:
-            await self._control(server, "GET", "/v1/models")
-            info = await self._control(server, "GET", "/weight_info")
-            raw = info.get("weight_version")
-            if raw in (None, "default"):
-                initial = {"new_version": str(self._initial_version)}
-                await self._control(server, "POST", "/update_weight_version", json=initial)
-                server.version = self._initial_version
-            elif isinstance(raw, str) and raw.isdigit():
-                server.version = int(raw)
-            else:
-                raise RolloutSetupError(f"rollout server {server.url} reports weight version {raw!r}, not an int")
-            probe = {"token_ids": [0], "sampling_params": {"max_tokens": 1, "detokenize": False}, "stream": False}
-            try:
-                response = await self._client().post(
-                    server.url + GENERATE_PATH, json=probe, headers=server.headers, timeout=self._request_timeout
-                )
-            except httpx.TransportError as exc:
-                raise _ServerFailure(f"{GENERATE_PATH}: connection failed: {exc!r}") from None
-            _raise_for_status(server, GENERATE_PATH, response)
-        except _ServerFailure as failure:
-            self._take_out(server, f"start-up check failed: {failure.reason}")

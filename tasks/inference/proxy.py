@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from asyncrl.tasks.model.tokenizer import EOS_TOKEN, IM_END_TOKEN
-from asyncrl.tasks.inference.client import RolloutRequestError
+from asyncrl.tasks.inference.client_errors import RolloutRequestError
 from asyncrl.tasks.inference.conversation import (
     BudgetExhausted,
     ChatConversation,

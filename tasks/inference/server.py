@@ -13,17 +13,13 @@ API: ``docs/internals/inference.md``.
 
 from __future__ import annotations
 
-import errno
 import getpass
 import importlib.metadata
-import json
 import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -33,156 +29,19 @@ from types import TracebackType
 from typing import Self
 
 import httpx
-from asyncrl.tasks.system.network import is_loopback
-from asyncrl.tasks.system.process_group import check_session_nice, child_setup_hook, kill_group, read_log_tail, usable_cpus
-from asyncrl.configs.cpus import check_cpu_cores
+from asyncrl.tasks.system.process_group import child_setup_hook, kill_group, read_log_tail, usable_cpus
 from asyncrl.configs.secrets import API_KEY_ENV
-from asyncrl.tasks.inference.client import GENERATE_PATH
+from asyncrl.tasks.inference.vllm_api import GENERATE_PATH
 from asyncrl.tasks.inference.vllm_platform import FORK_ENGINE_CORE_ENV
+from asyncrl.tasks.inference.server_config import RolloutServerConfig
+from asyncrl.tasks.inference.server_errors import ForeignServerError, RolloutServerError
+from asyncrl.tasks.inference.server_ports import check_port_free, free_port, server_urls
+from asyncrl.tasks.inference.vllm_command import check_model_dir, served_name_args, served_names, server_command
 
-WORKER_EXTENSION = "asyncrl.tasks.inference.weight_sync.WeightSyncExtension"
-AUTH_MIDDLEWARE = "asyncrl.tasks.inference.auth.BearerAuthMiddleware"
 LOG_TAIL_LINES = 40
 _HEALTH_POLL_S = 0.5
 WARM_UP_TOKENS = 8
 """Decode steps of the start-up warm-up generation (:meth:`RolloutServer.is_ready`)."""
-
-
-class RolloutServerError(RuntimeError):
-    """The rollout server could not start, died, or refused a request.
-
-    ``log_tail`` holds the last lines of the server log (empty if there is none).
-    """
-
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        full = f"{message}\n--- rollout server log (last lines) ---\n{log_tail}" if log_tail else message
-        super().__init__(full)
-        self.log_tail = log_tail
-
-
-class PortInUseError(RolloutServerError):
-    """The server's fixed port is taken by another process (found before spawning)."""
-
-
-class ForeignServerError(RolloutServerError):
-    """Something answers on the server's port, but it is not the server this object started."""
-
-
-@dataclass(frozen=True)
-class RolloutServerConfig:
-    """How to start one rollout server."""
-
-    model_dir: Path
-    """HF-format model directory (config.json, *.safetensors, tokenizer files)."""
-    host: str = "127.0.0.1"
-    """Address to bind; anything but a loopback address requires ``api_key``."""
-    port: int = 0
-    """TCP port; 0 picks a free one."""
-    advertise_host: str | None = None
-    """Host name in ``handle.url`` (what clients and the registry see); None = ``host``, or
-    this machine's name (``socket.gethostname()``) when ``host`` is a wildcard address."""
-    api_key: str | None = field(default=None, repr=False)
-    """Bearer token every request but ``/health`` must carry; None = no auth (loopback only)."""
-    kv_cache_gib: float = 1.0
-    """KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``; on CPU it is integral, rounded up, >= 1)."""
-    max_model_len: int | None = None
-    """Longest prompt + output in tokens; None = the model's maximum."""
-    served_model_name: str | None = None
-    """Name requests may give as ``model``; None = ``model_dir`` as given to vLLM. The server
-    also serves ``<name>-<nonce>`` (``handle.model``), unique to each start."""
-    seed: int = 0
-    """vLLM's sampling seed (``--seed``)."""
-    enable_scale_out: bool = True
-    """Serve vLLM's token-in/token-out ``POST /inference/v1/generate`` (``--enable-scale-out``),
-    whose choices carry per-token ``weight_versions`` spans; the rollout client uses it."""
-    extra_args: tuple[str, ...] = ()
-    """Further ``api_server`` arguments, appended last."""
-    log_path: Path | None = None
-    """Server log file (stdout + stderr); None = a new temporary directory."""
-    start_timeout_s: float = 600.0
-    """Seconds :meth:`RolloutServer.wait_healthy` waits by default."""
-    stop_grace_s: float = 15.0
-    """Seconds between SIGTERM and SIGKILL in :meth:`RolloutServer.stop`."""
-    die_with_parent: bool = True
-    """Linux: the server gets SIGTERM when the *thread* that started it exits
-    (``PR_SET_PDEATHSIG``), so a killed supervisor leaves no orphaned server. Start the
-    server from a thread that outlives it (the main thread, or the supervising task)."""
-    cpu_cores: tuple[int, ...] | None = None
-    """Linux: CPU ids the server and every process it spawns (vLLM's engine core) are pinned
-    to (``sched_setaffinity`` before ``exec``); None = no pinning."""
-    tensor_parallel_size: int = 1
-    """GPUs (or CPU ranks) the model is sharded over (vLLM's ``--tensor-parallel-size``, given
-    when above 1)."""
-    cuda_visible_devices: str | None = None
-    """``CUDA_VISIBLE_DEVICES`` of the server (comma-separated GPU indices or UUIDs, at least
-    ``tensor_parallel_size`` of them); None = inherited from this process."""
-    gpu_memory_utilization: float | None = None
-    """Share of each GPU's memory vLLM may take (``--gpu-memory-utilization``), lowered when
-    other components share the GPU; None = vLLM's default."""
-    dtype: str = "float32"
-    """Parameter dtype (``--dtype``): the run's ``model.dtype``, the trainer's."""
-    enforce_eager: bool = True
-    """``--enforce-eager``: no CUDA graphs (on CPU they do not exist; on GPUs graphs are
-    captured once per start, faster generation for a slower start), and nothing else
-    compiled either: the server runs with ``TORCH_COMPILE_DISABLE=1`` (:func:`server_env`)."""
-    session_nice: int | None = None
-    """Lower CPU priority (nice 0..19) of the server's whole session, so that on a machine
-    with few cores the processes beside it (driver, trainer) are not starved by vLLM's
-    busy-polling engine (see :func:`~asyncrl.tasks.system.process_group.lower_own_session_priority`);
-    None = unchanged."""
-    worker_in_engine_process: bool = True
-    """On CPU (the ``vllm-cpu`` build) with ``tensor_parallel_size`` 1: run vLLM's model worker
-    inside its engine-core process (vLLM's ``uni`` executor, its own choice on a GPU) instead of
-    a third spawned process that imports vLLM again, a large share of every start on few cores,
-    and busy-polls a queue between the two. The worker's OpenMP threads are then the server's
-    cores less one, at least one (:func:`cpu_worker_threads`, the count vLLM's CPU binding
-    gives its worker); an ``OMP_NUM_THREADS`` in the environment wins. False = vLLM's CPU
-    default, the multiprocess executor."""
-    fork_engine_core: bool = True
-    """With the worker in the engine core (``worker_in_engine_process`` on the ``vllm-cpu``
-    build): the API server forks its engine-core process instead of spawning it as vLLM's CPU
-    platform asks (:mod:`asyncrl.tasks.inference.vllm_platform`), so the engine core does not
-    import vLLM again, a large share of every start. False = vLLM's spawn."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
-        check_session_nice(self.session_nice, "RolloutServerConfig.session_nice")
-        tp = self.tensor_parallel_size
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise ValueError(f"RolloutServerConfig.tensor_parallel_size must be an int >= 1, got {tp!r}")
-        if self.cuda_visible_devices is not None:
-            entries = self.cuda_visible_devices.split(",")
-            if any(not entry or entry != entry.strip() for entry in entries):
-                raise ValueError(
-                    "RolloutServerConfig.cuda_visible_devices must be comma-separated GPU indices or UUIDs "
-                    f"without spaces, got {self.cuda_visible_devices!r}"
-                )
-            if len(entries) < tp:
-                raise ValueError(
-                    f"RolloutServerConfig: tensor_parallel_size {tp} needs {tp} GPUs, cuda_visible_devices "
-                    f"{self.cuda_visible_devices!r} names {len(entries)}"
-                )
-        utilization = self.gpu_memory_utilization
-        if utilization is not None and not 0 < utilization <= 1:
-            raise ValueError(f"RolloutServerConfig.gpu_memory_utilization must be in (0, 1], got {utilization}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"RolloutServerConfig.port must be in [0, 65535], got {self.port}")
-        if self.kv_cache_gib <= 0:
-            raise ValueError(f"RolloutServerConfig.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"RolloutServerConfig.max_model_len must be >= 1, got {self.max_model_len}")
-        if self.start_timeout_s <= 0 or self.stop_grace_s < 0:
-            raise ValueError(
-                f"RolloutServerConfig: start_timeout_s must be > 0 and stop_grace_s >= 0, "
-                f"got {self.start_timeout_s} and {self.stop_grace_s}"
-            )
-        if self.api_key is not None and (not self.api_key or any(c.isspace() for c in self.api_key)):
-            raise ValueError("RolloutServerConfig.api_key must be a non-empty string without whitespace")
-        if self.api_key is None and not is_loopback(self.host):
-            raise ValueError(
-                f"RolloutServerConfig: host {self.host!r} is not a loopback address; "
-                "a server reachable from other machines needs api_key"
-            )
 
 
 @dataclass(frozen=True)
@@ -204,125 +63,6 @@ class RolloutServerHandle:
     def headers(self) -> dict[str, str]:
         """HTTP headers for every request: ``Authorization: Bearer <key>`` when a key is set."""
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def is_wildcard(host: str) -> bool:
-    """Whether ``host`` means every interface (``0.0.0.0``, ``::``, or empty)."""
-    return host in ("", "0.0.0.0", "::")
-
-
-def server_urls(config: RolloutServerConfig, port: int) -> tuple[str, str]:
-    """(advertised base URL, local probe URL) of a server bound to ``config.host:port``.
-
-    Health probes stay on this machine: through loopback when bound to every interface.
-    """
-    wildcard = is_wildcard(config.host)
-    advertised = config.advertise_host or (socket.gethostname() if wildcard else config.host)
-    probe = ("::1" if ":" in config.host else "127.0.0.1") if wildcard else config.host
-    return f"http://{_url_host(advertised)}:{port}", f"http://{_url_host(probe)}:{port}"
-
-
-def free_port(host: str) -> int:
-    """A TCP port that is free on ``host`` right now (the OS's pick for port 0)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raise :class:`PortInUseError` naming ``host:port`` if a process listens there now.
-
-    A bind test with ``SO_REUSEADDR`` (what the server itself binds with), so a port left in
-    TIME_WAIT by our own stopped server is free, and one with a listener is not.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    bind_host = "" if is_wildcard(host) else host
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((bind_host, port))
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise RolloutServerError(f"rollout server cannot bind {_url_host(host)}:{port}: {exc.strerror}") from None
-            raise PortInUseError(
-                f"rollout server port {port} on {host} is already in use by another process; stop that "
-                f"process (`ss -ltnp 'sport = :{port}'` shows it) or choose another port (rollout.base_port)"
-            ) from None
-
-
-def served_names(config: RolloutServerConfig, model_dir: Path, nonce: str) -> tuple[str, str]:
-    """(name unique to this start, plain name): ``<name>-<nonce>`` and ``served_model_name``
-    or the model directory."""
-    plain = config.served_model_name or str(model_dir)
-    return f"{plain}-{nonce}", plain
-
-
-def served_name_args(config: RolloutServerConfig, model_dir: Path, nonce: str) -> list[str]:
-    """``--served-model-name <name>-<nonce> <name>``: the first is the name responses carry
-    and :meth:`RolloutServer.is_ready` looks for; requests may give either. Appended after
-    ``extra_args``, so that it is the one vLLM takes."""
-    return ["--served-model-name", *served_names(config, model_dir, nonce)]
-
-
-
-def check_model_dir(model_dir: Path) -> Path:
-    """``model_dir`` resolved, if it is a directory whose ``config.json`` is a JSON object.
-
-    Raises ``FileNotFoundError`` or ``ValueError`` naming the path otherwise: these
-    mistakes are reported at once instead of after the server's slow imports.
-    """
-    resolved = Path(model_dir).expanduser().resolve()
-    if not resolved.is_dir():
-        raise FileNotFoundError(f"rollout server model directory {resolved} does not exist or is not a directory")
-    config_path = resolved / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"rollout server model directory {resolved} has no config.json")
-    try:
-        content = json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{config_path} is not valid JSON: {exc}") from None
-    if not isinstance(content, dict):
-        raise ValueError(f"{config_path} must hold a JSON object, got {type(content).__name__}")  # noqa: TRY004
-    return resolved
-
-
-def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> list[str]:
-    """The api_server command line (no secrets: the key travels in the environment), less the
-    served model names that :meth:`RolloutServer.start` appends (:func:`served_name_args`)."""
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--host",
-        config.host,
-        "--port",
-        str(port),
-        "--dtype",
-        config.dtype,
-        *(["--enforce-eager"] if config.enforce_eager else []),
-        "--seed",
-        str(config.seed),
-        "--worker-extension-cls",
-        WORKER_EXTENSION,
-    ]
-    if config.max_model_len is not None:
-        command += ["--max-model-len", str(config.max_model_len)]
-    if config.enable_scale_out:
-        command += ["--enable-scale-out"]
-    if config.api_key is not None:
-        command += ["--middleware", AUTH_MIDDLEWARE]
-    if config.tensor_parallel_size > 1:
-        command += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
-    if config.gpu_memory_utilization is not None:
-        command += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
-    return command + list(config.extra_args)
 
 
 def vllm_is_cpu_build() -> bool:

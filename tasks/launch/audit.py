@@ -33,8 +33,10 @@ from asyncrl.storage.weights import WeightStore
 # The audit checks the contracts of the scheduler (group ids, its persisted state) and of
 # the trainer (the lineage file beside each version, the staleness formula): it imports
 # their definitions rather than restating them.
-from asyncrl.tasks.scheduler.controller import filtered_groups, group_id, group_index, load_gate_state
-from asyncrl.tasks.trainer.step import sample_staleness
+from asyncrl.tasks.scheduler.filtered import filtered_groups
+from asyncrl.tasks.scheduler.gate_state import load_gate_state
+from asyncrl.tasks.scheduler.group_schedule import group_id, group_index
+from asyncrl.tasks.trainer.staleness import sample_staleness
 
 
 @dataclass(frozen=True)

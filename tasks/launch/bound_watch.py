@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from asyncrl.storage.fs import RunRoot
-from asyncrl.tasks.scheduler.controller import load_adaptive_state
+from asyncrl.tasks.scheduler.gate_state import load_adaptive_state
 
 LOG = logging.getLogger("asyncrl.run.staleness")
 METRIC = "scheduler/effective_eta"

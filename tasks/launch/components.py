@@ -28,7 +28,8 @@ from asyncrl.tasks.system.process_group import group_alive, kill_group, read_log
 from asyncrl.tasks.reward.service_registry import TOKEN_ENV, read_reward_service
 from asyncrl.tasks.reward.server import MODULE as REWARD_MODULE
 from asyncrl.tasks.inference.server_registry import register_server, unregister_server
-from asyncrl.tasks.inference.server import RolloutServer, RolloutServerConfig, RolloutServerHandle
+from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
+from asyncrl.tasks.inference.server_config import RolloutServerConfig
 from asyncrl.tasks.inference.weight_sync import set_server_weight_version
 from asyncrl.tasks.launch.components_setup import server_config, serving_weights
 from asyncrl.tasks.system.run_paths import RunPaths
@@ -216,7 +217,7 @@ class RolloutComponent:
 
     def ready(self) -> bool:
         """Registered; once up (healthy and serving this start's model name: a foreign
-        process on the port raises :class:`~asyncrl.tasks.inference.server.ForeignServerError`),
+        process on the port raises :class:`~asyncrl.tasks.inference.server_errors.ForeignServerError`),
         labels the server with its version and registers it."""
         if self.registered or self.server is None or not self.server.is_ready():
             return self.registered

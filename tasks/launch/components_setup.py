@@ -12,7 +12,7 @@ from pathlib import Path
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.inference.server import RolloutServerConfig
+from asyncrl.tasks.inference.server_config import RolloutServerConfig
 from asyncrl.tasks.inference.weight_sync import fetch_weight_version
 from asyncrl.tasks.launch.devices import (
     DevicePlacement,

@@ -25,7 +25,6 @@ from asyncrl.configs.secrets import strip_uri_password
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot
 from asyncrl.tasks.tracking.mlflow_run import RunLineage
-from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
 
 
 TRAJECTORY_KEYS: tuple[str, ...] = (
@@ -158,10 +157,24 @@ def check_run_root(config: RunConfig, root: RunRoot, existing: Mapping[str, Any]
         )
 
 
+def require_store_credentials(config: RunConfig) -> None:
+    """A config naming ``storage.credentials_block`` needs that Prefect Secret block loaded into
+    this process's environment first, which only the flows do
+    (:func:`asyncrl.flows.prefect_api.credentials.apply_storage_credentials`); anywhere else
+    the store's credentials must already be in the environment. ``ValueError`` naming the field
+    otherwise, before the store is touched."""
+    block = config.storage.credentials_block
+    if block is not None and not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
+        raise ValueError(
+            f"storage.credentials_block: the Prefect Secret block {block!r} is loaded by the flows only "
+            "(asyncrl run, a deployment); here set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment"
+        )
+
+
 def check_resumable(config: RunConfig) -> None:
     """Before anything starts: raise as :func:`prepare_run` would for a run root started with
-    another config. Reads only (and loads the store's credentials block, if named)."""
-    apply_storage_credentials(config.storage)
+    another config. Reads only."""
+    require_store_credentials(config)
     root = run_paths(config).root
     existing = read_run_root_config(root)
     if existing is not None:
@@ -186,15 +199,15 @@ def _write_private_config(path: Path, full: dict[str, Any]) -> None:
 
 
 def prepare_run(config: RunConfig) -> RunPaths:
-    """Load the store's credentials block into this process's environment (if the config
-    names one: the processes the run starts inherit it), open the root, write `config.yaml`
+    """Open the root (the store's credentials in the environment: :func:`require_store_credentials`;
+    the processes the run starts inherit them), write `config.yaml`
     once (a restarted run must keep its config), and write the private config for child
     processes.
 
     A run root frozen with another run's name or other trajectory settings
     (:data:`TRAJECTORY_KEYS`) is refused (:class:`RunRootMismatchError`, naming each differing
     key with both values) before anything is written."""
-    apply_storage_credentials(config.storage)
+    require_store_credentials(config)
     run = run_paths(config)
     root = run.root
     existing = read_run_root_config(root)

@@ -1,6 +1,7 @@
-"""Progress a person can follow: each pipeline stage reports what it has done to a Prefect
-progress artifact (``<run>-<stage>-progress``) and to ``progress.json`` in the run's work
-directory, which `asyncrl run` shows live (:mod:`asyncrl.cli.progress`)."""
+"""Progress a person can follow: each pipeline stage reports what it has done to
+``progress.json`` in the run's work directory, which `asyncrl run` shows live
+(:mod:`asyncrl.cli.progress`) and the pipeline flow mirrors into a Prefect progress artifact
+per stage (:func:`asyncrl.flows.prefect_api.artifacts.stage_progress_artifact`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PROGRESS_FILE = "progress.json"
-ARTIFACT_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,11 @@ class StageState:
     state: str
     """running, done, cached or failed."""
     updated: float
+
+    @property
+    def percent(self) -> float:
+        """done / total in percent, at most 100."""
+        return min(100.0, 100.0 * self.done / max(self.total, 1))
 
 
 def read_progress(work_dir: Path) -> dict[str, StageState]:
@@ -40,26 +45,17 @@ def clear_progress(work_dir: Path) -> None:
 
 
 class StageProgress:
-    """One stage's progress (see the module docstring); the Prefect artifact is made only
-    inside a flow or task run and updated at most every ``ARTIFACT_EVERY_S`` seconds."""
+    """One stage's progress, written to ``progress.json`` at each update."""
 
-    def __init__(self, work_dir: Path, run_name: str, stage: str, total: int, unit: str, artifact: bool = True) -> None:
+    def __init__(self, work_dir: Path, stage: str, total: int, unit: str) -> None:
         self.work_dir = work_dir
         self.stage = stage
         self.total = max(total, 1)
         self.unit = unit
-        self._artifact = _progress_artifact(run_name, stage, total, unit) if artifact else None
-        self._artifact_at = 0.0
         self.update(0, "starting")
 
     def update(self, done: int, detail: str = "", state: str = "running") -> None:
         self._write(StageState(self.stage, done, self.total, self.unit, detail, state, time.time()))
-        now = time.monotonic()
-        if self._artifact is not None and (state != "running" or now - self._artifact_at >= ARTIFACT_EVERY_S):
-            from prefect.artifacts import update_progress_artifact
-
-            update_progress_artifact(self._artifact, progress=min(100.0, 100.0 * done / self.total))
-            self._artifact_at = now
 
     def finish(self, detail: str = "", state: str = "done") -> None:
         self.update(self.total, detail, state)
@@ -72,16 +68,3 @@ class StageProgress:
         tmp.write_text(json.dumps(stages))
         tmp.replace(self.work_dir / PROGRESS_FILE)
 
-
-def _progress_artifact(run_name: str, stage: str, total: int, unit: str) -> object | None:
-    from prefect.artifacts import create_progress_artifact
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    if FlowRunContext.get() is None and TaskRunContext.get() is None:
-        return None
-    from asyncrl.flows.prefect_api.artifacts import artifact_key
-
-    return create_progress_artifact(
-        progress=0.0, key=artifact_key(run_name, f"{stage}-progress"),
-        description=f"{stage} of run {run_name}: {total} {unit}",
-    )  # fmt: skip

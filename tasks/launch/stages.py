@@ -25,10 +25,12 @@ from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.launch.devices import detect_machine, trainer_placement
 from asyncrl.tasks.evaluator.held_out import EvalResult, held_out_task
 from asyncrl.tasks.tracking.lineage_recorder import file_ref
+from asyncrl.tasks.launch.components import trainer_component
 from asyncrl.tasks.launch.progress import StageProgress
+from asyncrl.tasks.launch.supervisor import RestartPolicy, supervise
 from asyncrl.tasks.launch.stage_cache import content_digest, stage_key
 from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
-from asyncrl.tasks.trainer.process import TrainerLaunch, supervise_trainer
+from asyncrl.tasks.trainer.process import TrainerLaunch
 
 SFT_RECORD = "stages/sft.json"
 """In the run root: the identity of the warm start its weights came from (its key without the
@@ -99,7 +101,7 @@ def prepare_data(config: RunConfig) -> dict[str, str]:
             if data.sft_path and sft:
                 solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed)
                 write_problems(Path(data.sft_path), sft, solutions=solutions)
-    progress = StageProgress(config.run_work_dir, config.name, "prepare-data", len(data_files(config)), "files")
+    progress = StageProgress(config.run_work_dir, "prepare-data", len(data_files(config)), "files")
     rows = 0
     for index, path in enumerate(data_files(config), start=1):
         rows += len(load_prompts(path))  # a malformed file fails here, naming file, row and field
@@ -120,7 +122,7 @@ def model_present(config: RunConfig) -> bool:
 
 def init_model(config: RunConfig) -> str:
     """Write the tiny Qwen2 model at ``model.path`` unless one is there; its content digest."""
-    progress = StageProgress(config.run_work_dir, config.name, "init-model", 1, "model")
+    progress = StageProgress(config.run_work_dir, "init-model", 1, "model")
     present = model_present(config)
     if not present:
         from asyncrl.tasks.model.tiny import write_tiny_model
@@ -180,7 +182,7 @@ def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
     record = read_sft_record(run_paths)
     if sft_present(config, run_paths):
         version = int(record["version"])  # type: ignore[index] - present means recorded
-        progress = StageProgress(run_paths.work_dir, config.name, "sft", 1, "stage")
+        progress = StageProgress(run_paths.work_dir, "sft", 1, "stage")
         progress.finish(f"the run root holds this warm start as weight version {version}")
         return version
     if store.latest() is not None:
@@ -202,7 +204,7 @@ def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
         env=dict(placement.env),
     )
     launch.metrics_file.unlink(missing_ok=True)  # type: ignore[union-attr] - set just above
-    progress = StageProgress(run_paths.work_dir, config.name, "sft", config.pipeline.sft_steps, "steps")
+    progress = StageProgress(run_paths.work_dir, "sft", config.pipeline.sft_steps, "steps")
     run_with_metrics(launch, lambda step, m: progress.update(step, f"loss {m.get('sft_loss', m.get('loss', 0.0)):.4f}"))
     version = store.latest()
     if version is None:
@@ -213,14 +215,18 @@ def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
 
 
 def run_with_metrics(launch: TrainerLaunch, on_step: Any, poll_s: float = 1.0) -> None:  # noqa: ANN401 - callback
-    """Run the trainer process to its end while following its metrics file: ``on_step(step,
-    metrics)`` per new line. Its errors are raised here; its process group is always killed."""
+    """Run the trainer process to its end under the one supervisor (no restart: a failed stage
+    is retried as a whole, by its Prefect task) while following its metrics file:
+    ``on_step(step, metrics)`` per new line. A failure raises
+    :class:`~asyncrl.tasks.launch.supervisor.ComponentFailed` here, with the log's last lines;
+    the process group is always killed."""
     stop = threading.Event()
     errors: list[BaseException] = []
+    policy = RestartPolicy(max_restarts=0)
 
     def run() -> None:
         try:
-            supervise_trainer(launch, stop=stop)
+            supervise(trainer_component(launch), stop, policy)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(exc)
 
@@ -289,7 +295,7 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     task = held_out_task(config, first, config.pipeline.eval_prompts, config.pipeline.eval_samples)
     # Rollout server 0's devices, dtype and parallelism, on a port of its own.
     eval_server = replace(server_config(config, run_paths, first, 0), port=0, log_path=run_paths.log("eval-server.log"))
-    progress = StageProgress(run_paths.work_dir, config.name, "evaluate", len(task.prompts) * len(versions), "prompts")
+    progress = StageProgress(run_paths.work_dir, "evaluate", len(task.prompts) * len(versions), "prompts")
     done = [0]
 
     def prompt_done() -> None:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
-from asyncrl.tasks.reward.sandbox import RunOutcome, Sandbox, SandboxFile, SandboxUnavailable
+from asyncrl.tasks.reward.sandbox import Sandbox
+from asyncrl.tasks.reward.sandbox_outcome import RunOutcome, SandboxFile, SandboxUnavailable
 from asyncrl.tasks.reward.types import CallCase, CodeTests, Reason, RewardResult, StdioCase, TestOutcome, failure
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)

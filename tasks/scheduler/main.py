@@ -33,12 +33,14 @@ from asyncrl.configs.loading import ConfigError, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.system.run_paths import run_paths as run_paths_of
-from asyncrl.tasks.scheduler.controller import load_gate_state, written_group_indices
+from asyncrl.tasks.scheduler.written_index import written_group_indices
+from asyncrl.tasks.scheduler.gate_state import load_gate_state
 from asyncrl.tasks.scheduler.setup import HFCodec, load_codec, run_scheduler
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.data.loader import PromptRecord, load_prompts
+from asyncrl.tasks.data.loader import load_prompts
+from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.inference.server_registry import list_servers
 from asyncrl.tasks.inference.routing import NoLiveServerError
 from asyncrl.tasks.inference.server import RolloutServerHandle

@@ -13,7 +13,7 @@ from asyncrl.configs.episode import EpisodeConfig
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.agent.episode import load_episode
 from asyncrl.tasks.agent.runner import EpisodeRunner
-from asyncrl.tasks.data.loader import PromptRecord
+from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.tasks.inference.proxy import RecordingProxy
@@ -21,7 +21,10 @@ from asyncrl.tasks.inference.server import RolloutServerHandle
 from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
 from asyncrl.tasks.model.checks import require_model_dir
 from asyncrl.tasks.reward.remote import RemoteRewardScorer
-from asyncrl.tasks.scheduler.controller import ControllerSettings, ControllerStats, PromptSchedule, RolloutController
+from asyncrl.tasks.scheduler.controller import RolloutController
+from asyncrl.tasks.scheduler.controller_stats import ControllerStats
+from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
+from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
 from asyncrl.tasks.system.run_paths import RunPaths
 
 

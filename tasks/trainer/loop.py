@@ -8,7 +8,7 @@ the run root; all ranks train the same input. A restart loads the newest complet
 c and rolls back the ledger after c.step; versions published since are kept and labels go
 on from the latest, so versions stay strictly increasing while labels may run ahead of
 updates. So staleness counts the updates a version's lineage records
-(:func:`asyncrl.tasks.trainer.step.sample_staleness`), never label differences. Step by step
+(:func:`asyncrl.tasks.trainer.staleness.sample_staleness`), never label differences. Step by step
 and resume: ``docs/internals/trainer.md``.
 """
 
@@ -41,7 +41,9 @@ from asyncrl.tasks.trainer.engine import TrainEngine, save_hf_weights
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
 from asyncrl.tasks.trainer.metrics import MetricsSink
 from asyncrl.tasks.trainer.retention import prune_after_publish
-from asyncrl.tasks.trainer.step import RLSettings, UpdateCount, run_rl_step, sample_staleness
+from asyncrl.tasks.trainer.step import run_rl_step
+from asyncrl.tasks.trainer.staleness import UpdateCount, sample_staleness
+from asyncrl.tasks.trainer.rl_settings import RLSettings
 
 logger = logging.getLogger(__name__)
 

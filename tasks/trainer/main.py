@@ -130,7 +130,7 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
     from asyncrl.storage.fs import open_root
     from asyncrl.tasks.trainer.loop import LoopSettings, RLTrainer
     from asyncrl.tasks.trainer.metrics import FanoutSink, JsonlMetricsSink
-    from asyncrl.tasks.trainer.step import RLSettings
+    from asyncrl.tasks.trainer.rl_settings import RLSettings
 
     root = open_root(config.storage.root, config.storage.options)
     model_dir, _ = node_model_dir(root, config.model.path, work_dir)

@@ -1,11 +1,10 @@
-"""The trainer as an OS process group: its command line, its start, and a supervisor.
+"""The trainer as an OS process group: its command line and its start.
 
 The trainer (``python -m asyncrl.tasks.trainer.main``, or ``torchrun`` with one process
-per device) runs in its own session, so the whole group can be signalled at once. The
-supervisor waits for it; if the supervisor is interrupted (flow cancelled, task failed,
-``stop`` set) it kills the group: SIGTERM, then SIGKILL after a grace period. On Linux
-the trainer also gets SIGKILL if the supervising thread dies without cleaning up
-(``PR_SET_PDEATHSIG``), so no trainer outlives a killed supervisor.
+per device) runs in its own session, so the whole group can be signalled at once; the one
+supervisor (:mod:`asyncrl.tasks.launch.supervisor`) runs it for RL and for the SFT warm start
+alike. On Linux the trainer also gets SIGKILL if the thread that started it dies without
+cleaning up (``PR_SET_PDEATHSIG``), so no trainer outlives a killed supervisor.
 """
 
 from __future__ import annotations
@@ -13,13 +12,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl.tasks.system.process_group import group_alive, kill_group, read_log_tail, spawn_session
+from asyncrl.tasks.system.process_group import spawn_session
 from asyncrl.configs.cpus import check_cpu_cores
 
 MODULE = "asyncrl.tasks.trainer.main"
@@ -27,19 +24,6 @@ MODULE = "asyncrl.tasks.trainer.main"
 # process, e.g. a test) must not leak: the trainer picks its own port and ranks.
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 LOG_TAIL_LINES = 30
-
-
-class TrainerProcessError(RuntimeError):
-    """The trainer process exited with a failure status; the message carries its log tail."""
-
-    def __init__(self, returncode: int, log_tail: str) -> None:
-        super().__init__(f"trainer exited with status {returncode}\n--- trainer log (last lines) ---\n{log_tail}")
-        self.returncode = returncode
-        self.log_tail = log_tail
-
-
-class TrainerCancelled(RuntimeError):
-    """The supervisor was asked to stop; the trainer's process group was killed."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +47,6 @@ class TrainerLaunch:
     """``host:port`` of torchrun's c10d rendezvous (``nnodes`` > 1)."""
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
-    stop_grace_s: float = 10.0
     cpu_cores: tuple[int, ...] | None = None
     """Linux: CPU ids the trainer and its workers are pinned to (``sched_setaffinity`` before
     ``exec``); None = no pinning."""
@@ -132,26 +115,3 @@ def start_trainer(launch: TrainerLaunch) -> subprocess.Popen[bytes]:
     return spawn_session(trainer_command(launch), launch.log_path, env=trainer_env(launch), cores=launch.cpu_cores)
 
 
-def supervise_trainer(launch: TrainerLaunch, stop: threading.Event | None = None, poll_s: float = 0.5) -> int:
-    """Run the trainer to completion; return 0, or raise.
-
-    :class:`TrainerProcessError` (with the log tail) for a failure status;
-    :class:`TrainerCancelled` when ``stop`` is set. Any exit from here, including an
-    exception raised into this thread, kills the process group first.
-    """
-    process = start_trainer(launch)
-    try:
-        while True:
-            code = process.poll()
-            if code is not None:
-                break
-            if stop is not None and stop.wait(poll_s):
-                raise TrainerCancelled(f"trainer (pid {process.pid}) stopped on request")
-            if stop is None:
-                time.sleep(poll_s)
-    finally:
-        if process.poll() is None or group_alive(process.pid):
-            kill_group(process, launch.stop_grace_s)
-    if code != 0:
-        raise TrainerProcessError(code, read_log_tail(launch.log_path, LOG_TAIL_LINES))
-    return 0

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.tasks.data.loader import CODE_TASK, PromptRecord
+from asyncrl.tasks.data.records import CODE_TASK, PromptRecord
 from asyncrl.tasks.data.prompting import PromptFormat, render_prompt
 from asyncrl.tasks.data.synthetic import format_final_answer
 from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch

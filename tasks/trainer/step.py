@@ -1,284 +1,43 @@
 """One decoupled-PPO training step over B prompt groups (AReaL, arXiv 2505.24298).
 
-Phases: (1) group advantages from the rewards (:func:`group_advantages`), over the whole
-group before any stale sample is dropped; (2) staleness per sample in training steps,
-s = max(0, U_trainer - min_t U(v_t)) over its model tokens (:func:`sample_staleness`), samples
-with s > max_staleness dropped; (3) log pi_prox with the step-start parameters, and the
-mismatch figures (:func:`step_mismatch`), from the update's own forward pass when
-:func:`reuses_update_forward` holds; (4) per mini-batch, micro-batches normalised by its
+Phases: (1) group advantages from the rewards (:func:`group_advantages`), over the whole group
+before any stale sample is dropped; (2) staleness per sample in training steps,
+s = max(0, U_trainer - min_t U(v_t)) over its model tokens
+(:func:`~asyncrl.tasks.trainer.staleness.sample_staleness`), samples with s > max_staleness
+dropped; (3) log pi_prox with the step-start parameters, and the mismatch figures
+(:func:`~asyncrl.tasks.trainer.step_figures.step_mismatch`), from the update's own forward pass
+when :func:`reuses_update_forward` holds; (4) per mini-batch, micro-batches normalised by its
 trained-token count N, one optimizer update. Gradient flows only through log pi_theta;
-environment tokens are context, never trained. With W ranks each trains a token-balanced
-share, N summed and the loss times W: the one-rank update. See ``docs/internals/trainer.md``.
+environment tokens are context, never trained. With W ranks each trains a token-balanced share,
+N summed and the loss times W: the one-rank update. See ``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from asyncrl.configs.trainer import TrainerConfig
 from asyncrl.storage.schema import Sample
-from asyncrl.tasks.algo.advantages import AdvantageMethod, group_advantages
+from asyncrl.tasks.algo.advantages import group_advantages
 from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch
-from asyncrl.tasks.trainer.data_parallel import all_gather_objects, all_reduce_floats, balanced_partition
+from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_partition
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
-from asyncrl.tasks.algo.corrections import BehavCapMode, BehavWeightLevel, sequence_index
+from asyncrl.tasks.algo.corrections import sequence_index
 from asyncrl.tasks.algo.loss import decoupled_ppo_loss
-from asyncrl.tasks.algo.mismatch import all_gather_mismatch, local_mismatch
 from asyncrl.tasks.algo.packing import get_packer
-from asyncrl.tasks.reward.pass_at_k import task_figures
+from asyncrl.tasks.trainer.rl_settings import RLSettings
+from asyncrl.tasks.trainer.staleness import UpdateCount, labels_as_updates, sample_staleness, update_lag
+from asyncrl.tasks.trainer.step_data import PreparedStep, TrainItem
+from asyncrl.tasks.trainer.step_figures import RLStepResult, UpdateStats, all_reduce_step_figures, step_mismatch
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RLSettings:
-    """The trainer-config fields one RL step uses."""
-
-    objective: Literal["decoupled", "standard"] = "decoupled"
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
-    behav_weight_cap: float | None = 5.0
-    behav_cap_mode: BehavCapMode = "mask"
-    behav_weight_floor: float | None = None
-    behav_weight_level: BehavWeightLevel = "token"
-    advantage: AdvantageMethod = "grpo"
-    mini_batches: int = 1
-    micro_batch_tokens: int = 4096
-    packer: str = "ffd"
-    max_staleness: int | None = None
-    """Drop samples with staleness above this; None keeps all."""
-    pass_k: tuple[int, ...] = ()
-    """k values of the per-task pass@k metrics (pass@1 is always reported)."""
-
-    @staticmethod
-    def from_config(trainer: TrainerConfig, max_staleness: int | None, pass_k: Sequence[int] = ()) -> RLSettings:
-        return RLSettings(
-            objective=trainer.objective,
-            eps_clip=trainer.eps_clip,
-            eps_clip_high=trainer.eps_clip_high,
-            behav_weight_cap=trainer.behav_weight_cap,
-            behav_cap_mode=trainer.behav_cap_mode,
-            behav_weight_floor=trainer.behav_weight_floor,
-            behav_weight_level=trainer.behav_weight_level,
-            advantage=trainer.advantage,
-            mini_batches=trainer.mini_batches,
-            micro_batch_tokens=trainer.micro_batch_tokens,
-            packer=trainer.packer,
-            max_staleness=max_staleness,
-            pass_k=tuple(pass_k),
-        )
-
-
-@dataclass(frozen=True)
-class TrainItem:
-    """One kept sample, ready to train on."""
-
-    sequence: TokenSequence
-    logp_behav: torch.Tensor  # (M,) float32, M = sequence.trained_count (model tokens only)
-    advantage: float
-    group: int
-    """Index of its group in the step (mini-batches split by group)."""
-    token_lag: tuple[int, ...] = ()
-    """Per trained (model) token t, U_trainer - U(v_t): how many training steps the weights that
-    sampled it lag the trainer's (0: the trainer's current weights; negative: a branch a
-    rollback discarded); empty when unknown (then the mismatch figures skip the sample)."""
-
-
-@dataclass(frozen=True)
-class PreparedStep:
-    """Kept samples with advantages, and what was measured and dropped."""
-
-    items: tuple[TrainItem, ...]
-    staleness: tuple[int, ...]
-    """Per sample of the step (dropped ones included), in input order."""
-    rewards: tuple[float, ...]
-    advantages: tuple[float, ...]
-    """Per sample of the step (dropped ones included)."""
-    dropped_stale: int
-    num_groups: int
-    clamped: int = 0
-    group_rewards: tuple[tuple[str, tuple[float, ...]], ...] = ()
-    """(task, rewards of its samples) per group, dropped samples included: the per-task figures."""
-    """Samples whose update lag was negative, counted as staleness 0 (see :func:`sample_staleness`)."""
-
-
-@dataclass
-class UpdateStats:
-    """Token-weighted sums over the micro-batches of one or more updates (see :meth:`means`)."""
-
-    loss: float = 0.0
-    updates: int = 0
-    tokens: int = 0
-    active: int = 0
-    clipped: float = 0.0
-    behav_weight_sum: float = 0.0
-    behav_weight_max: float = 0.0
-    capped: float = 0.0
-    kl_sum: float = 0.0
-    grad_norms: list[float] = field(default_factory=list)
-    fillers: int = 0
-    """Zero-weighted micro-batches this rank ran to keep in step with a rank that had more."""
-
-    def add_micro(self, loss: float, stats: dict[str, float]) -> None:
-        n_tokens, n_active = int(stats["n_tokens"]), int(stats["n_active"])
-        self.loss += loss
-        self.tokens += n_tokens
-        self.active += n_active
-        self.clipped += stats["clip_fraction"] * n_active
-        self.behav_weight_sum += stats["behav_weight_mean"] * n_tokens
-        self.behav_weight_max = max(self.behav_weight_max, stats["behav_weight_max"])
-        self.capped += stats["behav_capped_fraction"] * n_tokens
-        self.kl_sum += stats["approx_kl"] * n_tokens
-
-    def means(self) -> dict[str, float]:
-        """loss = mean over updates of the mini-batch loss; clip fraction over contributing
-        tokens, behaviour-weight stats and KL over loss tokens; grad_norm = the largest of
-        the updates' global gradient norms (NaN where DeepSpeed reports none, e.g. ZeRO 0)."""
-        tokens, active = max(self.tokens, 1), max(self.active, 1)
-        norms = [n for n in self.grad_norms if n is not None and math.isfinite(n)]
-        return {
-            "loss": self.loss / max(self.updates, 1),
-            "clip_fraction": self.clipped / active,
-            "behav_weight_mean": self.behav_weight_sum / tokens,
-            "behav_weight_max": self.behav_weight_max,
-            "behav_capped_fraction": self.capped / tokens,
-            "approx_kl": self.kl_sum / tokens,
-            "grad_norm": max(norms) if norms else math.nan,  # NaN: DeepSpeed reported none
-            "optimizer_updates": float(self.updates),
-        }
-
-
-@dataclass(frozen=True)
-class RLStepResult:
-    """What one step did, as plain numbers (see :meth:`metrics`)."""
-
-    prepared: PreparedStep
-    update: UpdateStats
-    sequence_tokens: int
-    """Every token of the trained sequences: prompt, model and environment tokens."""
-    output_tokens: int
-    """Trained output tokens: those the model sampled."""
-    micro_batches: int
-    packing_efficiency: float
-    proximal_time_s: float
-    """The separate proximal pass (0 when the step took log pi_prox from its update's
-    forward pass: :func:`reuses_update_forward`)."""
-    update_time_s: float
-    rank_token_imbalance: float = 1.0
-    """Largest rank's sequence tokens over the mean over ranks (1.0: perfectly even, or one rank)."""
-    mismatch: dict[str, float] = field(default_factory=dict)
-    """The step's ``mismatch/*`` metrics over all ranks (:func:`step_mismatch`; empty for the
-    standard objective, which computes no proximal log-probs)."""
-    context_tokens: int = 0
-    """Output tokens inserted by an environment (multi-turn samples): attended to, not trained.
-    sequence_tokens = prompt tokens + output_tokens + context_tokens."""
-
-    def metrics(self, pass_k: Sequence[int] = ()) -> dict[str, float]:
-        """Flat metrics of the step: loss, rewards, advantages, clipping, behaviour weights,
-        staleness distribution (``staleness/count_<s>``), token counts (``sequence_tokens`` =
-        prompt + ``output_tokens`` (trained) + ``context_tokens`` (environment output tokens,
-        not trained)), throughput, packing efficiency,
-        train/inference mismatch (``mismatch/*``, :mod:`~asyncrl.tasks.algo.mismatch`), and
-        per task the mean reward, pass@1 and pass@k of the step's groups (:func:`task_figures`)."""
-        prepared = self.prepared
-        compute_time = self.proximal_time_s + self.update_time_s
-        out = {
-            **self.update.means(),
-            **_describe("reward", prepared.rewards),
-            **_describe("advantage", prepared.advantages),
-            **_describe("staleness", [float(s) for s in prepared.staleness]),
-            "dropped_stale": float(prepared.dropped_stale),
-            "staleness_clamped": float(prepared.clamped),
-            "groups": float(prepared.num_groups),
-            "samples": float(len(prepared.staleness)),
-            "trained_samples": float(len(prepared.items)),
-            "sequence_tokens": float(self.sequence_tokens),
-            "output_tokens": float(self.output_tokens),
-            "context_tokens": float(self.context_tokens),
-            "micro_batches": float(self.micro_batches),
-            "filler_micro_batches": float(self.update.fillers),
-            "packing_efficiency": self.packing_efficiency,
-            "rank_token_imbalance": self.rank_token_imbalance,
-            "proximal_time_s": self.proximal_time_s,
-            "update_time_s": self.update_time_s,
-            "tokens_per_s": self.sequence_tokens / compute_time if compute_time > 0 else 0.0,
-            **task_figures(prepared.group_rewards, pass_k),
-            **self.mismatch,
-        }
-        for staleness, count in sorted(Counter(prepared.staleness).items()):
-            out[f"staleness/count_{staleness}"] = float(count)
-        return out
-
-
-def _describe(name: str, values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {f"{name}_mean": 0.0, f"{name}_std": 0.0, f"{name}_min": 0.0, f"{name}_max": 0.0}
-    mean = sum(values) / len(values)
-    var = sum((v - mean) ** 2 for v in values) / len(values)
-    return {f"{name}_mean": mean, f"{name}_std": math.sqrt(var), f"{name}_min": min(values), f"{name}_max": max(values)}
-
-
-UpdateCount = Callable[[int], int]
-"""Weight version label -> U(version), the training steps those weights received
-(:class:`asyncrl.storage.weight_lineage.VersionUpdates` reads it from the lineage files)."""
-
-
-def labels_as_updates(version: int) -> int:
-    """U(v) = v: the update count of a run that never rolled back, whose version labels
-    count its steps (what :func:`sample_staleness` assumes when given no lineage)."""
-    return version
-
-
-def update_lag(sample: Sample, trainer_updates: int, updates_of: UpdateCount = labels_as_updates) -> int:
-    """U_trainer - min over the sample's model tokens t of U(v_t), unclamped (see
-    :func:`sample_staleness`; environment tokens of a multi-turn sample are left out)."""
-    return trainer_updates - min(updates_of(v) for v in set(sample.model_values(sample.token_versions)))
-
-
-def sample_staleness(sample: Sample, trainer_updates: int, updates_of: UpdateCount = labels_as_updates) -> int:
-    """Staleness of one sample in training steps::
-
-        s = max(0, U_trainer - min_t U(v_t))
-
-    - U_trainer = ``trainer_updates``: training steps the trainer's current weights have
-      received, i.e. its step count before this update (after a restart: the checkpoint's
-      step plus the steps done since). It is not the trainer's version label, which after
-      a rollback is ahead of its updates by the steps the killed trainer published after
-      the checkpoint.
-    - U(v) = ``updates_of(v)``: training steps the weights of version v received, the
-      ``step`` of v's lineage (:func:`asyncrl.storage.weight_lineage.lineage_updates`).
-      A version published by a trainer killed after its last checkpoint keeps its step:
-      its branch no longer exists, but its tokens were sampled by weights with that many
-      updates and their behaviour log-probs are recorded, so they are valid behaviour data.
-    - min over the model tokens t (the output tokens the model sampled; an environment
-      token of a multi-turn sample was sampled by no weights): the token sampled by the
-      weights with the fewest updates lags the most. Without a rollback U grows with the label, so this is the
-      oldest token and s = trainer version - min(token_versions) as in AReaL; after a
-      rollback a newer label can hold fewer updates (resumed from checkpoint step c, the
-      trainer's first new version has c+1 updates, the killed trainer's last one k > c+1),
-      so the label order no longer tells which token lags.
-
-    Why the clamp: the difference is negative only when every token of the sample was
-    sampled by weights with more updates than the trainer's, which happens only on a branch
-    a rollback discarded (or with mislabelled data, which the run audit checks by label).
-    Such a sample does not lag the trainer: max_staleness bounds how many updates behind
-    the trainer's weights (pi_prox) the behaviour policy may be, and decoupled PPO corrects
-    for whatever pi_prox / pi_behav these tokens have (capped or masked above
-    ``behav_weight_cap``). So it counts as staleness 0, not as a negative value that would
-    sit below every real lag in the staleness figures; :func:`prepare_step` counts such
-    samples (metric ``staleness_clamped``) and logs them.
-    """
-    return max(0, update_lag(sample, trainer_updates, updates_of))
 
 
 def prepare_step(
@@ -287,8 +46,9 @@ def prepare_step(
     trainer_updates: int,
     updates_of: UpdateCount = labels_as_updates,
 ) -> PreparedStep:
-    """Advantages per group, staleness per sample (:func:`sample_staleness` with the
-    trainer's step count ``trainer_updates``), and the kept samples (phases 1 and 2).
+    """Advantages per group, staleness per sample
+    (:func:`~asyncrl.tasks.trainer.staleness.sample_staleness` with the trainer's step count
+    ``trainer_updates``), and the kept samples (phases 1 and 2).
 
     Each kept sample's per-token arrays hold its model tokens only (environment tokens of
     a multi-turn sample are marked untrained in its :class:`TokenSequence`):
@@ -531,11 +291,11 @@ def run_rl_step(
     updates_of: UpdateCount = labels_as_updates,
 ) -> RLStepResult:
     """Train on ``groups`` (one step: proximal recompute, then one update per mini-batch);
-    ``trainer_updates`` and ``updates_of`` measure staleness (:func:`sample_staleness`).
+    ``trainer_updates`` and ``updates_of`` measure staleness (:func:`~asyncrl.tasks.trainer.staleness.sample_staleness`).
 
     Collective with several ranks: every rank passes the same ``groups`` and trains its
     share of each mini-batch (:func:`rank_shares`); the result describes the whole step
-    on every rank (:func:`all_reduce_step_figures`)."""
+    on every rank (:func:`~asyncrl.tasks.trainer.step_figures.all_reduce_step_figures`)."""
     prepared = prepare_step(groups, settings, trainer_updates, updates_of)
     items = prepared.items
     rank, world = engine.rank, engine.world_size
@@ -586,75 +346,6 @@ def run_rl_step(
         context_tokens=context_tokens,
     )
     return all_reduce_step_figures(local, settings.micro_batch_tokens)
-
-
-def step_mismatch(items: Sequence[TrainItem], proximal: dict[int, torch.Tensor]) -> dict[str, float]:
-    """The step's ``mismatch/*`` metrics (:mod:`~asyncrl.tasks.algo.mismatch`) from the
-    proximal log-probs of this rank's items (keys of ``proximal``; log p_trainer) and their
-    behaviour log-probs and token lags (collective: every rank calls it once per step; the
-    figures are those of all ranks' tokens). All three are over trained (model) tokens only,
-    so environment tokens of multi-turn samples never enter the figures. Items with unknown
-    token lags are left out."""
-    known = [i for i in sorted(proximal) if len(items[i].token_lag) == len(items[i].logp_behav)]
-    local = local_mismatch(
-        [proximal[i] for i in known], [items[i].logp_behav for i in known], [items[i].token_lag for i in known]
-    )
-    return all_gather_mismatch(local, all_gather_objects)
-
-
-def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepResult:
-    """The step's figures over all ranks, from each rank's own (collective; with one
-    rank the same figures).
-
-    - summed over ranks: the loss sums (each rank's part of the mini-batch loss, so the
-      sum is the mini-batch loss), token counts, clipped / capped / KL / behaviour-weight
-      sums, sequence, output and context tokens, micro-batches and fillers;
-    - max over ranks: ``behav_weight_max``, and the proximal and update times (the step
-      waits for the slowest rank, so tokens/s = all ranks' tokens / the slowest time);
-    - the same on every rank already: ``updates`` and the global gradient norms.
-
-    packing efficiency = sum_r real tokens_r / (token_budget * sum_r micro-batches_r)
-    (:func:`~asyncrl.tasks.algo.packing.packing_efficiency` over every rank's
-    micro-batches; 1.0 without micro-batches); rank token imbalance = max_r T_r / mean_r T_r
-    with T_r rank r's sequence tokens (1.0 when no rank has any).
-    """
-    stats = local.update
-    sums = all_reduce_floats(
-        [stats.loss, stats.tokens, stats.active, stats.clipped, stats.behav_weight_sum, stats.capped, stats.kl_sum,
-         stats.fillers, local.sequence_tokens, local.output_tokens, local.micro_batches, 1.0,
-         local.context_tokens],
-        "sum",
-    )  # fmt: skip
-    maxes = all_reduce_floats(
-        [stats.behav_weight_max, local.proximal_time_s, local.update_time_s, local.sequence_tokens], "max"
-    )
-    loss, tokens, active, clipped, weight_sum, capped, kl_sum, fillers, seq_tokens, out_tokens, micro, ranks, ctx = sums
-    weight_max, proximal_time, update_time, rank_tokens_max = maxes
-    update = replace(
-        stats,
-        loss=loss,
-        tokens=int(tokens),
-        active=int(active),
-        clipped=clipped,
-        behav_weight_sum=weight_sum,
-        behav_weight_max=weight_max,
-        capped=capped,
-        kl_sum=kl_sum,
-        grad_norms=list(stats.grad_norms),
-        fillers=int(fillers),
-    )
-    return replace(
-        local,
-        update=update,
-        sequence_tokens=int(seq_tokens),
-        output_tokens=int(out_tokens),
-        context_tokens=int(ctx),
-        micro_batches=int(micro),
-        packing_efficiency=seq_tokens / (token_budget * micro) if micro else 1.0,
-        proximal_time_s=proximal_time,
-        update_time_s=update_time,
-        rank_token_imbalance=rank_tokens_max * ranks / seq_tokens if seq_tokens else 1.0,
-    )
 
 
 def _reindex(batch: MicroBatch, local: Sequence[int]) -> MicroBatch:

@@ -9,7 +9,7 @@ from pathlib import Path
 from uuid import UUID
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.inference.server import free_port
+from asyncrl.tasks.inference.server_ports import free_port
 from asyncrl.tasks.launch.stages import prepare_inputs
 
 

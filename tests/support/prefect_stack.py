@@ -23,7 +23,7 @@ import httpx
 from process_scan import kill_processes, processes_with_env
 
 from asyncrl.tasks.system.process_group import kill_group, read_log_tail
-from asyncrl.tasks.inference.server import free_port
+from asyncrl.tasks.inference.server_ports import free_port
 
 LOG_TAIL_LINES = 60
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asyncrl.tasks.scheduler.controller import group_id, save_gate_state
+from asyncrl.tasks.scheduler.gate_state import save_gate_state
+from asyncrl.tasks.scheduler.group_schedule import group_id
 from asyncrl.tasks.algo.staleness_gate import GateState
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardWriter
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.trainer.loop import LINEAGE_FILE
+from asyncrl.storage.weight_lineage import LINEAGE_FILE
 
 RUN_ID = "audit-test"
 BATCH_GROUPS, SAMPLES_PER_GROUP, ETA = 2, 2, 1

@@ -1,6 +1,6 @@
 """Local S3 servers for tests: moto (fast, in-process) and SeaweedFS (a real store).
 
-Plain context managers, no pytest: a conftest wraps them in session fixtures.
+Plain context managers, no pytest: tests/conftest.py wraps them in session fixtures.
 Both yield an :class:`S3Endpoint`; :func:`create_bucket` makes a fresh bucket and
 :func:`storage_options` gives the fsspec options for ``s3://`` run roots.
 """

@@ -1,0 +1,102 @@
+"""The rollout controller's counters and the figures derived from them (token rates, reward
+means per task, weight-sync stall, wasted tokens), reported when the controller stops.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from asyncrl.tasks.inference.samples import UpdateStats
+
+
+@dataclass
+class ControllerStats:
+    admitted: int = 0
+    resubmitted_after_restart: int = 0
+    groups_written: int = 0
+    shards_written: int = 0
+    samples: int = 0
+    output_tokens: int = 0
+    reward_sum: float = 0.0
+    reward_reasons: dict[str, int] = field(default_factory=dict)
+    """Samples per ``<task>/<reason>`` (why rewards were what they were: ok, no_answer, timeout, ...)."""
+    task_samples: dict[str, int] = field(default_factory=dict)
+    task_reward_sum: dict[str, float] = field(default_factory=dict)
+    reward_wait_s: float = 0.0
+    """Seconds the groups waited for their rewards, summed over groups (they overlap: the
+    reward service scores one group while others generate)."""
+    updates: list[UpdateStats] = field(default_factory=list)
+    skipped_prompts: int = 0
+    filtered_groups: int = 0
+    """Groups in no shard on purpose, released from the gate: dynamic filtering (all rewards
+    equal) or a group of episodes none of which could be kept."""
+    filtered_tokens: int = 0
+    """Output tokens of those groups."""
+    written_tokens: int = 0
+    """Output tokens of the groups written to shards."""
+    context_tokens: int = 0
+    """Tokens inserted between the turns of episodes (tool results, user turns: trained
+    rows' context, not generated); ``output_tokens`` counts the model's tokens only."""
+    episodes_left_out: dict[str, int] = field(default_factory=dict)
+    """Episodes written in no row, by reason (``episode_error`` / ``episode_timeout`` under
+    ``on_failure: drop``, ``no_model_call``, ``other_prompt``)."""
+    discarded_tokens: int = 0
+    """Output tokens of groups finished but not written when the controller stopped (behind a
+    group still generating, see the module docstring): the next run generates them again."""
+    streamed_tokens: int = 0
+    """Output tokens the servers streamed during the controller's life, including those of
+    groups cut by the stop (server work), set when it stops."""
+    adaptive: dict[str, float] = field(default_factory=dict)
+    """The adaptive bound's figures (:meth:`AdaptiveEta.summary`; empty without it)."""
+    started_at: float = field(default_factory=time.monotonic)
+    finished_at: float | None = None
+    """When the controller stopped (None while it runs): rates are over its lifetime only,
+    not the shutdown of the servers that follows."""
+
+    @property
+    def wasted_tokens(self) -> int:
+        """Tokens generated and thrown away: those of groups cut in flight by the stop
+        (streamed_tokens - output_tokens, known once the controller stopped) plus
+        ``discarded_tokens``. Nothing else is discarded: no group is aborted and restarted,
+        and no written sample is staler than the bound (module docstring)."""
+        return max(0, self.streamed_tokens - self.output_tokens) + self.discarded_tokens
+
+    def summary(self) -> dict[str, float]:
+        """Counts and rates over elapsed = finished_at (or now) - started_at:
+        gen_tokens_per_s = output_tokens / elapsed (tokens of finished groups),
+        streamed_tokens_per_s = streamed_tokens / elapsed (all the servers generated),
+        weight_sync_stall_fraction = stall / elapsed; per task ``samples/<task>``,
+        ``reward_sum/<task>``, reward_mean/<task> = reward_sum/<task> / samples/<task>, and
+        ``reasons/<task>/<reason>`` sample counts."""
+        end = time.monotonic() if self.finished_at is None else self.finished_at
+        elapsed = max(end - self.started_at, 1e-9)
+        stall = sum(u.stall_s for u in self.updates)
+        return {
+            "elapsed_s": elapsed,
+            "admitted": self.admitted,
+            "groups_written": self.groups_written,
+            "shards_written": self.shards_written,
+            "samples": self.samples,
+            "output_tokens": self.output_tokens,
+            "gen_tokens_per_s": self.output_tokens / elapsed,
+            "streamed_tokens": self.streamed_tokens,
+            "streamed_tokens_per_s": self.streamed_tokens / elapsed,
+            "written_tokens": self.written_tokens,
+            "filtered_groups": self.filtered_groups,
+            "filtered_tokens": self.filtered_tokens,
+            "wasted_tokens": self.wasted_tokens,
+            "reward_mean": self.reward_sum / self.samples if self.samples else 0.0,
+            "weight_updates": len(self.updates),
+            "weight_sync_stall_s": stall,
+            "weight_sync_stall_fraction": stall / elapsed,
+            "skipped_prompts": self.skipped_prompts,
+            "reward_wait_s": self.reward_wait_s,
+            "context_tokens": self.context_tokens,
+            **{f"episodes_left_out/{reason}": float(n) for reason, n in self.episodes_left_out.items()},
+            **self.adaptive,
+            **{f"samples/{task}": float(n) for task, n in self.task_samples.items()},
+            **{f"reward_sum/{task}": total for task, total in self.task_reward_sum.items()},
+            **{f"reward_mean/{task}": self.task_reward_sum[task] / n for task, n in self.task_samples.items() if n},
+            **{f"reasons/{reason}": float(n) for reason, n in self.reward_reasons.items()},
+        }

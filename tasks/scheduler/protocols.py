@@ -1,0 +1,45 @@
+"""What the rollout controller needs of its collaborators: the rollout client that generates
+groups and takes weight updates, the reward scorer, and the text codec. Structural types
+only, so the controller, the evaluator and their test doubles share one definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from asyncrl.tasks.reward.types import RewardRequest, RewardResult
+from asyncrl.tasks.inference.samples import SampleOutput, UpdateStats
+
+
+class GroupGenerator(Protocol):
+    """What the controller needs of the rollout client."""
+
+    @property
+    def current_version(self) -> int: ...
+
+    def streamed_tokens(self) -> dict[str, int]: ...
+
+    async def generate_group(
+        self,
+        prompt_token_ids: Sequence[int],
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        *,
+        ignore_eos: bool = False,
+        stop_token_ids: Sequence[int] = (),
+    ) -> list[SampleOutput]: ...
+
+    async def update_weights(self, version: int, load: Callable[[Any], Any]) -> UpdateStats: ...
+
+
+class RewardScorer(Protocol):
+    async def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]: ...
+
+
+class TextCodec(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...

@@ -1,0 +1,98 @@
+"""`asyncrl chaos` in its short CI setting: a real vLLM server, the DeepSpeed trainer, the
+scheduler process and the reward service, each SIGKILLed once at a seeded random moment and
+restarted by the run's own supervisors; the run must finish and the audit of its run root
+must be clean. Every sample of every consumed batch is trained or counted as dropped for
+staleness: a group held up by a killed reward service or scheduler can reach the trainer
+more than eta versions late (keeping every sample within the bound is issue 18's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from process_scan import processes_with_env, wait_gone
+
+from asyncrl.chaos.run import CHAOS_REPORT
+from asyncrl.cli.main import main
+from asyncrl.storage import fs
+from asyncrl.storage.fs import open_root
+from asyncrl.tasks.data.synthetic import write_synthetic_splits
+from asyncrl.tasks.inference.server_ports import free_port
+
+pytestmark = pytest.mark.slow
+
+RUN = "chaos-ci"
+STEPS, B = 32, 2  # enough steps for all four kills: the trainer takes about 1 s a step here
+MARKER = "ASYNCRL_RUN_TEST_MARKER"  # tests/conftest.py: process_marker
+
+
+def chaos_config(tmp_path: Path, model_dir: Path) -> dict[str, Any]:
+    splits = write_synthetic_splits(tmp_path / "data", n_train=64, n_heldout=4, seed=0)
+    return {
+        "name": RUN,
+        "work_dir": str(tmp_path / "work"),
+        "model": {"path": str(model_dir)},
+        "data": {"train_path": str(splits["train"]), "max_prompt_tokens": 64},
+        "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "shard_groups": 1, "shard_seconds": 1.0,
+                    "base_port": free_port("127.0.0.1")},
+        "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": 1,
+                    "optimizer": {"lr": 1.0e-4}},
+        "reward": {"pool": {"workers": 1}},
+        "storage": {"root": str(tmp_path / "store")},
+        "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    }  # fmt: skip
+
+
+def launches(log: Path) -> list[str]:
+    """The parts of a component's log, one per start (each begins with its "$ command" line)."""
+    parts: list[str] = []
+    for line in log.read_text().splitlines():
+        if line.startswith("$ "):
+            parts.append("")
+        if parts:
+            parts[-1] += line + "\n"
+    return parts
+
+
+def test_every_component_killed_and_restarted_the_run_finishes_and_audits_clean(
+    tiny_model_dir: Path, tmp_path: Path, process_marker: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = chaos_config(tmp_path, tiny_model_dir)
+    config_path = tmp_path / "chaos.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+
+    code = main(["chaos", str(config_path), "--kills", "1", "--seed", "1", "--max-delay", "3", "--timeout", "420"])
+
+    printed = capsys.readouterr()
+    report = json.loads(fs.read_bytes(open_root(config["storage"]["root"]), CHAOS_REPORT))
+    assert code == 0 and report["ok"] is True, printed.out + printed.err
+    assert "result: OK" in printed.out and "| 4 |" in printed.out
+    assert report["steps"] == STEPS and report["final_version"] >= STEPS
+    assert sorted(report["planned"]) == ["reward", "rollout", "scheduler", "trainer"] and report["problems"] == []
+    assert report["restarts"] == {"trainer": 1, "rollout": 1, "scheduler": 1, "reward": 1}
+    assert report["supervisor_restarts"] == {"rollout-server-0": 1, "reward-service": 1, "trainer": 1, "scheduler": 1}
+    for kill in report["kills"]:  # each came back, and the run published a newer version after it
+        assert kill["restarted_at_s"] >= kill["at_s"] and kill["up_at_s"] is not None
+        assert kill["recovered_at_s"] is not None
+    audit = report["audit"]
+    assert audit["ok"] is True and audit["violations"] == []
+    assert audit["admitted"] >= STEPS * B and audit["groups_written"] == audit["admitted"]
+    assert audit["unwritten_groups"] == [] and audit["ledger_steps"] == STEPS
+    assert audit["versions"] == sorted(audit["versions"]) and audit["versions"][-1] == report["final_version"]
+    assert audit["trained_samples"] + audit["dropped_stale"] == STEPS * B * 2
+    assert audit["dropped_stale"] <= STEPS * B * 2 // 4, audit  # a few late groups, not a stalled run
+
+    logs = tmp_path / "work" / RUN / "logs"
+    trainer_starts = [json.loads(line) for line in (logs / "trainer.log").read_text().splitlines()
+                      if line.startswith('{"event": "start"')]  # fmt: skip
+    assert len(trainer_starts) == 2 and trainer_starts[1]["resumed_from"] is not None  # resumed from its checkpoint
+    assert len(launches(logs / "scheduler.log")) == 2
+    assert len(launches(logs / "reward-service.log")) == 2
+    # The restarted rollout server served generation: it came back into rotation.
+    first_server, restarted_server = launches(logs / "rollout-0.log")
+    assert '"POST /inference/v1/generate HTTP/1.1" 200' in restarted_server
+    left = wait_gone(processes_with_env(MARKER, process_marker), timeout_s=30.0)
+    assert not left, f"processes left behind: {[p.cmdline[:120] for p in left]}"

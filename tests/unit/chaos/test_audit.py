@@ -1,0 +1,235 @@
+"""The run-root audit on hand-made storage: a clean run passes, and each rule catches the
+contents that break it (fast: no vLLM, no trainer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from run_root_builder import ETA, RUN_ID, RunRootBuilder, SAMPLES_PER_GROUP as N
+
+from asyncrl.storage import fs, paths
+from asyncrl.tasks.launch.audit import AuditReport, audit_run
+from asyncrl.storage.fs import open_root
+from asyncrl.storage.ledger import Ledger
+from asyncrl.storage.schema import Sample
+from asyncrl.tasks.scheduler.group_schedule import group_id
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> RunRootBuilder:
+    return RunRootBuilder(open_root(str(tmp_path / "store")), tmp_path)
+
+
+def audit(build: RunRootBuilder, max_staleness: int = ETA, in_flight_ok: bool = False) -> AuditReport:
+    return audit_run(build.root, RUN_ID, max_staleness, in_flight_ok=in_flight_ok)
+
+
+def only_violation(report: AuditReport, rule: str) -> str:
+    assert len(report.violations) == 1, report.violations
+    assert report.violations[0].startswith(f"({rule}) "), report.violations
+    return report.violations[0]
+
+
+def test_a_clean_run_passes_with_its_figures(build: RunRootBuilder) -> None:
+    first, second = build.clean_run()
+    report = audit(build)
+    assert report.ok, report.violations
+    assert (report.admitted, report.groups_written, report.unwritten_groups) == (4, 4, ())
+    assert (report.shards, report.consumed_shards, report.ledger_steps) == (2, 2, 2)
+    assert report.versions == (0, 1, 2) and report.step_versions == {1: 1, 2: 2}
+    # step 1 at trainer version 0: all tokens v0 -> s = 0; step 2 at version 1: group 2 (min v0)
+    # at s = 1, group 3 (min v1) at s = 0
+    assert report.staleness_counts == {0: 3 * N, 1: N}
+    assert report.trained_samples == 4 * N and report.dropped_stale == 0
+    assert json.loads(json.dumps(report.to_json()))["ok"] is True
+
+
+def test_a_group_in_two_shards_is_produced_twice(build: RunRootBuilder) -> None:
+    build.clean_run()
+    again = build.shard({3: [1, 1]})
+    message = only_violation(audit(build), "a")
+    assert "group g00000003 was produced 2 times" in message and again in message
+
+
+def test_an_admitted_group_in_no_shard_is_missing_unless_in_flight_is_allowed(build: RunRootBuilder) -> None:
+    build.clean_run()
+    build.admit(6)
+    message = only_violation(audit(build), "a")
+    assert "2 of 6 admitted groups are in no shard: g00000004, g00000005" in message
+    relaxed = audit(build, in_flight_ok=True)
+    assert relaxed.ok and relaxed.unwritten_groups == ("g00000004", "g00000005")
+
+
+def test_a_group_that_was_never_admitted(build: RunRootBuilder) -> None:
+    build.clean_run()
+    build.admit(3)
+    assert "group g00000003 (in shard-00000001" in only_violation(audit(build), "a")
+    assert "never admitted: the scheduler admitted 3 groups" in audit(build).violations[0]
+
+
+def test_a_shard_consumed_by_two_steps(build: RunRootBuilder) -> None:
+    first, second = build.clean_run()
+    build.record(2, [second, first])
+    build.publish(3, 2, 1, [second, first])
+    assert f"shard {first} was consumed 2 times: by steps [1, 2]" in only_violation(audit(build), "b")
+
+
+def test_a_gap_in_the_ledger_and_a_consumed_shard_that_is_gone(build: RunRootBuilder) -> None:
+    first, second = build.clean_run()
+    fs.delete(build.root, paths.ledger_entry(1))
+    fs.delete(build.root, paths.shard_path(second))
+    violations = audit(build, in_flight_ok=True).violations
+    assert any("the ledger's steps are [2], not 1..1: missing steps [1]" in v for v in violations), violations
+    assert any(f"shard {second}, consumed by step 2, is in neither trajectories/ nor consumed/" in v for v in violations), violations
+
+
+def test_an_invalid_shard_is_reported_and_left_in_place(build: RunRootBuilder) -> None:
+    build.clean_run()
+    bad = paths.shard_path(paths.shard_name(7, 0, 0))
+    fs.put_if_absent(build.root, bad, b"not arrow")
+    message = only_violation(audit(build), "b")
+    assert "shard-00000007-v000000-v000000.arrow is not a valid shard" in message
+    assert fs.exists(build.root, bad) and not fs.list_dir(build.root, paths.QUARANTINE_DIR)
+
+
+def test_weights_published_out_of_order(build: RunRootBuilder) -> None:
+    build.clean_run()
+    marker = paths.weights_complete_marker(2)
+    manifest = json.loads(fs.read_bytes(build.root, marker))
+    manifest["published_at"] = 0.0
+    fs.put_atomic_replace(build.root, marker, json.dumps(manifest).encode())
+    assert "weight version 2 was published at 0.000, not after version 1" in only_violation(audit(build), "c")
+
+
+def test_latest_pointer_behind_the_newest_version(build: RunRootBuilder) -> None:
+    build.clean_run()
+    fs.put_atomic_replace(build.root, paths.WEIGHTS_LATEST, json.dumps({"version": 1, "published_at": 9.0}).encode())
+    assert "LATEST names version 1, the newest complete version is 2" in only_violation(audit(build), "c")
+
+
+def test_steps_published_in_the_wrong_order(build: RunRootBuilder) -> None:
+    first, second = build.clean_run()
+    # step 1 redone after step 2 (a rollback that skipped one): its newest version is 3 > step 2's
+    build.publish(3, 1, 2, [first])
+    message = only_violation(audit(build, max_staleness=5), "c")
+    assert "step 2 was published as version 2, not after step 1's version 3" in message
+
+
+def test_a_redone_step_uses_its_newest_publish(build: RunRootBuilder) -> None:
+    """A trainer killed after publishing step 2 resumes from checkpoint 1 at label 2 and
+    publishes step 2 again as version 3: staleness is counted in steps (1 step done), not
+    from the label 2, so the v0 sample is 1 step stale, as in the first run, and trained."""
+    first, second = build.clean_run()
+    build.publish(3, 2, 2, [second])
+    report = audit(build)
+    assert report.ok, report.violations
+    assert report.step_versions == {1: 1, 2: 3}
+    assert report.staleness_counts == {0: 3 * N, 1: N} and report.dropped_stale == 0  # group 2 (min v0) at s = 1
+
+
+def test_weights_for_a_step_trained_on_other_shards(build: RunRootBuilder) -> None:
+    first, second = build.clean_run()
+    build.publish(3, 2, 2, [first])
+    message = only_violation(audit(build), "d")
+    assert f"step 2: the ledger names shards ['{second}'], but weight version 3" in message
+
+
+def test_a_consumed_step_without_published_weights(build: RunRootBuilder) -> None:
+    first, second = build.clean_run()
+    third = build.shard({4: [2, 2], 5: [2, 2]})
+    build.admit(6)
+    build.record(3, [third])
+    assert "step 3 is in the ledger but no published weights name it" in only_violation(audit(build), "d")
+
+
+def test_tokens_newer_than_the_trainer_are_mislabelled(build: RunRootBuilder) -> None:
+    build.admit(2)
+    shard = build.shard({0: [1, 1], 1: [0, 0]})
+    build.publish(0, 0, None, [])
+    build.publish(1, 0, 0, [])  # an extra version, so that version 1 exists
+    build.record(1, [shard])
+    build.publish(2, 1, 0, [shard])
+    violations = audit(build).violations
+    assert len(violations) == N, violations
+    assert "group g00000000 sample 0: tokens of version 1 trained by step 1 at trainer version 0" in violations[0]
+    assert "(newer than the trainer: mislabelled tokens)" in violations[0]
+
+
+def test_token_versions_never_published(build: RunRootBuilder) -> None:
+    build.admit(2)
+    shard = build.shard({0: [0, 4], 1: [0, 0]})
+    build.publish(0, 0, None, [])
+    build.record(1, [shard])
+    build.publish(5, 1, 0, [shard])
+    violations = audit(build).violations
+    assert len(violations) == N and "group g00000000 sample 0: token versions [4] were never published" in violations[0]
+
+
+def test_samples_over_the_bound_are_dropped_not_trained(build: RunRootBuilder) -> None:
+    build.clean_run()
+    report = audit(build, max_staleness=0)
+    assert report.ok, report.violations
+    assert report.staleness_counts == {0: 3 * N} and report.dropped_stale == N
+    assert report.dropped_tokens == N * 2  # the builder's samples hold 2 output tokens
+    with pytest.raises(ValueError, match="max_staleness must be an int >= 0"):
+        audit(build, max_staleness=-1)
+
+
+def test_the_ledger_class_agrees_with_the_hand_written_entries(build: RunRootBuilder) -> None:
+    first, second = build.clean_run()
+    assert [(e.step, e.shards) for e in Ledger(build.root).entries()] == [(1, (first,)), (2, (second,))]
+
+
+def test_a_corrupt_scheduler_state_is_reported(build: RunRootBuilder) -> None:
+    build.clean_run()
+    fs.put_atomic_replace(build.root, paths.SCHEDULER_STATE, b'{"gate": {"admitted": "four"}}')
+    violations = audit(build, in_flight_ok=True).violations
+    assert any(v.startswith("(a) ") and "corrupt scheduler state" in v for v in violations), violations
+
+
+def _filter(build: RunRootBuilder, index: int) -> None:
+    from asyncrl.storage.schema import Sample
+    from asyncrl.tasks.scheduler.filtered import save_filtered
+    from asyncrl.tasks.scheduler.group_schedule import group_id
+
+    save_filtered(build.root, [Sample(f"p{index}", group_id(index), [1], [3, 3], [-0.5] * 2, [0, 0], 1.0, "stop", 1.0, 2.0)])
+
+
+def test_a_filtered_group_counts_as_produced_not_as_missing(build: RunRootBuilder) -> None:
+    build.clean_run()
+    build.admit(5)
+    _filter(build, 4)
+    report = audit(build)
+    assert report.ok, report.violations
+    assert (report.filtered_groups, report.unwritten_groups, report.groups_written) == (1, (), 4)
+
+
+def test_a_filtered_group_in_a_shard_or_never_admitted(build: RunRootBuilder) -> None:
+    first, _ = build.clean_run()
+    _filter(build, 1)
+    assert f"group g00000001 was filtered out but is also in shards {first}" in only_violation(audit(build), "a")
+    _filter(build, 9)
+    violations = audit(build).violations
+    assert any("group g00000009 was filtered out but never admitted: the scheduler admitted 4 groups" in v
+               for v in violations), violations
+
+
+def test_dropped_tokens_and_versions_of_agent_episodes_count_model_tokens_only(build: RunRootBuilder) -> None:
+    """A multi-turn row: 2 model tokens (v0, v1) with 3 environment tokens between them, which
+    repeat v0 and are not counted as generated tokens."""
+    build.admit(4)
+    first = build.shard({0: [0, 0], 1: [0, 0]})
+    episode = Sample("p2", group_id(2), [1, 2], [3, 9, 9, 9, 3], [-0.5, 0.0, 0.0, 0.0, -0.5], [0, 0, 0, 0, 1], 1.0,
+                     "stop", 1.0, 2.0, output_mask=[True, False, False, False, True], turn_starts=[0, 4])  # fmt: skip
+    single = Sample("p3", group_id(3), [1, 2], [3, 3], [-0.5, -0.5], [1, 1], 1.0, "stop", 1.0, 2.0)
+    second = build.writer.write_groups([[episode] * N, [single] * N]).name
+    build.publish(0, 0, None, [])
+    for step, shard in ((1, first), (2, second)):
+        build.record(step, [shard])
+        build.publish(step, step, step - 1, [shard])
+    report = audit(build, max_staleness=0)
+    assert report.ok, report.violations
+    assert report.staleness_counts == {0: 3 * N} and report.dropped_stale == N
+    assert report.dropped_tokens == N * 2  # the episode's 2 model tokens, not its 5 output tokens
