@@ -461,12 +461,12 @@ class RolloutClient(ServerRotation):
             if not isinstance(result, BaseException):
                 kept.append(server)
                 continue
-            misconfigured = misconfigured(result)
-            if misconfigured or not isinstance(result, Exception):
+            is_misconfigured = misconfigured(result)
+            if is_misconfigured or not isinstance(result, Exception):
                 fatal = fatal or result
             reason = f"{what} failed: {result}" if isinstance(result, ServerFailure) else f"{what} failed: {result!r}"
             failed[server.url] = reason
-            self._take_out(server, reason, rejoinable=not misconfigured)
+            self._take_out(server, reason, rejoinable=not is_misconfigured)
             await self._release_failed(server)
         if fatal is not None:
             # A broken deployment: the others may hold new weights under the old version label.
@@ -476,12 +476,3 @@ class RolloutClient(ServerRotation):
             await asyncio.gather(*(self._release_failed(s) for s in kept))
             raise fatal
         return kept
-
-
-
-
-
-
-
-
-
