@@ -23,7 +23,6 @@ MODULE = "asyncrl.tasks.trainer.main"
 # The supervisor's own process-group variables (if it is itself a torch.distributed
 # process, e.g. a test) must not leak: the trainer picks its own port and ranks.
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-LOG_TAIL_LINES = 30
 
 
 @dataclass(frozen=True)
