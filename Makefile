@@ -42,7 +42,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VPY) -m pip uninstall -y torchvision torchaudio torchcodec
 	# DeepSpeed compiles its CPU collective op on first use (38 s on 2 idle cores): once here, not inside
 	# the first trainer start (a first run's wall, a benchmark's first measurement).
-	$(VPY) -m asyncrl.tasks.trainer.jit_ops
+	$(VPY) -m asyncrl.tasks.trainer.build_ops
 	touch $@
 
 setup: system-deps $(VENV)/.installed

@@ -176,18 +176,13 @@ def prepare_warm_start(base: RunConfig, work: Path) -> Path:
     returns a local directory with the warm-start weights (``base.model.path`` without SFT)."""
     from asyncrl.tasks.launch.stages import prepare_inputs, run_sft
     from asyncrl.tasks.launch.context import prepare_run
-    from asyncrl.storage.weights import WeightStore
+    from asyncrl.tasks.model.weight_fetch import model_weights
 
     prepare_inputs(base)
     warm_config = RunConfig.model_validate(relocated(base, work, f"{base.name}-ablation-base"))
     paths = prepare_run(warm_config)
-    if not warm_config.pipeline.sft_steps:
-        return Path(base.model.path)
-    version = run_sft(warm_config, paths)
-    target = work / "warm-start"
-    if not (target / "config.json").is_file():
-        WeightStore(paths.root).download(version, target)
-    return target
+    version = run_sft(warm_config, paths) if warm_config.pipeline.sft_steps else None
+    return model_weights(paths.root, base.model.path, version, work / "warm-start-cache")
 
 
 def run_ablation(base: RunConfig, settings: AblationSettings, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from asyncrl.bench.e2e_settings import E2EBenchSettings, WORKLOADS, Workload
 if TYPE_CHECKING:
     from asyncrl.configs.run_config import RunConfig
     from asyncrl.tasks.inference.server_config import RolloutServerConfig
-    from asyncrl.tasks.launch.devices import Machine
+    from asyncrl.tasks.placement.devices import Machine
 
 
 # ----- the workload, the standalone measurement, the runs -----
@@ -147,10 +147,10 @@ def standalone_server_config(
     settings: E2EBenchSettings, workload: Workload, work: Path, machine: Machine | None = None
 ) -> RolloutServerConfig:
     """The standalone server: launched as the eta = 0 run's server is on ``machine`` (default:
-    this one; :func:`~asyncrl.tasks.launch.components_setup.server_config`: its CPUs, or its GPU
+    this one; :func:`~asyncrl.tasks.placement.launch_settings.server_config`: its CPUs, or its GPU
     with CUDA graphs and its share of a shared GPU's memory), on a free port, with its log in
     ``standalone/server.log``."""
-    from asyncrl.tasks.launch.components_setup import server_config
+    from asyncrl.tasks.placement.launch_settings import server_config
     from asyncrl.tasks.system.run_paths import run_paths
 
     run = bench_run_config(settings, workload, work, 0, settings.modes[0])
@@ -194,17 +194,19 @@ def bench_run_config(settings: E2EBenchSettings, workload: Workload, work: Path,
             "model": {"path": str(workload.model_dir)},
             "data": {"train_path": str(workload.train_path), "max_prompt_tokens": settings.max_prompt_tokens},
             "rollout": {
-                "base_port": free_port("127.0.0.1"),
                 "n_samples": settings.n_samples,
                 "max_new_tokens": settings.max_new_tokens,
                 "eta": eta,
                 "interrupt_mode": mode,
                 "ignore_eos": True,
-                "kv_cache_gib": settings.kv_cache_gib,
                 "shard_groups": 1,  # every finished group is written at once: no batching delay
                 "shard_seconds": 1.0,
                 "max_groups_in_flight": settings.max_groups_in_flight,
-                **placement["rollout"],
+            },
+            "inference": {
+                "base_port": free_port("127.0.0.1"),
+                "kv_cache_gib": settings.kv_cache_gib,
+                **placement["inference"],
             },
             "trainer": {
                 "batch_groups": settings.batch_groups,

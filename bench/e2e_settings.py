@@ -123,16 +123,16 @@ class E2EBenchSettings:
 
     def placement(self) -> dict[str, dict[str, Any]]:
         """The run config's placement of the rollout server and the trainer (sections
-        ``rollout``, ``trainer``, ``placement``): GPU device ids with ``gpus``, else CPU pinning."""
+        ``inference``, ``trainer``, ``placement``): GPU device ids with ``gpus``, else CPU pinning."""
         if self.gpus is None:
             return {
-                "rollout": {"cpu_cores": None if self.rollout_cores is None else list(self.rollout_cores)},
+                "inference": {"cpu_cores": None if self.rollout_cores is None else list(self.rollout_cores)},
                 "trainer": {"cpu_cores": None if self.trainer_cores is None else list(self.trainer_cores)},
                 "placement": {},
             }
         server, trainer = self.gpus[0], self.gpus[-1]
         return {
-            "rollout": {"devices": [[server]]},
+            "inference": {"devices": [[server]]},
             "trainer": {"devices": [trainer]},
             "placement": {"share_devices": server == trainer},
         }

@@ -407,7 +407,8 @@ def bench_backend(
     was zero-copy)."""
     import httpx
 
-    from asyncrl.tasks.inference.weight_sync import cached_version_dir, fetch_weight_version, update_server_weights
+    from asyncrl.tasks.inference.weight_sync import update_server_weights
+    from asyncrl.tasks.model.weight_fetch import cached_version_dir, fetch_weight_version
 
     store = WeightStore(open_root(backend.uri, dict(backend.options)))
     seconds: dict[str, list[float]] = {phase: [] for phase in PHASE_LINKS if backend.local or phase != "fetch by copy"}

@@ -1,8 +1,9 @@
 """``asyncrl chaos CONFIG [KEY=VALUE ...] --kills N --seed S``: the run with every kind of
 component SIGKILLed N times and restarted, then the audit of its run root (see
 :mod:`asyncrl.chaos.run`). Prints the kills and restarts and the audit; the report is
-also written to ``chaos.json`` in the run root. Exit status 0 when the run finished and
-the audit is clean, 1 otherwise. Heavy modules are imported only when the command runs.
+also written to ``chaos.json`` in the run root. Exit status 0 when the run finished, every
+planned kill fired (unless ``--allow-unfired``) and the audit is clean (no sample dropped as
+too stale included), 1 otherwise. Heavy modules are imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def format_report(report: ChaosReport) -> str:
             f"| {_seconds(kill.up_at_s)} | {_seconds(kill.recovered_at_s)} |"
         )
     restarts = ", ".join(f"{kind} {count}" for kind, count in report.restarts().items())
-    lines.append(f"restarts: {restarts} (planned: {len(report.planned)} kills, done: {len(report.kills)})")
+    lines.append(f"restarts: {restarts} (planned: {report.kills_planned} kills, fired: {report.kills_fired})")
+    if report.unfired:
+        lines.append(f"unfired kills (kind@step): {', '.join(report.unfired)}")
     lines.append(
         f"run {report.run}: {report.steps} steps, final weight version {report.final_version}, "
         f"wall {report.wall_s:.0f} s"
@@ -57,7 +60,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from asyncrl.chaos.run import ChaosError, ChaosSettings, run_chaos
 
     config = load_config(args.config, args.overrides)
-    settings = ChaosSettings(max_delay_s=args.max_delay, timeout_s=args.timeout)
+    settings = ChaosSettings(max_delay_s=args.max_delay, timeout_s=args.timeout, allow_unfired=args.allow_unfired)
     try:
         report = run_chaos(config, args.kills, args.seed, settings, progress=lambda line: print(line, flush=True))
     except ChaosError as exc:
@@ -77,6 +80,9 @@ def add_chaos_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     parser.add_argument("--kills", type=int, default=2, help="SIGKILLs of each kind of component (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill plan and the kill moments")
     parser.add_argument("--max-delay", type=float, default=5.0, help="a kill fires within this many seconds once armed")
+    parser.add_argument(
+        "--allow-unfired", action="store_true", help="accept a run that finished before every planned kill fired"
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     parser.set_defaults(handler=cmd_chaos)
     return parser

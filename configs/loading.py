@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from asyncrl.configs.inference import moved_key
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.secrets import REDACTED, drop_uri_password, is_secret_key, redact, reveal_context
 
@@ -37,6 +38,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     result = _deep_copy(raw)
     for override in overrides:
         parts, value = parse_override(override)
+        moved = moved_key(".".join(parts))
+        if moved:
+            raise ConfigError(f"override {override!r}: {moved}")
         node = result
         for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
@@ -117,10 +121,10 @@ def public_dict(config: RunConfig) -> dict[str, Any]:
 def parameter_dict(config: RunConfig) -> dict[str, Any]:
     """The config as a parameter of a flow run that the run starts (a remote component):
     public, with its secret fields left out rather than redacted (a redacted value is refused
-    where it arrives): ``rollout.api_key`` None, ``tracking.mlflow_uri`` without its password.
+    where it arrives): ``inference.api_key`` None, ``tracking.mlflow_uri`` without its password.
     The receiving flow run takes them from its own environment, like any deployment run."""
     data = config.model_dump(mode="json")
-    data["rollout"]["api_key"] = None
+    data["inference"]["api_key"] = None
     data["tracking"]["mlflow_uri"] = drop_uri_password(config.tracking.mlflow_uri)
     return data
 

@@ -8,8 +8,8 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configs.base import StrictModel
 from asyncrl.configs.trainer import OptimizerConfig
-from asyncrl.tasks.data.synthetic import ArithmeticSpec
-from asyncrl.tasks.data.synthetic_code import DEFAULT_OPERATIONS, CodeSpec, ProgramStyle, StepName
+from asyncrl.configs.synthetic_specs import ArithmeticSpec
+from asyncrl.configs.synthetic_specs import DEFAULT_OPERATIONS, CodeSpec, ProgramStyle, StepName
 
 
 class SyntheticDataConfig(StrictModel):
@@ -164,9 +164,9 @@ class TrainingEvalConfig(StrictModel):
     samples: int = Field(2, ge=1, description="Samples per prompt, at `rollout.temperature`; pass@k for k up to this.")
     """pass@k (``tracking.pass_k``) is reported for the k up to this."""
     devices: tuple[int, ...] | None = Field(
-        None, description="Device set of the evaluator's vLLM server, as `rollout.devices[k]`; None: no placement."
+        None, description="Device set of the evaluator's vLLM server, as `inference.devices[k]`; None: no placement."
     )
-    """``rollout.tensor_parallel_size`` ids: GPU ids on a GPU machine, CPU ids (pinning) on one
+    """``inference.tensor_parallel_size`` ids: GPU ids on a GPU machine, CPU ids (pinning) on one
     without. It runs where the `train` flow runs, so it must not overlap the devices of the
     local components unless ``placement.share_devices``. None: no placement (on a GPU machine
     vLLM then takes the first GPU it sees: give it devices there)."""

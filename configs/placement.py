@@ -53,7 +53,7 @@ class PlacementConfig(StrictModel):
     only through the run root and its registry, wherever they run."""
 
     rollout_server: Placement = Field(
-        "local", description="`local` or a deployment; each of the `rollout.num_servers` servers is one flow run."
+        "local", description="`local` or a deployment; each of the `inference.num_servers` servers is one flow run."
     )
     trainer: Placement = Field("local", description="`local` or a deployment; one flow run per trainer node (`trainer.nodes`).")
     scheduler: Placement = Field(
@@ -68,7 +68,7 @@ class PlacementConfig(StrictModel):
     share_devices: bool = Field(
         False, description="Allow components on the same placement to share device ids."
     )
-    """``rollout.devices``, ``trainer.devices``, e.g. a small model's server and trainer on one GPU."""
+    """``inference.devices``, ``trainer.devices``, e.g. a small model's server and trainer on one GPU."""
 
     @model_validator(mode="after")
     def _heartbeat_window(self) -> PlacementConfig:

@@ -22,9 +22,14 @@ class SandboxLimits(StrictModel):
     cpu_s: int = Field(5, ge=1, le=3600, description="RLIMIT_CPU of each process of one test run, seconds.")
     """SIGXCPU at the limit, SIGKILL one second later."""
     wall_s: float = Field(10.0, gt=0.0, le=3600.0, description="Wall time of one test run; the whole sandbox is killed when it is over.")
-    memory_mb: int = Field(512, ge=32, description="RLIMIT_AS (address space) of each process, MiB.")
-    nproc: int = Field(16, ge=2, le=4096, description="RLIMIT_NPROC: processes and threads of the sandbox user.")
+    memory_mb: int = Field(512, ge=32, description="RLIMIT_AS of each process; with cgroup v2 also memory.max of the whole sandbox, MiB.")
+    """With cgroup v2 (``code.cgroup``) the sandbox as a whole, its /tmp and /dev/shm files
+    included, is capped at this too; without, only each process is (docs/sandbox.md)."""
+    nproc: int = Field(16, ge=2, le=4096, description="RLIMIT_NPROC: processes and threads of the sandbox; with cgroup v2 also its pids.max.")
     """Counted inside the sandbox's own user namespace (so concurrent sandboxes do not share it)."""
+    cpus: float = Field(1.0, ge=0.01, le=1024.0, description="With cgroup v2, cpu.max of the whole sandbox: the CPUs its processes share.")
+    """The sandbox's CPU bandwidth (quota per 100 ms period). Only with cgroup v2: RLIMIT_CPU
+    bounds each process's CPU time, not how many cores a sandbox keeps busy at once."""
     nofile: int = Field(64, ge=8, le=65536, description="RLIMIT_NOFILE: open file descriptors per process.")
     fsize_mb: int = Field(16, ge=1, description="RLIMIT_FSIZE: largest file a process may write, MiB.")
     tmpfs_mb: int = Field(64, ge=1, description="Size of the private, writable /tmp (memory-backed, gone after the run), MiB.")
@@ -43,6 +48,17 @@ class CodeRewardConfig(StrictModel):
     sandbox_uid: int = Field(65534, ge=1, description="Host uid (and gid) the sandbox runs as when the service runs as root.")
     """Host uid (and gid) the sandbox runs as when the service runs as root: root is
     exempt from RLIMIT_NPROC, so code must never run with host uid 0."""
+    cgroup: Literal["auto", "off"] = Field("auto", description="`auto`: a cgroup v2 caps each whole sandbox where the machine allows it; `off`: rlimits only.")
+    """``auto``: decided once when the pool starts, and reported (``caps: ...`` in the pool's
+    stats and the reward service's log); where cgroup v2 is not available (no unified
+    hierarchy, controllers not delegated, read-only) the rlimits alone cap, and the report says
+    why. How to delegate a cgroup: docs/sandbox.md."""
+    cgroup_parent: str | None = Field(None, description="cgroup v2 directory holding one cgroup per sandbox; null: made in the process's own cgroup.")
+    """An absolute path under the cgroup v2 mount with the cpu, memory and pids controllers
+    available (e.g. a directory delegated to the service's user). None: ``asyncrl-sandboxes``
+    in the process's own cgroup (``/proc/self/cgroup``), whose processes move to a leaf child
+    ``asyncrl-leaf`` when they must (cgroup v2 lets only a cgroup without processes give its
+    children controllers)."""
     allow_unsandboxed: bool = Field(False, description="Run programs WITHOUT bubblewrap when bwrap is missing (unsafe).")
     """Run programs WITHOUT bubblewrap (rlimits and a temp dir only) when bwrap is missing.
     Unsafe for untrusted code: the program can read host files and use the network."""
@@ -57,6 +73,14 @@ class CodeRewardConfig(StrictModel):
     extract: Literal["last_fence", "first_fence", "whole"] = Field("last_fence", description="Which part of the response is the program.")
     """Which part of the response is the program: the last or first fenced block
     (a ```python block is preferred over other languages), or the whole response."""
+
+
+    @field_validator("cgroup_parent")
+    @classmethod
+    def _absolute_cgroup_parent(cls, path: str | None) -> str | None:
+        if path is not None and not path.startswith("/"):
+            raise ValueError(f"{path!r} must be an absolute path (a directory under the cgroup v2 mount, /sys/fs/cgroup)")
+        return path
 
 
 class PluginRewardConfig(StrictModel):

@@ -1,26 +1,18 @@
-"""The ``rollout`` section: the vLLM servers and how the scheduler feeds them."""
+"""The ``rollout`` section: what the scheduler asks the servers to generate (sampling, staleness,
+episodes) and how it writes the results. The servers themselves are the ``inference`` section."""
 
 from __future__ import annotations
 
-import os
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from asyncrl.configs.adaptive_staleness import AdaptiveStalenessConfig
 from asyncrl.configs.base import StrictModel
-from asyncrl.configs.cpus import check_cpu_cores
 from asyncrl.configs.episode import EpisodeConfig
-from asyncrl.configs.secrets import API_KEY_ENV, Secret, refuse_redacted
 
 
 class RolloutConfig(StrictModel):
-    num_servers: int = Field(1, ge=1, description="Number of vLLM servers the run starts.")
-    host: str = Field("127.0.0.1", description="Address the servers bind to; anything but loopback requires `api_key`.")
-    base_port: int = Field(8100, ge=1024, le=65535, description="Server k listens on base_port + k.")
-    api_key: Secret | None = Field(None, description="Bearer key the servers require (mandatory off loopback).")
-    """Never a flow parameter in clear: leave it out and set ``ASYNCRL_ROLLOUT_API_KEY`` in the
-    environment of the flow run (a Prefect worker's environment), which :meth:`api_key_value` reads."""
     n_samples: int = Field(4, ge=1, description="Samples per prompt (the group size n).")
     max_new_tokens: int = Field(256, ge=1, description="Generation budget per sample, across interruptions.")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of generation.")
@@ -31,19 +23,6 @@ class RolloutConfig(StrictModel):
     )
     """``recompute``: abort and resubmit with prompt + tokens so far (recompute the KV cache with
     new weights, the paper's); ``keep``: keep vLLM's KV cache (pause mode=keep)."""
-    kv_cache_gib: float = Field(1.0, gt=0.0, description="KV cache of a CPU server, GiB (VLLM_CPU_KVCACHE_SPACE).")
-    worker_in_engine_process: bool = Field(
-        True, description="CPU servers: run vLLM's model worker inside its engine-core process."
-    )
-    """CPU servers (``vllm-cpu``, one rank): vLLM's model worker runs inside its engine-core
-    process, with the server's cores less one as OpenMP threads (a shorter start, one
-    busy-polling process fewer); False = vLLM's CPU default, a worker process of its own. No
-    effect on GPUs (``RolloutServerConfig.worker_in_engine_process``)."""
-    fork_engine_core: bool = Field(
-        True, description="CPU servers with the worker in the engine core: fork the engine core, not spawn it."
-    )
-    """The engine-core process is forked from vLLM's API server, not spawned (no second import
-    of vLLM: a shorter start); False = vLLM's spawn (``RolloutServerConfig.fork_engine_core``)."""
     shard_groups: int = Field(4, ge=1, description="Write a partial shard every this many finished groups.")
     """The scheduler writes groups in admission order, a shard as soon as a batch of
     `trainer.batch_groups` is complete, and a partial one every `shard_groups` finished groups
@@ -75,24 +54,6 @@ class RolloutConfig(StrictModel):
     """The gate's effective bound drops toward ``min_eta`` while the drift the trainer measures
     (behaviour-weight tail, ESS) is over its budget and comes back up to ``eta``, never above
     it, when it is under (each change logged)."""
-    cpu_cores: tuple[int, ...] | None = Field(
-        None, description="CPU ids the rollout servers (and their engine processes) are pinned to; None = no pinning."
-    )
-    tensor_parallel_size: int = Field(
-        1, ge=1, description="Devices each server shards its model over (vLLM's `--tensor-parallel-size`)."
-    )
-    devices: list[tuple[int, ...]] | None = Field(
-        None, description="One device set per server (GPU ids, or CPU ids without GPUs); None: no placement."
-    )
-    """``num_servers`` sets of ``tensor_parallel_size`` ids each: GPU ids
-    (``CUDA_VISIBLE_DEVICES``) on a GPU machine, CPU ids (pinning) on a machine without GPUs.
-    Sets of components on the same placement must not overlap unless
-    ``placement.share_devices``."""
-
-    @field_validator("cpu_cores")
-    @classmethod
-    def _existing_cores(cls, cores: tuple[int, ...] | None) -> tuple[int, ...] | None:
-        return check_cpu_cores(cores, "rollout.cpu_cores")
 
     @model_validator(mode="after")
     def _adaptive_within_eta(self) -> RolloutConfig:
@@ -121,43 +82,3 @@ class RolloutConfig(StrictModel):
                 "a group of one sample always has equal rewards and would never be trained"
             )
         return self
-
-    @model_validator(mode="after")
-    def _device_sets(self) -> RolloutConfig:
-        if self.devices is None:
-            return self
-        if len(self.devices) != self.num_servers:
-            raise ValueError(
-                f"rollout.devices: {len(self.devices)} device sets for rollout.num_servers={self.num_servers}; "
-                "give one set per server"
-            )
-        for k, ids in enumerate(self.devices):
-            if len(ids) != self.tensor_parallel_size or len(set(ids)) != len(ids) or min(ids, default=0) < 0:
-                raise ValueError(
-                    f"rollout.devices[{k}]: {list(ids)} must be {self.tensor_parallel_size} distinct device ids >= 0 "
-                    f"(rollout.tensor_parallel_size={self.tensor_parallel_size})"
-                )
-        return self
-
-    @field_validator("api_key")
-    @classmethod
-    def _not_redacted(cls, api_key: Any) -> Any:  # noqa: ANN401
-        if api_key is not None:
-            refuse_redacted("rollout.api_key", api_key.get_secret_value(), f"set {API_KEY_ENV} in the flow run's environment")
-        return api_key
-
-    @model_validator(mode="after")
-    def _api_key_off_loopback(self) -> RolloutConfig:
-        if self.host not in ("127.0.0.1", "localhost", "::1") and self.api_key_value() is None:
-            raise ValueError(
-                f"rollout.api_key: required when rollout.host is {self.host!r} (not loopback); set it "
-                f"or {API_KEY_ENV} in the environment: the pause/resume/collective-RPC endpoints must "
-                "never be reachable without it"
-            )
-        return self
-
-    def api_key_value(self) -> str | None:
-        """The servers' bearer key: ``api_key``, else ``$ASYNCRL_ROLLOUT_API_KEY``, else None."""
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        return os.environ.get(API_KEY_ENV) or None

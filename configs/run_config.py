@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from asyncrl.configs.base import StrictModel
 from asyncrl.configs.data import DataConfig
+from asyncrl.configs.inference import InferenceConfig, moved_keys_error
 from asyncrl.configs.model import ModelConfig
 from asyncrl.configs.pipeline import PipelineConfig
 from asyncrl.configs.placement import PlacementConfig, RunSettings
@@ -35,7 +38,10 @@ class RunConfig(StrictModel):
     work_dir: str = Field("runs", description="Local scratch root: this run's logs, caches and metrics go under `<work_dir>/<name>/`.")
     model: ModelConfig = Field(description="The model the run starts from.")
     data: DataConfig = Field(description="Prompt files: RL, held-out and warm-start.")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation: vLLM servers, sampling, staleness.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation: sampling, staleness, episodes, shards.")
+    inference: InferenceConfig = Field(
+        default_factory=InferenceConfig, description="The vLLM servers: how many, where they listen, their devices."
+    )
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="RL training: batches, objective, optimizer, placement.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="The reward service: verifiers, sandbox, pool, plug-ins.")
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig, description="Stages around RL: data, SFT warm start, evaluation, registry.")
@@ -43,6 +49,16 @@ class RunConfig(StrictModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking, pass@k and the mismatch canary.")
     run: RunSettings = Field(default_factory=RunSettings, description="Supervision of the components: restarts and start timeouts.")
     placement: PlacementConfig = Field(default_factory=PlacementConfig, description="Where each component runs: locally or as deployment flow runs.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_moved_keys(cls, raw: Any) -> Any:  # noqa: ANN401 - the raw input
+        """A config written before a key moved fails naming the key's new place
+        (:data:`~asyncrl.configs.inference.MOVED_KEYS`), not as an unknown key."""
+        moved = moved_keys_error(raw)
+        if moved:
+            raise ValueError(moved)
+        return raw
 
     @model_validator(mode="after")
     def _placement_rules(self) -> RunConfig:
@@ -53,7 +69,8 @@ class RunConfig(StrictModel):
             )
         if self.placement.share_devices:
             return self
-        sets = [(f"rollout.devices[{k}]", self.placement.rollout_server, ids) for k, ids in enumerate(self.rollout.devices or [])]
+        servers = enumerate(self.inference.devices or [])
+        sets = [(f"inference.devices[{k}]", self.placement.rollout_server, ids) for k, ids in servers]
         if self.trainer.devices is not None:
             sets.append(("trainer.devices", self.placement.trainer, self.trainer.devices))
         evaluator = self.pipeline.training_eval.devices
@@ -110,11 +127,11 @@ class RunConfig(StrictModel):
                 "set data.eval_path (or set pipeline.eval_every: 0)"
             )
         evaluator = self.pipeline.training_eval.devices
-        tp = self.rollout.tensor_parallel_size
+        tp = self.inference.tensor_parallel_size
         if self.pipeline.eval_every and evaluator is not None and len(evaluator) != tp:
             raise ValueError(
                 f"pipeline.training_eval.devices: {list(evaluator)} must be {tp} device ids "
-                f"(rollout.tensor_parallel_size={tp}): the evaluator's server shards the model as the rollout servers do"
+                f"(inference.tensor_parallel_size={tp}): the evaluator's server shards the model as the rollout servers do"
             )
         synthetic = self.pipeline.synthetic_data
         if synthetic is not None and synthetic.n_sft > 0 and self.data.sft_path is None:

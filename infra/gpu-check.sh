@@ -28,7 +28,7 @@
 #      the synchronous run and eta 4 (keep) on the tiny model, server and trainer sharing GPU 0
 #      (each run's efficiency against its limit, its fill and its weight-sync stall fraction);
 #   4. `asyncrl run configs/gpu-check.yaml`: data, a 60-step SFT warm start, 8 asynchronous RL
-#      steps with the vLLM server and the DeepSpeed trainer sharing GPU 0 (rollout.devices
+#      steps with the vLLM server and the DeepSpeed trainer sharing GPU 0 (inference.devices
 #      [[0]], trainer.devices [0], placement.share_devices), evaluation and registration;
 #   5. the figures (seconds, tokens/s, GPU memory) as a Markdown table for the README.
 # The GPU's memory and utilisation are sampled every 2 s throughout (gpu-samples.txt), and

@@ -7,6 +7,7 @@ loss leaves the old or the new file, never a partial one.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import tempfile
@@ -88,3 +89,15 @@ def link_file(root: RunRoot, relpath: str, local_path: Path) -> bool:
         raise
     fsync_path(str(local_path.parent))
     return True
+
+
+_HASH_CHUNK = 8 * 2**20
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of a local file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

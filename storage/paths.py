@@ -116,6 +116,23 @@ def quarantine_path(name: str) -> str:
     return join(QUARANTINE_DIR, name)
 
 
+_QUARANTINE_SUFFIX_RE = re.compile(r"^[0-9a-f]{8}$")
+
+
+def parse_quarantine_name(name: str) -> str | None:
+    """The shard file name of which ``name`` (in ``quarantine/``) is a copy: ``name`` itself,
+    or ``name`` less the unique suffix ``.{8 hex digits}`` of a second copy (see
+    :meth:`asyncrl.storage.shards.ShardReader.quarantine`); ``None`` for any other name."""
+    shard, dot, suffix = name.partition(".arrow.")
+    if dot:
+        shard = f"{shard}.arrow"
+        if not _QUARANTINE_SUFFIX_RE.match(suffix):
+            return None
+    else:
+        shard = name
+    return shard if parse_shard_name(shard) is not None else None
+
+
 def component_heartbeat(component: str, replica: int) -> str:
     """Relative path of the heartbeat of replica ``replica`` of a remote ``component``."""
     _check_non_negative("component replica", replica)

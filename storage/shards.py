@@ -78,6 +78,20 @@ class SeqClaim:
     group_ids: tuple[str, ...] | None
 
 
+def _parse_claim(seq: int, content: dict[str, object]) -> SeqClaim:
+    shard = content.get("shard")
+    groups = content.get("groups")
+    if isinstance(shard, str) and isinstance(groups, list) and all(isinstance(g, str) for g in groups):
+        return SeqClaim(seq, shard, tuple(groups))
+    return SeqClaim(seq, None, None)
+
+
+def read_claim(root: RunRoot, seq: int) -> SeqClaim | None:
+    """The claim of sequence number ``seq`` (one read), or ``None`` if it is not claimed."""
+    content = fs.read_json_object(root, paths.shard_seq_claim(seq))
+    return None if content is None else _parse_claim(seq, content)
+
+
 def read_claims(root: RunRoot, start_seq: int) -> list[SeqClaim]:
     """The claims ``start_seq``, ``start_seq + 1``, ... up to the first number not claimed.
 
@@ -88,17 +102,55 @@ def read_claims(root: RunRoot, start_seq: int) -> list[SeqClaim]:
     claims: list[SeqClaim] = []
     seq = start_seq
     while True:
-        relpath = paths.shard_seq_claim(seq)
-        content = fs.read_json_object(root, relpath)
-        if content is None:
+        claim = read_claim(root, seq)
+        if claim is None:
             return claims
-        shard = content.get("shard")
-        groups = content.get("groups")
-        if isinstance(shard, str) and isinstance(groups, list) and all(isinstance(g, str) for g in groups):
-            claims.append(SeqClaim(seq, shard, tuple(groups)))
-        else:
-            claims.append(SeqClaim(seq, None, None))
+        claims.append(claim)
         seq += 1
+
+
+@dataclass(frozen=True)
+class QuarantinedShard:
+    """A shard moved to ``quarantine/``, with the group ids its claim names."""
+
+    name: str
+    """The shard's file name (as it was published)."""
+    seq: int
+    copies: tuple[str, ...]
+    """Its files in ``quarantine/`` (relative paths): one, or more if it was quarantined
+    again with other bytes (unique suffixes, :meth:`ShardReader.quarantine`)."""
+    group_ids: tuple[str, ...] | None
+    """The groups it held, from its sequence-number claim (the file itself may be unreadable);
+    ``None`` if the claim names none, names another shard, or is gone."""
+
+
+def quarantined_shard_names(root: RunRoot) -> dict[str, tuple[str, ...]]:
+    """Shard name -> its copies in ``quarantine/`` (relative paths), by sequence number: one
+    listing of ``quarantine/``; names that are not shard copies are ignored."""
+    copies: dict[str, list[str]] = {}
+    for name in sorted(fs.list_dir(root, paths.QUARANTINE_DIR)):
+        shard = paths.parse_quarantine_name(name)
+        if shard is not None:
+            copies.setdefault(shard, []).append(paths.quarantine_path(name))
+    return {name: tuple(copies[name]) for name in sorted(copies)}  # names order as their 8-digit seq
+
+
+def quarantined_shard(root: RunRoot, name: str, copies: Sequence[str]) -> QuarantinedShard:
+    """The quarantined shard ``name`` with the groups its claim names (one read)."""
+    info = ShardInfo.from_name(name)
+    if info is None:
+        raise ValueError(f"{name!r} is not a shard file name")
+    claim = read_claim(root, info.seq)
+    groups = claim.group_ids if claim is not None and claim.shard == name else None
+    return QuarantinedShard(name, info.seq, tuple(copies), groups)
+
+
+def list_quarantined(root: RunRoot) -> list[QuarantinedShard]:
+    """Every quarantined shard, by sequence number, with the groups it held: one listing of
+    ``quarantine/`` and one claim read per quarantined shard (for audits; the scheduler reads
+    the claims of the shards it has not seen yet only,
+    :func:`asyncrl.tasks.scheduler.written_index.learn_quarantines`)."""
+    return [quarantined_shard(root, name, copies) for name, copies in quarantined_shard_names(root).items()]
 
 
 def _check_run_id(run_id: str) -> None:
@@ -384,7 +436,10 @@ class ShardReader:
         """Move the shard to ``quarantine/`` (a unique suffix if that name holds other bytes);
         return the relative path it now has. The one way a shard is rejected: the reader
         does it for files that break the contract, the trainer for data its model cannot
-        train on. Idempotent: a quarantine cut by a kill completes when repeated."""
+        train on. Idempotent: a quarantine cut by a kill completes when repeated. The
+        scheduler then generates the shard's groups again, once per quarantined shard
+        (:func:`asyncrl.tasks.scheduler.written_index.learn_quarantines`): it finds them by
+        listing ``quarantine/`` and reading the shard's claim (:func:`list_quarantined`)."""
         info = self._info(shard)
         target = paths.quarantine_path(info.name)
         try:

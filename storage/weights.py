@@ -13,7 +13,6 @@ Details: ``docs/internals/storage.md``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,14 +26,14 @@ from typing import Any
 from asyncrl.storage import compare_and_swap, fs, local_files, paths
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import RunRoot
-from asyncrl.storage.weight_lineage import LINEAGE_FILE
+from asyncrl.storage.local_files import file_sha256
+from asyncrl.storage.weight_lineage import LINEAGE_FILE, read_lineage
 
 MANIFEST_FORMAT = 2
 """2: ``files`` maps each name to ``{"size": bytes, "sha256": hex}``; 1: to its size."""
 REQUIRED_FILES = ("config.json",)
 WEIGHT_SUFFIX = ".safetensors"
 """Files of a pruned version that stay in the store (see the module docstring)."""
-_HASH_CHUNK = 8 * 2**20
 
 
 class WeightIntegrityError(OSError):
@@ -61,15 +60,6 @@ def manifest_files(manifest: dict[str, Any]) -> dict[str, ManifestFile]:
         else:
             raise ValueError(f"manifest entry for {name!r} is neither a size nor {{size, sha256}}: {entry!r}")
     return files
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 (hex) of a local file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _pointer_version(raw: bytes | None) -> int | None:
@@ -363,3 +353,11 @@ class WeightStore:
 
     def _is_complete(self, version: int) -> bool:
         return fs.exists(self._root, paths.weights_complete_marker(version))
+
+
+def final_step_published(root: RunRoot, max_steps: int) -> bool:
+    """Whether the newest published weights are those of step ``max_steps`` (or later)."""
+    latest = WeightStore(root).latest()
+    lineage = None if latest is None else read_lineage(root, latest)
+    step = None if lineage is None else lineage.get("step")
+    return isinstance(step, int) and step >= max_steps

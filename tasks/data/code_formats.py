@@ -1,28 +1,46 @@
 """The unit tests of a code row, read from each code layout's columns.
 
 Each reader takes one row (a dict: a JSON Lines object or a Parquet row, whose nested
-structs and lists arrive as dicts and lists) and returns ``(CodeTests, solution or None)``.
+structs and lists arrive as dicts and lists) and returns ``(CodeTests, solution or None)``;
+given ``origins``, it also adds the row's test count per origin (:data:`TEST_ORIGINS`) to it.
 A column may hold JSON text or the same value nested; both are accepted. Every refusal is a
 :class:`DatasetError` naming the file and row (``where``) and the field.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 import math
+import pickle
 import re
+import zlib
+from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from asyncrl.tasks.data.records import DatasetError
 from asyncrl.tasks.reward.code_reward import call_case_problem, code_tests_from_json
 from asyncrl.tasks.reward.types import CallCase, CodeTests, StdioCase
 
-CodeReader = Callable[[Mapping[str, Any], str], tuple[CodeTests, str | None]]
 TESTS_FIELD = "tests"
 CODECONTESTS_TESTS: tuple[str, ...] = ("public_tests", "private_tests", "generated_tests")
+PUBLIC, PRIVATE, GENERATED, UNSPLIT = "public", "private", "generated", "unsplit"
+TEST_ORIGINS: tuple[str, ...] = (PUBLIC, PRIVATE, GENERATED, UNSPLIT)
+"""Where a row's tests came from: LiveCodeBench's and CodeContests' public/private/generated
+columns, or ``unsplit`` for a layout with one test set (asyncrl ``tests``, APPS/TACO
+``input_output``)."""
+_CODECONTESTS_ORIGIN = dict(zip(CODECONTESTS_TESTS, (PUBLIC, PRIVATE, GENERATED)))
 CODECONTESTS_PYTHON3: tuple[Any, ...] = (3, "3", "PYTHON3", "python3")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|sec|secs|second|seconds|ms|milliseconds)?\s*$", re.IGNORECASE)
+
+
+class CodeReader(Protocol):
+    def __call__(
+        self, row: Mapping[str, Any], where: str, origins: Counter[str] | None = None
+    ) -> tuple[CodeTests, str | None]: ...
 
 
 def _fail(where: str, name: str, detail: str) -> DatasetError:
@@ -97,9 +115,13 @@ def parse_tests(data: Any, where: str, name: str = TESTS_FIELD) -> CodeTests:  #
         raise DatasetError(str(exc)) from None
 
 
-def read_asyncrl_code(row: Mapping[str, Any], where: str) -> tuple[CodeTests, str | None]:
+def read_asyncrl_code(
+    row: Mapping[str, Any], where: str, origins: Counter[str] | None = None
+) -> tuple[CodeTests, str | None]:
     """``tests`` (tests-file format) + optional ``solution`` (a reference program)."""
     tests = parse_tests(json_field(row, TESTS_FIELD, where), where)
+    if origins is not None:
+        origins[UNSPLIT] += tests.count
     solution = row.get("solution")
     if solution is not None and not isinstance(solution, str):
         raise _fail(where, "solution", f"must be text, got {_kind(solution)}")
@@ -132,7 +154,7 @@ def parse_time_limit(value: Any, where: str, name: str) -> float | None:  # noqa
     return _positive_seconds(value, where, name)
 
 
-def read_apps(row: Mapping[str, Any], where: str) -> tuple[CodeTests, str | None]:
+def read_apps(row: Mapping[str, Any], where: str, origins: Counter[str] | None = None) -> tuple[CodeTests, str | None]:
     """``input_output`` ``{"inputs", "outputs", "fn_name"?}``, optional ``solutions`` (a
     JSON list of programs; the first is the solution) and ``time_limit``."""
     name = "input_output"
@@ -168,6 +190,8 @@ def read_apps(row: Mapping[str, Any], where: str) -> tuple[CodeTests, str | None
             )
             calls.append(_checked(case, where, name, f"case {i}"))
     limit = parse_time_limit(row.get("time_limit"), where, "time_limit")
+    if origins is not None:
+        origins[UNSPLIT] += len(stdio) + len(calls)
     return CodeTests(stdio=tuple(stdio), calls=tuple(calls), time_limit_s=limit), _first_solution(row, where)
 
 
@@ -210,12 +234,49 @@ def _lcb_cases(cases: Any, where: str, name: str, function: Callable[[], str]) -
     return built
 
 
-def read_livecodebench(row: Mapping[str, Any], where: str) -> tuple[CodeTests, str | None]:
-    """``public_test_cases`` and, only when it is plain JSON, ``private_test_cases``: a list
-    of ``{"input", "output", "testtype": "stdin" | "functional"}``. A functional case's input
-    holds one JSON value per line (the arguments) and its output the JSON return value;
-    ``metadata`` (JSON) names the function as ``func_name``. Private cases in any other form
-    (the release's base64/zlib/pickle text) are ignored, never decoded: unpickling runs code."""
+class _RefusedGlobal(Exception):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds only pickle's own values (str, bytes, numbers, bool, None, list, tuple, dict,
+    set): every global (a class or function, the only way a pickle runs code) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:  # noqa: ANN401
+        raise _RefusedGlobal(f"{module}.{name}")
+
+
+def decode_lcb_private(text: str, where: str, name: str = "private_test_cases") -> Any:  # noqa: ANN401
+    """LiveCodeBench's released private cases: ``base64(zlib(pickle(JSON text)))``, read
+    with :class:`_PlainUnpickler`, so a pickle naming any global is refused, never run."""
+    try:
+        packed = zlib.decompress(base64.b64decode(text))
+    except (binascii.Error, zlib.error, ValueError) as exc:
+        raise _fail(where, name, f"neither a JSON list nor base64(zlib(pickle)) text ({exc}): {text!r:.60}") from None
+    try:
+        value = _PlainUnpickler(io.BytesIO(packed)).load()
+    except _RefusedGlobal as exc:
+        raise _fail(where, name, f"the pickle names a global ({exc.name}); refusing to load it") from None
+    except Exception as exc:  # a corrupt pickle raises many types; no code of the file ran
+        raise _fail(where, name, f"not a readable pickle ({type(exc).__name__}: {exc})") from None
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _fail(where, name, "the unpickled bytes are not UTF-8 text") from None
+    return _parse_json_text(value, where, name, "the unpickled value") if isinstance(value, str) else value
+
+
+def read_livecodebench(
+    row: Mapping[str, Any], where: str, origins: Counter[str] | None = None
+) -> tuple[CodeTests, str | None]:
+    """``public_test_cases`` and optional ``private_test_cases``: a list of ``{"input",
+    "output", "testtype": "stdin" | "functional"}``, as JSON text, nested, or (private, as
+    released) :func:`decode_lcb_private` text. A functional case's input holds one JSON
+    value per line (the arguments) and its output the JSON return value; ``metadata`` (JSON)
+    names the function as ``func_name``."""
 
     def function() -> str:
         metadata = json_field(row, "metadata", where, required=False)
@@ -226,14 +287,20 @@ def read_livecodebench(row: Mapping[str, Any], where: str) -> tuple[CodeTests, s
             )
         return name
 
-    cases = _lcb_cases(json_field(row, "public_test_cases", where), where, "public_test_cases", function)
-    private = row.get("private_test_cases")
-    if isinstance(private, str) and private.lstrip().startswith("["):
-        private = json_field(row, "private_test_cases", where)
-    if isinstance(private, list):
-        cases += _lcb_cases(private, where, "private_test_cases", function)
+    public = _lcb_cases(json_field(row, "public_test_cases", where), where, "public_test_cases", function)
+    private_field = "private_test_cases"
+    private = row.get(private_field)
+    if isinstance(private, str) and private.strip() and not private.lstrip().startswith("["):
+        private = decode_lcb_private(private.strip(), where, private_field)
+    else:
+        private = json_field(row, private_field, where, required=False)
+    private_cases = [] if private is None else _lcb_cases(private, where, private_field, function)
+    cases = public + private_cases
     if not cases:
         raise _fail(where, "public_test_cases", "no tests: the list is empty")
+    if origins is not None:
+        origins[PUBLIC] += len(public)
+        origins[PRIVATE] += len(private_cases)
     stdio = tuple(c for c in cases if isinstance(c, StdioCase))
     calls = tuple(c for c in cases if isinstance(c, CallCase))
     return CodeTests(stdio=stdio, calls=calls), None
@@ -256,7 +323,9 @@ def _seconds_and_nanos(value: Any, where: str) -> float | None:  # noqa: ANN401
     return parse_time_limit(value, where, "time_limit")
 
 
-def read_codecontests(row: Mapping[str, Any], where: str) -> tuple[CodeTests, str | None]:
+def read_codecontests(
+    row: Mapping[str, Any], where: str, origins: Counter[str] | None = None
+) -> tuple[CodeTests, str | None]:
     """``public_tests``/``private_tests``/``generated_tests`` ``{"input": [...], "output":
     [...]}`` (stdio cases, in that order), ``time_limit`` ``{"seconds", "nanos"}`` and
     ``solutions`` ``{"language": [...], "solution": [...]}`` (the first Python 3 one, language 3)."""
@@ -274,6 +343,8 @@ def read_codecontests(row: Mapping[str, Any], where: str) -> tuple[CodeTests, st
             raise _fail(where, name, f"{len(inputs)} inputs but {len(outputs)} outputs")
         for i, (given, wanted) in enumerate(zip(inputs, outputs)):
             stdio.append(StdioCase(input=_lines(given, where, name, f"input[{i}]"), output=_lines(wanted, where, name, f"output[{i}]")))
+        if origins is not None:
+            origins[_CODECONTESTS_ORIGIN[name]] += len(inputs)
     if not stdio:
         raise DatasetError(f"{where}: no tests: fields {', '.join(map(repr, CODECONTESTS_TESTS))} are all absent or empty")
     limit = _seconds_and_nanos(row.get("time_limit"), where)

@@ -6,18 +6,24 @@ math (``prompt``/``answer``, GSM8K, MATH) and code (asyncrl's ``prompt``/``tests
 APPS/TACO, LiveCodeBench, CodeContests). Any layout may add ``task`` (``math``, ``code`` or
 a plug-in under ``reward.plugins``) and a per-prompt ``max_new_tokens``. Formats by
 extension: ``.parquet``/``.pq``, ``.jsonl``/``.json``, and ``.yaml``/``.yml`` for a mixture
-(:mod:`asyncrl.tasks.data.mixture`); paths may be any fsspec URI. Encoded test cases that
-would need unpickling are ignored, never decoded. Every layout's columns and rules:
+(:mod:`asyncrl.tasks.data.mixture`); paths may be any fsspec URI. LiveCodeBench's pickled
+private tests are decoded by an unpickler that refuses every global. Each load logs one INFO
+line saying what it read (:class:`LoadReport`). Every layout's columns and rules:
 ``docs/internals/data.md``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator
+import logging
+from collections import Counter
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from asyncrl.tasks.data.code_formats import TEST_ORIGINS
 from asyncrl.tasks.data.formats import (
     ANSWER_FIELD,
     BUDGET_FIELD,
@@ -52,9 +58,11 @@ __all__ = [
     "PROMPT_FIELDS",
     "SOLUTION_FIELD",
     "DatasetError",
+    "LoadReport",
     "PromptRecord",
     "dataset_files",
     "load_prompts",
+    "load_prompts_with_report",
     "make_prompt_id",
     "split_final_answer",
     "supported_formats",
@@ -62,6 +70,67 @@ __all__ = [
 
 PARQUET_SUFFIXES: tuple[str, ...] = (".parquet", ".pq")
 JSONL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json")
+CASE_KINDS: tuple[str, ...] = ("stdio", "call", "assert")
+LOG = logging.getLogger("asyncrl.data")
+
+
+def _counts(counts: Mapping[str, int], order: Sequence[str] = (), keep_zero: bool = False) -> str:
+    keys = [*order, *sorted(k for k in counts if k not in order)]
+    return ", ".join(f"{k} {counts.get(k, 0)}" for k in keys if keep_zero or counts.get(k, 0))
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What one load read, so a run says what it trains on (e.g. that LiveCodeBench's
+    private tests were used): one line by :meth:`summary`."""
+
+    path: str
+    files: tuple[tuple[str, str], ...]
+    """(path, layout name) of each data file read (a mixture's sources)."""
+    rows: Mapping[str, int] = field(default_factory=dict)
+    """Rows read per task (``math``, ``code``, a plug-in), summed over the files."""
+    tests: Mapping[str, int] = field(default_factory=dict)
+    """Code tests per case kind: ``stdio``, ``call``, ``assert``."""
+    test_origins: Mapping[str, int] = field(default_factory=dict)
+    """Code tests per origin (:data:`~asyncrl.tasks.data.code_formats.TEST_ORIGINS`)."""
+    records: int = 0
+    """Records returned: the rows, or a mixture's weighted epoch."""
+
+    def summary(self) -> str:
+        """E.g. ``lcb.jsonl (LiveCodeBench): 2 rows: code 2; code tests 5: stdio 3, call 2,
+        assert 0; public 2, private 3``."""
+        if len(self.files) == 1 and self.files[0][0] == self.path:
+            source = f"{self.path} ({self.files[0][1]})"
+        else:
+            listed = ", ".join(f"{path} ({layout})" for path, layout in self.files)
+            source = f"{self.path}: mixture of {len(self.files)} files [{listed}], {self.records} records per epoch"
+        text = f"{source}: {sum(self.rows.values())} rows: {_counts(self.rows, BUILTIN_TASKS)}"
+        if self.rows.get(CODE_TASK):
+            text += f"; code tests {sum(self.tests.values())}: {_counts(self.tests, CASE_KINDS, keep_zero=True)}"
+            text += f"; {_counts(self.test_origins, TEST_ORIGINS)}"
+        return text
+
+
+def _file_report(path: str, layout: str, records: Sequence[PromptRecord], origins: Mapping[str, int]) -> LoadReport:
+    rows = Counter(record.task for record in records)
+    tests = dict.fromkeys(CASE_KINDS, 0)
+    for record in records:
+        if record.tests is not None:
+            tests["stdio"] += len(record.tests.stdio)
+            tests["call"] += len(record.tests.calls)
+            tests["assert"] += len(record.tests.asserts)
+    return LoadReport(path, ((path, layout),), dict(rows), tests, dict(origins), len(records))
+
+
+def _mixture_report(path: str, sources: Sequence[LoadReport], records: int) -> LoadReport:
+    def total(name: str) -> dict[str, int]:
+        summed: Counter[str] = Counter()
+        for report in sources:
+            summed.update(getattr(report, name))
+        return dict(summed)
+
+    files = tuple(entry for report in sources for entry in report.files)
+    return LoadReport(path, files, total("rows"), total("tests"), total("test_origins"), records)
 
 
 def supported_formats() -> str:
@@ -88,9 +157,14 @@ def _layout(columns: list[str], where: str, names: tuple[str | None, str | None,
     return detect_layout(columns, where)
 
 
+def _counting(layout: Layout, origins: Counter[str]) -> Layout:
+    """``layout`` whose code reader adds each row's tests per origin to ``origins``."""
+    return replace(layout, code=partial(layout.code, origins=origins))
+
+
 def _read_parquet(
     path: str, names: tuple[str | None, str | None, str | None], plugins: Collection[str], task: str | None
-) -> list[PromptRecord]:
+) -> tuple[list[PromptRecord], LoadReport]:
     import pyarrow.parquet as pq
 
     with _open_binary(path) as handle:
@@ -108,7 +182,10 @@ def _read_parquet(
         except Exception as exc:  # pyarrow raises several types for a corrupt file
             raise DatasetError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
     rows = _parquet_rows(table, path)
-    return [build_record(row, index, layout, f"{path}, row {index}", plugins, task) for index, row in enumerate(rows)]
+    origins: Counter[str] = Counter()
+    counted = _counting(layout, origins)
+    records = [build_record(row, index, counted, f"{path}, row {index}", plugins, task) for index, row in enumerate(rows)]
+    return records, _file_report(path, layout.name, records, origins)
 
 
 def _parquet_rows(table: Any, path: str) -> list[dict[str, Any]]:  # noqa: ANN401 - a pyarrow Table
@@ -166,7 +243,7 @@ def _json_objects(path: str, text: str) -> Iterator[tuple[int, str, dict[str, An
 
 def _read_json_lines(
     path: str, names: tuple[str | None, str | None, str | None], plugins: Collection[str], task: str | None
-) -> list[PromptRecord]:
+) -> tuple[list[PromptRecord], LoadReport]:
     with _open_binary(path) as handle:
         raw = handle.read()
     try:
@@ -180,12 +257,13 @@ def _read_json_lines(
         ) from None
     records: list[PromptRecord] = []
     layout: Layout | None = None
+    origins: Counter[str] = Counter()
     for row, where, item in _json_objects(path, text):
         if layout is None:
             # The first object fixes the layout; later rows are checked against it.
-            layout = _layout(list(item), where, names)
+            layout = _counting(_layout(list(item), where, names), origins)
         records.append(build_record(item, row, layout, where, plugins, task))
-    return records
+    return records, _file_report(path, layout.name if layout else "empty", records, origins)
 
 
 def _suffix(path: str) -> str:
@@ -208,7 +286,8 @@ def load_prompts(
     task: str | None = None,
 ) -> list[PromptRecord]:
     """All records of a prompt file, in file order, or one epoch of a mixture file
-    (module docstring for layouts and formats; :mod:`asyncrl.tasks.data.mixture`).
+    (module docstring for layouts and formats; :mod:`asyncrl.tasks.data.mixture`); logs
+    what it read (:meth:`LoadReport.summary`) as one INFO line on ``asyncrl.data``.
 
     ``plugins``: the plug-in rewards configured under ``reward.plugins``: the tasks a row may
     name besides ``math`` and ``code``. ``task``: every row's task (a mixture source's
@@ -221,6 +300,23 @@ def load_prompts(
     numbered from 0 in file order (blank JSON lines skipped); JSON Lines errors also give
     the 1-based line.
     """
+    records, report = load_prompts_with_report(
+        path, prompt_field=prompt_field, answer_field=answer_field, solution_field=solution_field, plugins=plugins, task=task
+    )
+    LOG.info("dataset %s", report.summary())
+    return records
+
+
+def load_prompts_with_report(
+    path: str | Path,
+    *,
+    prompt_field: str | None = None,
+    answer_field: str | None = None,
+    solution_field: str | None = None,
+    plugins: Collection[str] = (),
+    task: str | None = None,
+) -> tuple[list[PromptRecord], LoadReport]:
+    """:func:`load_prompts`'s records and what the load read, without logging it."""
     path_text = str(path)
     names = (prompt_field, answer_field, solution_field)
     if task is not None:
@@ -231,28 +327,32 @@ def load_prompts(
             raise DatasetError(f"{path_text}: a mixture takes no field names or task; set them per source")
         return _load_mixture(path_text, plugins)
     if suffix in PARQUET_SUFFIXES:
-        records = _read_parquet(path_text, names, plugins, task)
+        records, report = _read_parquet(path_text, names, plugins, task)
     elif suffix in JSONL_SUFFIXES:
-        records = _read_json_lines(path_text, names, plugins, task)
+        records, report = _read_json_lines(path_text, names, plugins, task)
     else:
         raise DatasetError(
             f"{path_text}: unsupported file extension {suffix or '(none)'!r}; expected {supported_formats()}"
         )
     if not records:
         raise DatasetError(f"{path_text}: contains no records")
-    return records
+    return records, report
 
 
-def _load_mixture(path: str, plugins: Collection[str]) -> list[PromptRecord]:
+def _load_mixture(path: str, plugins: Collection[str]) -> tuple[list[PromptRecord], LoadReport]:
     mixture = _read_mixture(path)
     loaded = []
+    reports = []
     for index, source in enumerate(mixture.sources):
         if source.task is not None:
             check_task(source.task, plugins, f"{path}: sources[{index}]", "task")
         if _suffix(source.path) in MIXTURE_SUFFIXES:
             raise DatasetError(f"{path}: sources[{index}].path: {source.path!r} is a mixture; sources must be data files")
-        loaded.append(load_prompts(source.path, plugins=plugins, task=source.task))
-    return mix(mixture, loaded)
+        records, report = load_prompts_with_report(source.path, plugins=plugins, task=source.task)
+        loaded.append(records)
+        reports.append(report)
+    epoch = mix(mixture, loaded)
+    return epoch, _mixture_report(path, reports, len(epoch))
 
 
 def dataset_files(path: str | Path) -> list[str]:

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar, get_args
 
+from asyncrl.configs.synthetic_specs import ArithmeticSpec
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -29,40 +31,6 @@ _Drawn = TypeVar("_Drawn")
 FINAL_ANSWER_MARKER = "####"
 PROMPT_TEMPLATE = "What is {expression}?"
 SPLIT_FILES: dict[str, str] = {"train": "train.parquet", "heldout": "heldout.parquet"}
-
-
-@dataclass(frozen=True)
-class ArithmeticSpec:
-    """How problems are drawn.
-
-    - steps: k in [min_steps, max_steps] with P(k) proportional to k ** -step_exponent.
-    - operators: ``*`` with probability mul_prob, else ``+`` or ``-`` with equal chance.
-    - operands: first number and ``+``/``-`` operands uniform in [1, max_addend];
-      ``*`` operands uniform in [2, max_factor].
-    The defaults keep the longest prompt under 64 bytes (= tokens of the tiny tokenizer).
-    """
-
-    min_steps: int = 2
-    max_steps: int = 16
-    step_exponent: float = 1.5
-    mul_prob: float = 0.25
-    max_addend: int = 20
-    max_factor: int = 9
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_steps <= self.max_steps:
-            raise ValueError(
-                f"ArithmeticSpec: need 1 <= min_steps <= max_steps, got min_steps={self.min_steps}, "
-                f"max_steps={self.max_steps}"
-            )
-        if self.step_exponent < 0:
-            raise ValueError(f"ArithmeticSpec: step_exponent must be >= 0, got {self.step_exponent}")
-        if not 0.0 <= self.mul_prob <= 1.0:
-            raise ValueError(f"ArithmeticSpec: mul_prob must be in [0, 1], got {self.mul_prob}")
-        if self.max_addend < 1:
-            raise ValueError(f"ArithmeticSpec: max_addend must be >= 1, got {self.max_addend}")
-        if self.max_factor < 2:
-            raise ValueError(f"ArithmeticSpec: max_factor must be >= 2, got {self.max_factor}")
 
 
 @dataclass(frozen=True)

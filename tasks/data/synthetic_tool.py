@@ -6,7 +6,7 @@ prompts are math rows; warm-start rows add a ``conversation`` demonstration in O
 messages, of kind ``tool`` (call ``calc``, read the result, answer ``#### <answer>``) or
 ``direct`` (answer at once), mixed in ``tool_share``. RL rewards the calls, which is what the
 demo measures. Demonstrations go through the recording endpoint's conversation code
-(:func:`asyncrl.tasks.inference.conversation.demonstration_tokens`), so the warm start sees
+(:func:`asyncrl.tasks.agent.demonstration.demonstration_tokens`), so the warm start sees
 the exact tokens the model will produce and read at RL time.
 """
 

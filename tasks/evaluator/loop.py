@@ -31,11 +31,12 @@ from asyncrl.tasks.evaluator.schedule import pick_version
 from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
-from asyncrl.tasks.inference.weight_sync import ServerWeightLoader, fetch_weight_version
-from asyncrl.tasks.launch.components_setup import evaluator_server_config
+from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
+from asyncrl.tasks.model.weight_fetch import model_weights
+from asyncrl.tasks.placement.launch_settings import evaluator_server_config
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.evaluator.held_out import EvalResult, HeldOutTask, held_out_task
-from asyncrl.tasks.scheduler.main import final_step_published
+from asyncrl.storage.weights import final_step_published
 
 LOG = logging.getLogger("asyncrl.evaluator")
 T = TypeVar("T")
@@ -91,13 +92,8 @@ class Evaluator:
         return None
 
     def model_dir(self, version: int) -> Path:
-        """A local directory of ``version``'s weights: fetched into :attr:`cache_dir`, or
-        ``model.path`` for a version 0 the run root does not hold."""
-        if version == 0 and not fs.exists(self.paths.root, paths.weights_complete_marker(0)):
-            return Path(self.config.model.path)
-        storage = self.config.storage
-        model_dir, _ = fetch_weight_version(storage.root, dict(storage.options), version, self.cache_dir)
-        return model_dir
+        """A local directory of ``version``'s weights (:func:`model_weights`, into :attr:`cache_dir`)."""
+        return model_weights(self.paths.root, self.config.model.path, version, self.cache_dir)
 
     @property
     def cache_dir(self) -> Path:

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.configs.loading import ConfigError, load_config
+from asyncrl.tasks.evaluator.process import MODULE
 from asyncrl.tasks.system.process_group import lower_own_session_priority
 from asyncrl.tasks.system.run_paths import run_paths
-from asyncrl.tasks.scheduler.main import StopSignal
+from asyncrl.tasks.system.stop_signal import StopSignal
 
-MODULE = "asyncrl.tasks.evaluator.main"
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
 logger = logging.getLogger("asyncrl.evaluator")
 

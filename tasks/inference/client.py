@@ -8,8 +8,8 @@ an abort, or elsewhere after a server failure) as prompt + tokens so far.
 in ``interrupt_mode`` ``recompute`` (abort and resubmit; the paper's) or ``keep`` (freeze with
 the KV cache and continue). Rejoin: a server out of rotation is looked at again with a doubling
 wait up to :data:`~asyncrl.tasks.inference.server_rotation.MAX_REJOIN_WAIT_S` and put back at
-the next weight update once it answers
-(:class:`~asyncrl.tasks.inference.server_rotation.ServerRotation`). Modes, failures and rejoin
+the next weight update once it answers (the client's
+:class:`~asyncrl.tasks.inference.server_rotation.ServerRotation`). Modes, failures and rejoin
 in detail: ``docs/internals/inference.md``.
 """
 
@@ -51,7 +51,7 @@ KEEPALIVE_S = 2.0
 """Idle time after which the client drops a pooled connection (uvicorn closes at 5 s)."""
 
 
-class RolloutClient(ServerRotation):
+class RolloutClient:
     """Generates sample groups on a pool of vLLM servers and updates their weights in place.
 
     Use as ``async with RolloutClient(servers) as client:``. Each server's engine
@@ -65,7 +65,7 @@ class RolloutClient(ServerRotation):
     until the requests it meant to interrupt had ended.
 
     ``rejoin_probe_s``: the first wait before a server out of rotation is looked at again
-    (module docstring, "Rejoin").
+    (module docstring, "Rejoin"); the client's :class:`ServerRotation` does the looking.
     """
 
     def __init__(
@@ -97,15 +97,20 @@ class RolloutClient(ServerRotation):
         self._initial_version = initial_version
         self._max_segments = max_segments
         self._stream_interval = stream_interval
-        self._control_timeout = httpx.Timeout(control_timeout_s)
         # Read timeout = longest silence in one stream; a keep-mode pause is such a silence.
         self._request_timeout = httpx.Timeout(connect=30.0, read=request_timeout_s, write=60.0, pool=None)
         self._http: httpx.AsyncClient | None = None
+        self._rotation = ServerRotation(
+            self._pool,
+            self._client,
+            control_timeout=httpx.Timeout(control_timeout_s),
+            request_timeout=self._request_timeout,
+            rejoin_probe_s=float(rejoin_probe_s),
+        )
         self._active: dict[int, set[PartialSample]] = {s.index: set() for s in self._pool.servers}
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._update_lock = asyncio.Lock()
-        self._rejoin_probe_s = float(rejoin_probe_s)
         self._watcher: asyncio.Task[None] | None = None
 
     # ----- lifecycle -----
@@ -130,11 +135,11 @@ class RolloutClient(ServerRotation):
             # under a request (a request sent as the server closes gets no response).
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
             self._http = httpx.AsyncClient(limits=limits)
-        await asyncio.gather(*(self._probe(server) for server in self._pool.live()))
+        await asyncio.gather(*(self._rotation.probe(server, self._initial_version) for server in self._pool.live()))
         if not self._pool.live():
             raise self._pool.no_live_error()
         if self._watcher is None:
-            self._watcher = asyncio.create_task(self._watch_out_of_rotation(), name="rollout-rejoin-watch")
+            self._watcher = asyncio.create_task(self._rotation.watch_out_of_rotation(), name="rollout-rejoin-watch")
 
     async def close(self) -> None:
         if self._watcher is not None:
@@ -144,6 +149,11 @@ class RolloutClient(ServerRotation):
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise RuntimeError("RolloutClient is not started: use `async with RolloutClient(...)` or `await start()`")
+        return self._http
 
     @property
     def interrupt_mode(self) -> InterruptMode:
@@ -264,7 +274,7 @@ class RolloutClient(ServerRotation):
             try:
                 segment = await self._stream_segment(server, partial, options)
             except ServerFailure as failure:
-                self._take_out(server, failure.reason)
+                self._rotation.take_out(server, failure.reason)
                 partial.retries += 1
                 if failure.partial is not None:
                     partial.extend(failure.partial)
@@ -365,7 +375,7 @@ class RolloutClient(ServerRotation):
                 stats = await self._update_all(servers, version, load)
             finally:
                 self._resumed.set()
-            await self._rejoin(version, load)
+            await self._rotation.rejoin(version, load)
             return stats
 
     async def _update_all(self, servers: list[ServerState], version: int, load: WeightLoader) -> UpdateStats:
@@ -386,7 +396,7 @@ class RolloutClient(ServerRotation):
                 # Idle (e.g. every synchronous update): nothing to stop, and nothing can start
                 # until the update ends (``_resumed`` is clear), so no pause round trip.
                 return
-            await self._control(server, "POST", "/pause", params=PAUSE_PARAMS[self._mode])
+            await self._rotation.control(server, "POST", "/pause", params=PAUSE_PARAMS[self._mode])
             paused.add(server.url)
 
         started = time.monotonic()
@@ -405,7 +415,7 @@ class RolloutClient(ServerRotation):
         phase_s["load"] = time.monotonic() - mark
 
         async def set_version(server: ServerState) -> None:
-            await self._control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
+            await self._rotation.control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
             server.version = version
 
         mark = time.monotonic()
@@ -415,7 +425,7 @@ class RolloutClient(ServerRotation):
 
         async def resume(server: ServerState) -> None:
             if server.url in paused:
-                await self._control(server, "POST", "/resume")
+                await self._rotation.control(server, "POST", "/resume")
             resumed_at[server.url] = time.monotonic()
 
         mark = time.monotonic()
@@ -466,13 +476,13 @@ class RolloutClient(ServerRotation):
                 fatal = fatal or result
             reason = f"{what} failed: {result}" if isinstance(result, ServerFailure) else f"{what} failed: {result!r}"
             failed[server.url] = reason
-            self._take_out(server, reason, rejoinable=not is_misconfigured)
-            await self._release_failed(server)
+            self._rotation.take_out(server, reason, rejoinable=not is_misconfigured)
+            await self._rotation.release_failed(server)
         if fatal is not None:
             # A broken deployment: the others may hold new weights under the old version label.
             for server in kept:
                 failed[server.url] = f"{what}: update abandoned after {fatal!r} on another server"
-                self._take_out(server, failed[server.url])
-            await asyncio.gather(*(self._release_failed(s) for s in kept))
+                self._rotation.take_out(server, failed[server.url])
+            await asyncio.gather(*(self._rotation.release_failed(s) for s in kept))
             raise fatal
         return kept

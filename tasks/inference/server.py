@@ -281,7 +281,7 @@ class RolloutServer:
         raise ForeignServerError(
             f"rollout server port {self.handle.url} is held by another process: it answers /health but "
             f"{detail}, not this start's {self.handle.model!r}; stop that process or choose another port "
-            "(rollout.base_port)",
+            "(inference.base_port)",
             self.log_tail(),
         )
 

@@ -56,5 +56,5 @@ def check_port_free(host: str, port: int) -> None:
                 raise RolloutServerError(f"rollout server cannot bind {_url_host(host)}:{port}: {exc.strerror}") from None
             raise PortInUseError(
                 f"rollout server port {port} on {host} is already in use by another process; stop that "
-                f"process (`ss -ltnp 'sport = :{port}'` shows it) or choose another port (rollout.base_port)"
+                f"process (`ss -ltnp 'sport = :{port}'` shows it) or choose another port (inference.base_port)"
             ) from None

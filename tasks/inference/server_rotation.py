@@ -1,8 +1,8 @@
 """The server pool side of the rollout client: control requests, taking a failing server out of
 rotation, looking at it again with a doubling wait, bringing it back at the next weight
-update, and the start-up check of each server. :class:`ServerRotation` is the base of
-:class:`~asyncrl.tasks.inference.client.RolloutClient`, which sets the attributes it
-declares; rejoin in detail: ``docs/internals/inference.md``.
+update, and the start-up check of each server. :class:`ServerRotation` is a component that
+:class:`~asyncrl.tasks.inference.client.RolloutClient` holds; rejoin in detail:
+``docs/internals/inference.md``.
 """
 
 from __future__ import annotations
@@ -52,26 +52,26 @@ class ServerRotation:
     """Control requests to the pool's servers and their rotation: out on failure, looked at
     again after :func:`rejoin_wait_s`, back in at the next weight update (module docstring).
 
-    The subclass's ``__init__`` sets the attributes declared here."""
+    ``http`` returns the client's open connection pool (it raises if the client is not
+    started); the pool's server states are shared with the client, which routes over them.
+    """
 
-    _pool: ServerPool
-    _http: httpx.AsyncClient | None
-    _control_timeout: httpx.Timeout
-    _request_timeout: httpx.Timeout
-    _rejoin_probe_s: float
-    _initial_version: int
+    def __init__(
+        self,
+        pool: ServerPool,
+        http: Callable[[], httpx.AsyncClient],
+        *,
+        control_timeout: httpx.Timeout,
+        request_timeout: httpx.Timeout,
+        rejoin_probe_s: float,
+    ) -> None:
+        self._pool = pool
+        self._http = http
+        self._control_timeout = control_timeout
+        self._request_timeout = request_timeout
+        self._rejoin_probe_s = rejoin_probe_s
 
-    async def _release_failed(self, server: ServerState) -> None:
-        """Best effort on a server leaving rotation mid-update: abort its requests (they move
-        to other servers) and resume it; a dead server just fails both calls."""
-        for method, path, params in (("POST", "/pause", {"mode": "abort"}), ("POST", "/resume", None)):
-            try:
-                await self._control(server, method, path, params=params)
-            except Exception as exc:  # noqa: BLE001 - the server is already out; the reason is logged
-                logger.warning("rollout server %s (out of rotation): %s %s failed: %r", server.url, method, path, exc)
-                return
-
-    async def _control(self, server: ServerState, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    async def control(self, server: ServerState, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """One control request (pause, resume, version...); ``ServerFailure`` if unreachable or 5xx.
 
         Control requests are idempotent: one that got no response because the server closed
@@ -80,7 +80,7 @@ class ServerRotation:
         """
         for attempt in (1, 2):
             try:
-                response = await self._client().request(
+                response = await self._http().request(
                     method, server.url + path, headers=server.headers, timeout=self._control_timeout, **kwargs
                 )
                 break
@@ -94,14 +94,19 @@ class ServerRotation:
         body = response.json()
         return body if isinstance(body, dict) else {"result": body}
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            raise RuntimeError("RolloutClient is not started: use `async with RolloutClient(...)` or `await start()`")
-        return self._http
+    async def release_failed(self, server: ServerState) -> None:
+        """Best effort on a server leaving rotation mid-update: abort its requests (they move
+        to other servers) and resume it; a dead server just fails both calls."""
+        for method, path, params in (("POST", "/pause", {"mode": "abort"}), ("POST", "/resume", None)):
+            try:
+                await self.control(server, method, path, params=params)
+            except Exception as exc:  # noqa: BLE001 - the server is already out; the reason is logged
+                logger.warning("rollout server %s (out of rotation): %s %s failed: %r", server.url, method, path, exc)
+                return
 
-    def _take_out(self, server: ServerState, reason: str, *, rejoinable: bool = True) -> None:
+    def take_out(self, server: ServerState, reason: str, *, rejoinable: bool = True) -> None:
         """Take ``server`` out of rotation; unless it is misconfigured (not ``rejoinable``),
-        look at it again after :func:`rejoin_wait_s` (module docstring, "Rejoin")."""
+        look at it again after :func:`rejoin_wait_s` (module docstring)."""
         if server.live:
             logger.warning("rollout server %s taken out of rotation: %s", server.url, reason)
             server.rejoin_attempts = 0
@@ -118,8 +123,8 @@ class ServerRotation:
 
     # ----- rejoin (module docstring) -----
 
-    async def _watch_out_of_rotation(self) -> None:
-        """Look at every server out of rotation whose ``rejoin_at`` has come, for the client's life."""
+    async def watch_out_of_rotation(self) -> None:
+        """Look at every server out of rotation whose ``rejoin_at`` has come, until cancelled."""
         while True:
             await asyncio.sleep(min(1.0, self._rejoin_probe_s))
             now = time.monotonic()
@@ -127,12 +132,12 @@ class ServerRotation:
                 s for s in self._pool.servers
                 if not s.live and not s.answering and s.rejoin_at is not None and s.rejoin_at <= now
             ]  # fmt: skip
-            await asyncio.gather(*(self._look(server) for server in due))
+            await asyncio.gather(*(self.look(server) for server in due))
 
-    async def _look(self, server: ServerState) -> None:
+    async def look(self, server: ServerState) -> None:
         """One look at a server out of rotation: ``answering`` if ``GET /v1/models`` answers 200."""
         try:
-            response = await self._client().get(
+            response = await self._http().get(
                 server.url + "/v1/models", headers=server.headers, timeout=REJOIN_LOOK_TIMEOUT_S
             )
             answers = response.status_code == 200
@@ -146,7 +151,7 @@ class ServerRotation:
             server.rejoin_attempts += 1
             self._schedule_look(server)
 
-    async def _rejoin(self, version: int, load: WeightLoader) -> None:
+    async def rejoin(self, version: int, load: WeightLoader) -> None:
         """Bring every answering server out of rotation to ``version`` and back into rotation
         (the caller holds the update lock; the servers in rotation already run ``version``)."""
         answering = [s for s in self._pool.servers if not s.live and s.answering]
@@ -157,15 +162,15 @@ class ServerRotation:
             reason = server.failure
             try:
                 # Whatever it still runs was moved to other servers when it went out.
-                await self._control(server, "POST", "/pause", params=PAUSE_PARAMS["recompute"])
+                await self.control(server, "POST", "/pause", params=PAUSE_PARAMS["recompute"])
                 await call_loader(load, server.address)
-                await self._control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
-                await self._control(server, "POST", "/resume")
+                await self.control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
+                await self.control(server, "POST", "/resume")
             except Exception as exc:  # noqa: BLE001 - it stays out; the reason is logged
                 server.rejoin_attempts += 1
                 self._schedule_look(server, rejoinable=not misconfigured(exc))
                 logger.warning("rollout server %s did not rejoin at weight version %d: %r", server.url, version, exc)
-                await self._release_failed(server)  # not left paused by the pause above
+                await self.release_failed(server)  # not left paused by the pause above
                 return
             server.version = version
             self._pool.readmit(server)
@@ -176,28 +181,29 @@ class ServerRotation:
 
     # ----- start-up checks -----
 
-    async def _probe(self, server: ServerState) -> None:
+    async def probe(self, server: ServerState, initial_version: int) -> None:
         """Check the key (a guarded path), the dev endpoints (``/weight_info``) and the
-        generate endpoint (one 1-token request); set or adopt the weight version."""
+        generate endpoint (one 1-token request); set the weight version to ``initial_version``
+        if it was never set, else adopt it. A server that fails a check is taken out."""
         try:
-            await self._control(server, "GET", "/v1/models")
-            info = await self._control(server, "GET", "/weight_info")
+            await self.control(server, "GET", "/v1/models")
+            info = await self.control(server, "GET", "/weight_info")
             raw = info.get("weight_version")
             if raw in (None, "default"):
-                initial = {"new_version": str(self._initial_version)}
-                await self._control(server, "POST", "/update_weight_version", json=initial)
-                server.version = self._initial_version
+                initial = {"new_version": str(initial_version)}
+                await self.control(server, "POST", "/update_weight_version", json=initial)
+                server.version = initial_version
             elif isinstance(raw, str) and raw.isdigit():
                 server.version = int(raw)
             else:
                 raise RolloutSetupError(f"rollout server {server.url} reports weight version {raw!r}, not an int")
             probe = {"token_ids": [0], "sampling_params": {"max_tokens": 1, "detokenize": False}, "stream": False}
             try:
-                response = await self._client().post(
+                response = await self._http().post(
                     server.url + GENERATE_PATH, json=probe, headers=server.headers, timeout=self._request_timeout
                 )
             except httpx.TransportError as exc:
                 raise ServerFailure(f"{GENERATE_PATH}: connection failed: {exc!r}") from None
             raise_for_status(server, GENERATE_PATH, response)
         except ServerFailure as failure:
-            self._take_out(server, f"start-up check failed: {failure.reason}")
+            self.take_out(server, f"start-up check failed: {failure.reason}")

@@ -4,24 +4,18 @@ Two halves of one contract: :class:`WeightSyncExtension` is vLLM's ``--worker-ex
 (its methods run in each worker process, reached through ``POST /collective_rpc``), and
 :func:`update_server_weights`, :func:`set_server_weight_version` and
 :func:`server_weight_version` are the HTTP client side the rollout controller calls. The
-worker downloads the version from the run's :class:`~asyncrl.storage.weights.WeightStore`
-into a local cache, verified against the manifest, and reloads it with
-``model_runner.reload_weights``. A load request carries a reference, never credentials (the
-worker uses its own), and cache pruning never deletes a version someone holds a lease on.
-Cache layout and leases: ``docs/internals/inference.md``.
+worker fetches the version into a local cache, verified against the manifest
+(:func:`~asyncrl.tasks.model.weight_fetch.fetch_weight_version`, which also owns the cache's
+layout, leases and pruning), and reloads it with ``model_runner.reload_weights``. A load
+request carries a reference, never credentials (the worker uses its own).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
-import os
-import re
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,10 +24,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from asyncrl.configs.secrets import is_secret_key, redact
-from asyncrl.storage import paths
 from asyncrl.storage.errors import UnknownWeightVersionError
-from asyncrl.storage.fs import open_root
-from asyncrl.storage.weights import WEIGHT_SUFFIX, WeightIntegrityError, WeightStore
+from asyncrl.storage.weights import WEIGHT_SUFFIX
+from asyncrl.tasks.model.weight_fetch import fetch_weight_version, prune_weight_cache, version_lease
 from asyncrl.tasks.system.network import is_loopback
 from asyncrl.tasks.system.http_errors import error_text as _error_text
 
@@ -117,12 +110,6 @@ def tensor_fingerprint(tensor: torch.Tensor) -> str:
     return hashlib.sha256(data.numpy().tobytes()).hexdigest()
 
 
-def cached_version_dir(cache_dir: Path, root_uri: str, version: int) -> Path:
-    """``cache_dir/<sha256(root_uri)[:16]>/v{version:06d}``: one cache may serve several runs."""
-    root_key = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
-    return Path(cache_dir).expanduser() / root_key / paths.weights_version_dirname(version)
-
-
 def public_storage_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """``options`` without any secret (the one rule, :func:`asyncrl.configs.secrets.is_secret_key`)
     at every level of nesting (``client_kwargs``, ``config_kwargs``, ...) and with URI
@@ -137,104 +124,6 @@ def public_storage_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
         }
 
     return strip(options or {})
-
-
-_CACHE_ENTRY = re.compile(r"^\.?(v\d{6,})(?:$|\.)")
-
-
-def _lease_path(cache_dir: Path, root_uri: str, version: int) -> Path:
-    target = cached_version_dir(cache_dir, root_uri, version)
-    return target.parent / f".{target.name}.lock"
-
-
-def _acquire_lease(lock_path: Path, exclusive: bool, blocking: bool) -> int | None:
-    """An fd holding a ``flock`` on ``lock_path`` (exclusive or shared); None if not
-    ``blocking`` and someone else holds it. Retries when the file was unlinked by a pruner
-    between open and lock (the lock must be on the file the path names)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        try:
-            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-
-
-@contextmanager
-def version_lease(cache_dir: Path, root_uri: str, version: int) -> Iterator[None]:
-    """Hold the shared lease of a cached version (see the module docstring) for the block:
-    :func:`prune_weight_cache` leaves the version alone meanwhile."""
-    fd = _acquire_lease(_lease_path(cache_dir, root_uri, version), exclusive=False, blocking=True)
-    try:
-        yield
-    finally:
-        os.close(fd)  # type: ignore[arg-type] - blocking acquisition always returns an fd
-
-
-def prune_weight_cache(cache_dir: Path, root_uri: str, loaded: int) -> list[int]:
-    """Delete the cached versions of ``root_uri`` older than ``loaded`` (and their staging
-    leftovers and lease files) that no one holds a lease on; return them, ascending."""
-    base = cached_version_dir(cache_dir, root_uri, loaded).parent
-    versions: set[int] = set()
-    for entry in os.listdir(base) if base.is_dir() else []:
-        match = _CACHE_ENTRY.match(entry)
-        if match is not None:
-            versions.add(int(match.group(1)[1:]))
-    deleted = []
-    for version in sorted(v for v in versions if v < loaded):
-        lock_path = _lease_path(cache_dir, root_uri, version)
-        fd = _acquire_lease(lock_path, exclusive=True, blocking=False)
-        if fd is None:
-            continue  # a worker is fetching or loading it
-        try:
-            name = paths.weights_version_dirname(version)
-            for entry in os.listdir(base):
-                if entry == name or (entry.startswith(f".{name}.") and entry != lock_path.name):
-                    shutil.rmtree(base / entry, ignore_errors=True)
-            lock_path.unlink(missing_ok=True)  # still held: a waiter re-opens the path (see _acquire_lease)
-        finally:
-            os.close(fd)
-        deleted.append(version)
-    return deleted
-
-
-def fetch_weight_version(
-    root_uri: str, storage_options: dict[str, Any], version: int, cache_dir: Path
-) -> tuple[Path, bool]:
-    """Local directory of published ``version`` and whether it was already cached.
-
-    :meth:`WeightStore.download` renames a fully downloaded and verified (sizes and
-    SHA-256) directory into place, so an existing directory is complete. The version's
-    shared lease is held while fetching. An unpublished version raises
-    :class:`UnknownWeightVersionError` naming it and the available ones; a corrupt
-    download :class:`~asyncrl.storage.weights.WeightIntegrityError` naming the file.
-
-    A local store on the cache's filesystem is not copied: the cache gets hard links to the
-    store's files, verified where they lie (``WeightStore.download(link=True)``). Measured
-    with ``asyncrl bench weight-sync``: this drops the copy and its fsync, the slowest part
-    of a local fetch.
-    """
-    target = cached_version_dir(cache_dir, root_uri, version)
-    with version_lease(cache_dir, root_uri, version):
-        if target.is_dir() and any(target.iterdir()):
-            return target, True
-        store = WeightStore(open_root(root_uri, dict(storage_options)))
-        try:
-            store.download(version, target, link=True)
-        except WeightIntegrityError:
-            raise
-        except (FileExistsError, OSError):
-            if target.is_dir() and any(target.iterdir()):  # another worker won the race
-                return target, True
-            raise
-    return target, False
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:

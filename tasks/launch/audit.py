@@ -3,19 +3,30 @@ staleness bound, checked over what is in storage (nothing is moved or written). 
 violation is one line naming the objects involved. Rules:
 
 (a) production: each admitted group (ids below the scheduler's persisted count) is in
-    exactly one shard or has a dynamic-filter record; in-flight ones only with ``in_flight_ok``;
+    exactly one shard or has a dynamic-filter record; in-flight ones only with ``in_flight_ok``.
+    A quarantined shard (in ``quarantine/``, its groups named by its claim) owes one
+    regeneration of each of its groups unless a ledger entry names it (trained): a group is
+    produced (in a shard, quarantined or not, or left out) once plus once per quarantine
+    it owes, so it is neither lost nor trained twice; one still owed is awaiting
+    regeneration (like an in-flight group);
 (b) consumption: ledger steps 1..N without a gap, no shard named twice, every named shard valid;
 (c) weights: publish order is version order, ``LATEST`` is the newest, lineages are consistent;
 (d) staleness: per sample of step k, s = max(0, (k - 1) - min_t U(v_t)) as the trainer counts
     it (:func:`sample_staleness`, imported); samples above ``max_staleness`` count as dropped,
-    and a token version never published or newer than step k's parent is a violation.
+    and a token version never published or not older than the version step k published is
+    a violation (labels grow in publish order; a trainer resumed from a checkpoint names that
+    checkpoint's version as its next parent, and trains tokens of later labels legitimately);
+(e) no waste: a sample dropped as too stale is a violation, counted both ways: by (d)'s
+    formula over the consumed shards, and as the trainer recorded it (``dropped_stale`` in
+    the ``metrics`` of the lineage of each final step's weights); one line names how many
+    were dropped at which steps, another any step where the two counts differ.
 The rules in full: ``docs/internals/launch.md``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +37,7 @@ from asyncrl.storage.errors import ShardValidationError
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.ledger import Ledger, LedgerEntry
 from asyncrl.storage.schema import Sample, table_to_groups, upgrade_table, validate_table
-from asyncrl.storage.shards import ShardReader
+from asyncrl.storage.shards import QuarantinedShard, ShardReader, list_quarantined
 from asyncrl.storage.weight_lineage import lineage_updates, read_lineage
 from asyncrl.storage.weights import WeightStore
 
@@ -51,6 +62,15 @@ class AuditReport:
     """Admitted groups no shard holds (in flight when the scheduler stopped), filtered ones aside."""
     filtered_groups: int
     """Admitted groups dynamic filtering left out (recorded in ``scheduler/filtered/``, in no shard)."""
+    quarantined_shards: int
+    """Shards in ``quarantine/``."""
+    quarantined_groups: int
+    """Groups of quarantined shards no ledger entry names: each owes one regeneration (a group
+    quarantined twice counts twice)."""
+    regenerated_groups: int
+    """Of those, the ones generated again since (a later shard holds the group, or it was left out)."""
+    awaiting_regeneration: tuple[str, ...]
+    """Groups whose every production is quarantined: to be generated again (in flight)."""
     shards: int
     consumed_shards: int
     ledger_steps: int
@@ -69,6 +89,12 @@ class AuditReport:
     staleness_counts: dict[int, int]
     """Staleness -> number of trained samples."""
     max_staleness: int
+    dropped_steps: dict[int, int] = field(default_factory=dict)
+    """Final ledger step -> samples it dropped as too stale (the larger of the audit's count
+    and the trainer's recorded one); only steps that dropped any. Rule (e): any is a violation."""
+    trainer_dropped_stale: int = 0
+    """Samples the trainer recorded as dropped for staleness over the final ledger steps
+    (``dropped_stale`` in each step's lineage metrics; steps whose lineage has none count 0)."""
     violations: tuple[str, ...] = field(default=())
 
     @property
@@ -80,6 +106,7 @@ class AuditReport:
         out["ok"] = self.ok
         out["step_versions"] = {str(k): v for k, v in self.step_versions.items()}
         out["staleness_counts"] = {str(k): v for k, v in self.staleness_counts.items()}
+        out["dropped_steps"] = {str(k): v for k, v in self.dropped_steps.items()}
         return out
 
 
@@ -101,30 +128,42 @@ def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: b
     admitted = admitted_groups(root, violations)
     contents = read_shards(root, run_id, violations)
     filtered = filtered_groups(root)
-    unwritten = audit_production(admitted, contents, in_flight_ok, violations, filtered)
     entries = read_ledger(root, violations)
-    audit_consumption(entries, contents, violations)
+    quarantined = list_quarantined(root)
+    regeneration = audit_regeneration(contents, quarantined, entries, filtered, in_flight_ok, violations)
+    unwritten = audit_production(
+        admitted, contents, in_flight_ok, violations, filtered, regeneration.quarantined_holders
+    )
+    audit_consumption(entries, contents, violations, {q.name for q in quarantined})
     versions, lineages = audit_weights(root, violations)
     pruned = pruned_lineages(root, lineages, violations)
     step_versions = steps_published(entries, lineages, violations)
-    staleness, dropped, dropped_tokens = audit_staleness(
+    staleness, dropped_by_step, dropped_tokens = audit_staleness(
         entries, contents, step_versions, lineages, set(versions) | set(pruned), max_staleness, violations
     )
+    recorded = recorded_drops(step_versions, lineages)
+    dropped_steps = audit_waste(dropped_by_step, recorded, max_staleness, violations)
     return AuditReport(
         admitted=admitted,
         groups_written=len({gid for content in contents.values() if content for gid in content.groups}),
         unwritten_groups=tuple(unwritten),
         filtered_groups=len(filtered),
+        quarantined_shards=len(quarantined),
+        quarantined_groups=regeneration.owed,
+        regenerated_groups=regeneration.regenerated,
+        awaiting_regeneration=regeneration.awaiting,
         shards=len(contents),
         consumed_shards=sum(len(e.shards) for e in entries),
         ledger_steps=len(entries),
         versions=tuple(versions),
         step_versions=step_versions,
         trained_samples=sum(staleness.values()),
-        dropped_stale=dropped,
+        dropped_stale=sum(dropped_by_step.values()),
         dropped_tokens=dropped_tokens,
         staleness_counts=dict(sorted(staleness.items())),
         max_staleness=max_staleness,
+        dropped_steps=dropped_steps,
+        trainer_dropped_stale=sum(recorded.values()),
         violations=tuple(violations),
     )
 
@@ -164,14 +203,71 @@ def _parse_group_index(gid: str) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class _Regeneration:
+    quarantined_holders: dict[str, list[str]]
+    """Group id -> the quarantined shards that held it."""
+    owed: int
+    regenerated: int
+    awaiting: tuple[str, ...]
+
+
+def audit_regeneration(
+    contents: dict[str, _ShardContent | None],
+    quarantined: Sequence[QuarantinedShard],
+    entries: Sequence[LedgerEntry],
+    filtered: Sequence[int],
+    in_flight_ok: bool,
+    violations: list[str],
+) -> _Regeneration:
+    """Rule (a) for the groups of quarantined shards: per group, P productions (shards that
+    hold it, quarantined or not, and a left-out record) against Q regenerations owed (its
+    quarantined shards no ledger entry names): P = Q + 1 when every one was made, P = Q
+    while the last is awaited (``in_flight_ok``); P > Q + 1 was produced (and maybe trained)
+    too often. Regenerations made: min(Q, P - 1) per group."""
+    trained = {name for entry in entries for name in entry.shards}
+    holders: dict[str, list[str]] = {}
+    for name, content in contents.items():
+        for gid in content.groups if content else ():
+            holders.setdefault(gid, []).append(name)
+    in_quarantine: dict[str, list[str]] = {}
+    owed: Counter[str] = Counter()
+    for shard in quarantined:
+        if shard.group_ids is None:
+            violations.append(f"(a) quarantined shard {shard.name}: its claim names no groups, they cannot be accounted for")
+            continue
+        for gid in shard.group_ids:
+            in_quarantine.setdefault(gid, []).append(shard.name)
+            owed[gid] += shard.name not in trained
+    left_out = {group_id(k) for k in filtered}
+    regenerated = 0
+    awaiting: list[str] = []
+    for gid, names in sorted(in_quarantine.items()):
+        productions = len(names) + len(holders.get(gid, ())) + (gid in left_out)
+        regenerated += min(owed[gid], productions - 1)
+        if productions > owed[gid] + 1:
+            violations.append(
+                f"(a) group {gid} was produced {productions} times for {owed[gid]} quarantines: in shards "
+                f"{', '.join(sorted([*names, *holders.get(gid, ())]))}{' and left out' if gid in left_out else ''}"
+            )
+        elif productions == owed[gid]:
+            awaiting.append(gid)
+    if awaiting and not in_flight_ok:
+        shown = ", ".join(awaiting[:10]) + (f" and {len(awaiting) - 10} more" if len(awaiting) > 10 else "")
+        violations.append(f"(a) {len(awaiting)} groups of quarantined shards are not generated again: {shown}")
+    return _Regeneration(in_quarantine, sum(owed.values()), regenerated, tuple(awaiting))
+
+
 def audit_production(
     admitted: int,
     contents: dict[str, _ShardContent | None],
     in_flight_ok: bool,
     violations: list[str],
     filtered: Sequence[int] = (),
+    quarantined: dict[str, list[str]] | None = None,
 ) -> list[str]:
-    """Rule (a); returns the admitted groups no shard holds and no filtered record names."""
+    """Rule (a); returns the admitted groups no shard holds (quarantined or not) and no
+    filtered record names (the groups of quarantined shards: :func:`audit_regeneration`)."""
     holders: dict[str, list[str]] = {}
     for name, content in contents.items():
         for gid in content.groups if content else ():
@@ -193,7 +289,15 @@ def audit_production(
         if gid in holders:
             violations.append(f"(a) group {gid} was filtered out but is also in shards {', '.join(holders[gid])}")
     left_out = set(filtered)
-    unwritten = [group_id(k) for k in range(admitted) if group_id(k) not in holders and k not in left_out]
+    quarantined = quarantined or {}
+    for gid, shards in sorted(quarantined.items()):
+        index = _parse_group_index(gid)
+        if index is not None and index >= admitted and gid not in holders:
+            violations.append(
+                f"(a) group {gid} (in quarantined {shards[0]}) was never admitted: the scheduler admitted {admitted} groups"
+            )
+    unwritten = [group_id(k) for k in range(admitted)
+                 if group_id(k) not in holders and group_id(k) not in quarantined and k not in left_out]  # fmt: skip
     if unwritten and not in_flight_ok:
         shown = ", ".join(unwritten[:10]) + (f" and {len(unwritten) - 10} more" if len(unwritten) > 10 else "")
         violations.append(f"(a) {len(unwritten)} of {admitted} admitted groups are in no shard: {shown}")
@@ -209,7 +313,10 @@ def read_ledger(root: RunRoot, violations: list[str]) -> list[LedgerEntry]:
 
 
 def audit_consumption(
-    entries: Sequence[LedgerEntry], contents: dict[str, _ShardContent | None], violations: list[str]
+    entries: Sequence[LedgerEntry],
+    contents: dict[str, _ShardContent | None],
+    violations: list[str],
+    quarantined: Collection[str] = (),
 ) -> None:
     """Rule (b)."""
     steps = [e.step for e in entries]
@@ -224,9 +331,10 @@ def audit_consumption(
         if len(by_steps) > 1:
             violations.append(f"(b) shard {name} was consumed {len(by_steps)} times: by steps {by_steps}")
         if name not in contents:
+            where = " (quarantined after it was trained)" if name in quarantined else ""
             violations.append(
                 f"(b) shard {name}, consumed by step {by_steps[0]}, is in neither "
-                f"{paths.TRAJECTORIES_DIR}/ nor {paths.CONSUMED_DIR}/"
+                f"{paths.TRAJECTORIES_DIR}/ nor {paths.CONSUMED_DIR}/{where}"
             )
 
 
@@ -321,10 +429,12 @@ def audit_staleness(
     published: set[int],
     max_staleness: int,
     violations: list[str],
-) -> tuple[Counter[int], int, int]:
-    """Rule (d); returns (staleness -> trained samples, samples dropped as too stale, their model tokens)."""
+) -> tuple[Counter[int], Counter[int], int]:
+    """Rule (d); returns (staleness -> trained samples, step -> samples dropped as too stale,
+    their model tokens)."""
     trained: Counter[int] = Counter()
-    dropped = dropped_tokens = 0
+    dropped: Counter[int] = Counter()
+    dropped_tokens = 0
 
     def updates_of(version: int) -> int:
         return lineage_updates(version, lineages.get(version))
@@ -332,9 +442,9 @@ def audit_staleness(
     for entry in entries:
         if entry.step not in step_versions:
             continue
-        trainer_version = lineages[step_versions[entry.step]].get("parent_version")
-        if not isinstance(trainer_version, int):
-            violations.append(f"(d) step {entry.step}: weight version {step_versions[entry.step]} names no parent version")
+        step_version = step_versions[entry.step]
+        if not isinstance(lineages[step_version].get("parent_version"), int):
+            violations.append(f"(d) step {entry.step}: weight version {step_version} names no parent version")
             continue
         for name in entry.shards:
             content = contents.get(name)
@@ -348,17 +458,54 @@ def audit_staleness(
                         violations.append(
                             f"(d) {name} group {gid} sample {index}: token versions {unpublished} were never published"
                         )
-                    newer = sorted(v for v in set(versions) - set(unpublished) if v > trainer_version)
+                    newer = sorted(v for v in set(versions) - set(unpublished) if v >= step_version)
                     if newer:
                         violations.append(
                             f"(d) {name} group {gid} sample {index}: tokens of version {newer[-1]} trained by step "
-                            f"{entry.step} at trainer version {trainer_version} (newer than the trainer: mislabelled tokens)"
+                            f"{entry.step}, published as version {step_version} (not older than the step's own "
+                            "weights: mislabelled tokens)"
                         )
                         continue
                     s = sample_staleness(sample, entry.step - 1, updates_of)
                     if s > max_staleness:
-                        dropped += 1
+                        dropped[entry.step] += 1
                         dropped_tokens += sample.model_token_count
                     else:
                         trained[s] += 1
     return trained, dropped, dropped_tokens
+
+
+def recorded_drops(step_versions: dict[int, int], lineages: dict[int, dict[str, Any]]) -> dict[int, int]:
+    """Final ledger step -> samples the trainer recorded as dropped for staleness
+    (``metrics.dropped_stale`` in the lineage of the step's weights); steps without the figure
+    are left out."""
+    recorded: dict[int, int] = {}
+    for step, version in step_versions.items():
+        metrics = lineages.get(version, {}).get("metrics")
+        value = metrics.get("dropped_stale") if isinstance(metrics, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            recorded[step] = int(value)
+    return recorded
+
+
+def audit_waste(
+    counted: Counter[int], recorded: dict[int, int], max_staleness: int, violations: list[str]
+) -> dict[int, int]:
+    """Rule (e); returns step -> dropped samples (the larger count of the two) for the steps
+    that dropped any."""
+    for step in sorted(set(counted) | set(recorded)):
+        if step in recorded and recorded[step] != counted.get(step, 0):
+            violations.append(
+                f"(e) step {step}: the trainer recorded {recorded[step]} samples dropped as too stale, "
+                f"the audit counts {counted.get(step, 0)}"
+            )
+    by_step = {
+        step: n for step in sorted(set(counted) | set(recorded)) if (n := max(counted.get(step, 0), recorded.get(step, 0)))
+    }
+    if by_step:
+        at = ", ".join(f"{n} at step {step}" for step, n in by_step.items())
+        violations.append(
+            f"(e) {sum(by_step.values())} samples were dropped as staler than max_staleness {max_staleness} "
+            f"(generated, then thrown away): {at}"
+        )
+    return by_step

@@ -31,7 +31,7 @@ from asyncrl.tasks.launch.components import (
     scheduler_component,
     trainer_component,
 )
-from asyncrl.tasks.launch.components_setup import rl_trainer_launch
+from asyncrl.tasks.placement.launch_settings import rl_trainer_launch
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.launch.kinds import ComponentKind, component_name
 

@@ -16,25 +16,25 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot
-from asyncrl.tasks.evaluator.main import MODULE as EVALUATOR_MODULE
+from asyncrl.tasks.evaluator.process import evaluator_command
 from asyncrl.tasks.system.process_group import group_alive, kill_group, read_log_tail, spawn_session
 from asyncrl.tasks.reward.service_registry import TOKEN_ENV, read_reward_service
-from asyncrl.tasks.reward.server import MODULE as REWARD_MODULE
+from asyncrl.tasks.reward.process import reward_service_command
 from asyncrl.tasks.inference.server_registry import register_server, unregister_server
 from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
 from asyncrl.tasks.inference.server_config import RolloutServerConfig
 from asyncrl.tasks.inference.weight_sync import set_server_weight_version
-from asyncrl.tasks.launch.components_setup import server_config, serving_weights
+from asyncrl.tasks.model.weight_fetch import VersionLease
+from asyncrl.tasks.placement.launch_settings import server_config, serving_weights
 from asyncrl.tasks.system.run_paths import RunPaths
-from asyncrl.tasks.scheduler.main import MODULE as SCHEDULER_MODULE
-from asyncrl.tasks.scheduler.main import final_step_published
+from asyncrl.tasks.scheduler.process import scheduler_command
+from asyncrl.storage.weights import final_step_published
 from asyncrl.tasks.trainer.process import TrainerLaunch, start_trainer
 
 LOG_TAIL_LINES = 40
@@ -135,9 +135,7 @@ def scheduler_component(config: RunConfig, paths: RunPaths, drain: bool, reward_
     (every admitted group written, :mod:`asyncrl.tasks.scheduler.main`); otherwise the run
     stops it when the trainer is done."""
     log_path = paths.log("scheduler.log")
-    command = [sys.executable, "-m", SCHEDULER_MODULE, "--config", str(paths.private_config)]
-    if not drain:
-        command.append("--no-drain")
+    command = scheduler_command(paths.private_config, drain=drain)
     env = reward_token_env(reward_token)
     return ProcessComponent(
         "scheduler", lambda: spawn_session(command, log_path, env=env), log_path, ends_after_last_step(config, paths)
@@ -155,7 +153,7 @@ def evaluator_component(config: RunConfig, paths: RunPaths) -> ProcessComponent:
     finishes on its own once the last step is out and its last multiple of
     ``pipeline.eval_every`` is evaluated; until then the run may stop it."""
     log_path = paths.log("evaluator.log")
-    command = [sys.executable, "-m", EVALUATOR_MODULE, "--config", str(paths.private_config)]
+    command = evaluator_command(paths.private_config)
     return ProcessComponent(
         "evaluator", lambda: spawn_session(command, log_path), log_path, ends_after_last_step(config, paths)
     )
@@ -165,7 +163,7 @@ def reward_component(paths: RunPaths, reward_token: str) -> ProcessComponent:
     """The reward service process; ready once it has registered itself (its pid in the
     registration, so a stale entry of a killed predecessor does not count)."""
     log_path = paths.log("reward-service.log")
-    command = [sys.executable, "-m", REWARD_MODULE, "--config", str(paths.private_config)]
+    command = reward_service_command(paths.private_config)
     root: RunRoot = paths.root
 
     def registered(pgid: int) -> bool:
@@ -181,15 +179,16 @@ def reward_component(paths: RunPaths, reward_token: str) -> ProcessComponent:
 class RolloutComponent:
     """One vLLM rollout server, registered in the run root as ``registry_name`` once healthy
     and labelled with its weight version. ``launch`` gives, at each start, the server's
-    config and the version of the weights it serves (None: no label), so a restarted server
-    comes up on the newest published weights."""
+    config, the version of the weights it serves (None: no label) and the lease on their cached
+    directory (None: not cached), held until the server is up (its weights loaded), so a
+    restarted server comes up on the newest published weights and no prune deletes them first."""
 
     def __init__(
         self,
         name: str,
         registry_name: str,
         root: RunRoot,
-        launch: Callable[[], tuple[RolloutServerConfig, int | None]],
+        launch: Callable[[], tuple[RolloutServerConfig, int | None, VersionLease | None]],
         log_path: Path,
     ) -> None:
         self.name = name
@@ -201,16 +200,27 @@ class RolloutComponent:
         self.version: int | None = None
         """Weight version the server was started with (its label once healthy)."""
         self.registered = False
+        self._lease: VersionLease | None = None
 
     @property
     def log_path(self) -> Path:
         return self._log_path
 
     def start(self) -> None:
-        server_config, self.version = self._launch()
+        self._release_lease()
+        server_config, self.version, self._lease = self._launch()
         self.server = RolloutServer(server_config)
         self.registered = False
-        self.server.start()
+        try:
+            self.server.start()
+        except BaseException:
+            self._release_lease()
+            raise
+
+    def _release_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def poll(self) -> int | None:
         return None if self.server is None else self.server.returncode()
@@ -221,6 +231,7 @@ class RolloutComponent:
         labels the server with its version and registers it."""
         if self.registered or self.server is None or not self.server.is_ready():
             return self.registered
+        self._release_lease()  # up: its weights are in memory
         if self.version is not None:
             set_server_weight_version(self.server.handle, self.version)
         register_server(self.root, self.registry_name, self.server.handle)
@@ -243,6 +254,7 @@ class RolloutComponent:
             return -1
 
     def stop(self) -> None:
+        self._release_lease()
         if self.server is None:
             return
         try:
@@ -257,9 +269,14 @@ def run_rollout_component(index: int, config: RunConfig, paths: RunPaths) -> Rol
     """Rollout server ``index`` of the run (``rollout-server-{index}``, registered as
     ``server-{index}``), started on the newest published weights (``model.path`` before any)."""
 
-    def launch() -> tuple[RolloutServerConfig, int | None]:
-        model_dir, version = serving_weights(config, paths)
-        return server_config(config, paths, model_dir, index), version
+    def launch() -> tuple[RolloutServerConfig, int | None, VersionLease | None]:
+        model_dir, version, lease = serving_weights(config, paths)
+        try:
+            return server_config(config, paths, model_dir, index), version, lease
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
 
     return RolloutComponent(
         f"rollout-server-{index}", f"server-{index}", paths.root, launch, paths.log(f"rollout-{index}.log")

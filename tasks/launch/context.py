@@ -63,7 +63,7 @@ TRAJECTORY_KEYS: tuple[str, ...] = (
     "pipeline.sft_optimizer",
 )
 """Config keys (a key stands for everything under it) that shape the trajectories and weights a
-run root holds: a restart must keep them. The others (trainer.max_steps, rollout.num_servers,
+run root holds: a restart must keep them. The others (trainer.max_steps, inference.num_servers,
 ports, cpu_cores, checkpoint_every, shard timing, tracking, run.*...) may change."""
 FREE_KEYS: tuple[str, ...] = ("reward.pool",)
 """Keys under a trajectory key that may still change (how many reward workers score)."""

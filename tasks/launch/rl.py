@@ -43,7 +43,7 @@ from asyncrl.tasks.launch.components import (
 from asyncrl.tasks.launch.bound_watch import METRIC as BOUND_METRIC
 from asyncrl.tasks.launch.bound_watch import EffectiveBoundWatch
 from asyncrl.tasks.launch.canary import CanaryAlarm, MismatchCanary, log_alarm
-from asyncrl.tasks.launch.components_setup import rl_trainer_launch
+from asyncrl.tasks.placement.launch_settings import rl_trainer_launch
 from asyncrl.tasks.launch.context import RunContext, open_run_context
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.launch.kinds import ComponentKind
@@ -57,7 +57,8 @@ from asyncrl.tasks.launch.supervisor import (
     RestartPolicy,
     supervise,
 )
-from asyncrl.tasks.scheduler.main import CYCLE_STATS_FILE, combine_cycle_stats, final_step_published, read_cycle_stats
+from asyncrl.tasks.scheduler.cycle_stats import CYCLE_STATS_FILE, combine_cycle_stats, read_cycle_stats
+from asyncrl.storage.weights import final_step_published
 
 LOG = logging.getLogger("asyncrl.run")
 PROCESS_GROUPS_FILE = "process-groups.json"
@@ -204,7 +205,7 @@ def run_components(
     components: list[tuple[ComponentKind, Component]] = [
         ("rollout-server", remote(config, paths, "rollout-server", i, drain, stop)
          if placement.rollout_server != "local" else run_rollout_component(i, config, paths))
-        for i in range(config.rollout.num_servers)
+        for i in range(config.inference.num_servers)
     ]  # fmt: skip
     if not remote_scheduler:
         components.append(("reward-service", reward_component(paths, token)))
@@ -325,10 +326,22 @@ def run_rl(
             poller.stop()
         stop.request("finished")
         wait(list(futures.values()), timeout=120.0)
-    restarts = {name: s.restarts for name, s in statuses.items()}
-    if context is not None:
-        context.lineage.log_metrics(config.trainer.max_steps, {f"restarts/{k}": float(v) for k, v in restarts.items()})
+        # Also when the run fails (a component past its budget): its restarts are then most wanted.
+        restarts = {name: s.restarts for name, s in statuses.items()}
+        if context is not None:
+            _log_restarts(context, config.trainer.max_steps, restarts, failing=stop.cancelled)
     return _result(config, paths, recorder, restarts, started, ready_at, failures)
+
+
+def _log_restarts(context: RunContext, step: int, restarts: dict[str, int], failing: bool) -> None:
+    """``restarts/<component>`` into the run's MLflow run. On the way out of a failing run an
+    MLflow error is only logged, so that it does not hide the run's own error."""
+    try:
+        context.lineage.log_metrics(step, {f"restarts/{k}": float(v) for k, v in restarts.items()})
+    except Exception:
+        if not failing:
+            raise
+        LOG.warning("the restarts were not logged to MLflow", exc_info=True)
 
 
 def _result(

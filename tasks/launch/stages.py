@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from asyncrl.configs.loading import ConfigError
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
@@ -20,9 +22,10 @@ from asyncrl.tasks.tracking.mlflow_run import RunLineage
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import dataset_files, load_prompts
-from asyncrl.tasks.launch.components_setup import server_config
+from asyncrl.tasks.data.prepared_stamp import file_state, write_stamp
+from asyncrl.tasks.placement.launch_settings import server_config
 from asyncrl.tasks.system.run_paths import RunPaths
-from asyncrl.tasks.launch.devices import detect_machine, trainer_placement
+from asyncrl.tasks.placement.devices import detect_machine, trainer_placement
 from asyncrl.tasks.evaluator.held_out import EvalResult, held_out_task
 from asyncrl.tasks.tracking.lineage_recorder import file_ref
 from asyncrl.tasks.launch.components import trainer_component
@@ -32,6 +35,8 @@ from asyncrl.tasks.launch.stage_cache import content_digest, stage_key
 from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
 from asyncrl.tasks.trainer.process import TrainerLaunch
 
+LOG = logging.getLogger("asyncrl.pipeline")
+
 SFT_RECORD = "stages/sft.json"
 """In the run root: the identity of the warm start its weights came from (its key without the
 code version), and their version."""
@@ -39,32 +44,70 @@ code version), and their version."""
 
 # ----- prepare-data -----
 
+DATA_FIELDS = ("train_path", "eval_path", "sft_path")
+
+
+def data_paths(config: RunConfig) -> dict[str, str]:
+    """The run's data files by their ``data.*`` key."""
+    return {f"data.{field}": path for field in DATA_FIELDS if (path := getattr(config.data, field))}
+
+
 def data_files(config: RunConfig) -> list[str]:
-    data = config.data
-    return [p for p in (data.train_path, data.eval_path, data.sft_path) if p]
+    return list(data_paths(config).values())
+
+
+def synthetic_settings(config: RunConfig) -> dict[str, Any] | None:
+    """What synthetic files are written for (their stamp, :mod:`asyncrl.tasks.data.prepared_stamp`):
+    the generator's settings and the seed; None for a user's own files."""
+    synthetic = config.pipeline.synthetic_data
+    return None if synthetic is None else {"synthetic": synthetic.model_dump(mode="json"), "seed": config.seed}
 
 
 def data_key(config: RunConfig) -> str:
     """Synthetic data: the generator's settings and seed (the files are its output); a
     user's files: their content."""
-    synthetic = config.pipeline.synthetic_data
-    if synthetic is not None:
-        settings = {"synthetic": synthetic.model_dump(mode="json"), "seed": config.seed, "files": data_files(config)}
-        return stage_key("prepare-data", settings, [])
+    settings = synthetic_settings(config)
+    if settings is not None:
+        return stage_key("prepare-data", {**settings, "files": data_files(config)}, [])
     return stage_key("prepare-data", {"files": data_files(config)}, data_files(config))
 
 
 def data_present(config: RunConfig) -> bool:
-    return all(content_digest(path) != "absent" for path in data_files(config))
+    """Every data file is there and, for synthetic data, written for this config's settings."""
+    settings = synthetic_settings(config)
+    if settings is None:
+        return all(content_digest(path) != "absent" for path in data_files(config))
+    return all(file_state(Path(path), settings).state == "current" for path in data_files(config))
+
+
+def synthetic_files_to_write(config: RunConfig, settings: dict[str, Any]) -> bool:
+    """Whether the synthetic files must be (re)written: one is absent or was written for other
+    settings (logged, naming them). A file there that the generator did not write, or that was
+    changed since, is never replaced: :class:`ConfigError` names its key."""
+    states = {key: file_state(Path(path), settings) for key, path in data_paths(config).items()}
+    for key, found in states.items():
+        if found.state == "foreign":
+            raise ConfigError(
+                f"{key}: {data_paths(config)[key]} is there, but {found.detail}; pipeline.synthetic_data "
+                f"would replace it: delete it to have it written for this config, point {key} elsewhere, "
+                "or remove pipeline.synthetic_data to train on the file as it is"
+            )
+        if found.state == "stale":
+            LOG.warning("%s: %s was %s: writing it again", key, data_paths(config)[key], found.detail)
+    return any(found.state != "current" for found in states.values())
 
 
 def prepare_data(config: RunConfig) -> dict[str, str]:
     """Write the synthetic task (``pipeline.synthetic_data.task``: arithmetic, code or tool) where
-    the config asks for it and nothing is there yet (a user's own files are never touched),
-    check the prompt files load, and return each data file's content digest (what the later
-    stages' keys are built from)."""
-    synthetic = config.pipeline.synthetic_data
-    if synthetic is not None and not data_present(config):
+    the config asks for it and its files are absent or were written for other settings (a
+    user's own files are never touched), check the prompt files load, and return each data
+    file's content digest (what the later stages' keys are built from)."""
+    settings = synthetic_settings(config)
+    if settings is not None and synthetic_files_to_write(config, settings):
+        synthetic = config.pipeline.synthetic_data
+        assert synthetic is not None
+        for path in data_files(config):
+            write_stamp(Path(path), settings, pending=True)
         data = config.data
         splits = {  # where and how many of each split, for the tool and code writers
             "train_path": Path(data.train_path),
@@ -101,6 +144,9 @@ def prepare_data(config: RunConfig) -> dict[str, str]:
             if data.sft_path and sft:
                 solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed)
                 write_problems(Path(data.sft_path), sft, solutions=solutions)
+        for path in data_files(config):
+            if Path(path).exists():
+                write_stamp(Path(path), settings)
     progress = StageProgress(config.run_work_dir, "prepare-data", len(data_files(config)), "files")
     rows = 0
     for index, path in enumerate(data_files(config), start=1):
@@ -285,13 +331,12 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     from asyncrl.tasks.inference.client import RolloutClient
     from asyncrl.tasks.inference.server import RolloutServer
     from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
+    from asyncrl.tasks.model.weight_fetch import model_weights
 
     if not config.data.eval_path or not versions:
         return {}
-    store = WeightStore(run_paths.root)
-    first = run_paths.work_dir / "eval" / f"v{versions[0]}"
-    if not (first / "config.json").exists():
-        store.download(versions[0], first)
+    # A cache of its own: the loads below prune "weights-cache" under the server started from it.
+    first = model_weights(run_paths.root, config.model.path, versions[0], run_paths.work_dir / "eval-weights-cache")
     task = held_out_task(config, first, config.pipeline.eval_prompts, config.pipeline.eval_samples)
     # Rollout server 0's devices, dtype and parallelism, on a port of its own.
     eval_server = replace(server_config(config, run_paths, first, 0), port=0, log_path=run_paths.log("eval-server.log"))

@@ -6,13 +6,17 @@ completes the batch when every item has a result (a failed item carries its reas
 batch always completes). Workers are separate interpreters
 (``python -m asyncrl.tasks.reward.worker``), not forks, so a pool can start from a threaded
 process; they start with an allow-listed environment (``environ.worker_environment``), so
-the caller's secrets never reach a worker, a plug-in or a sandbox.
+the caller's secrets never reach a worker, a plug-in or a sandbox. Which caps bound each
+sandbox (a cgroup v2 per sandbox, or per-process rlimits) is decided once when the pool
+starts (``sandbox_cgroup.decide_caps``), handed to every worker, and reported in the stats
+(``PoolStats.caps``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +33,7 @@ from typing import Any
 
 from asyncrl.configs.reward import RewardConfig
 from asyncrl.tasks.reward.environ import worker_environment
+from asyncrl.tasks.reward.sandbox_cgroup import SandboxCaps, decide_caps
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult, failure
 
 _STOP_WAIT_S = 2.0
@@ -50,6 +55,9 @@ class PoolStats:
     reasons_by_kind: dict[str, dict[str, int]]
     worker_restarts: int
     workers_killed_for_timeout: int
+    caps: str = ""
+    """What caps each code sandbox: ``caps: cgroup v2 (...)`` or ``caps: rlimit (...: reason)``
+    (``SandboxCaps.describe``); empty before the pool starts."""
 
 
 def request_budget_s(request: RewardRequest, config: RewardConfig) -> float:
@@ -132,6 +140,9 @@ class RewardPool:
         self._thread: threading.Thread | None = None
         self._next_job = 0
         self._pids: list[int] = []
+        self.caps: SandboxCaps | None = None
+        """The code sandboxes' caps, decided by ``start()`` (None before)."""
+        self._worker_config = config
 
     # -- public API ---------------------------------------------------------------------
 
@@ -139,6 +150,9 @@ class RewardPool:
         """Start the workers and wait until each has loaded its verifiers."""
         if self._thread is not None:
             raise RewardPoolError("RewardPool.start: already started")
+        code = self.config.code
+        self.caps = decide_caps(code, sandboxed=shutil.which(code.bwrap) is not None)
+        self._worker_config = self.config.model_copy(update={"code": self.caps.for_workers(code)})
         self._thread = threading.Thread(target=self._run, name="reward-pool", daemon=True)
         self._thread.start()
         timeout = self.config.pool.startup_timeout_s
@@ -187,7 +201,13 @@ class RewardPool:
                 reasons_by_kind={kind: dict(c) for kind, c in self._reasons_by_kind.items()},
                 worker_restarts=self._restarts,
                 workers_killed_for_timeout=self._killed,
+                caps=self.caps_report,
             )
+
+    @property
+    def caps_report(self) -> str:
+        """``SandboxCaps.describe`` of the code sandboxes' caps; empty before ``start()``."""
+        return self.caps.describe(self.config.code.limits) if self.caps is not None else ""
 
     def worker_pids(self) -> list[int]:
         """Pids of the current workers (for supervision and tests)."""
@@ -308,7 +328,7 @@ class RewardPool:
         finally:
             child_sock.close()
         conn = Connection(parent_sock.detach())
-        conn.send(("config", self.config.model_dump(mode="json")))
+        conn.send(("config", self._worker_config.model_dump(mode="json")))
         return _Worker(slot=slot, proc=proc, conn=conn, pidfd=os.pidfd_open(proc.pid))
 
     def _read(self, w: _Worker, workers: dict[int, _Worker]) -> None:

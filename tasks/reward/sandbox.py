@@ -5,9 +5,11 @@ root with read-only ``/usr`` and the program files (memfds: nothing written on t
 private size-capped tmpfs (``/tmp``, ``/dev/shm``) as the only writable places, loopback-only
 networking, an allow-listed environment (``environ.py``) and a seccomp deny-list
 (``seccomp.py``). Limits: ``prlimit`` sets RLIMIT_CPU/AS/NPROC/NOFILE/FSIZE (no core dumps)
-inside the sandbox's user namespace, so a fork bomb stops at ``limits.nproc`` and memory is
-bounded by ``nproc * memory_mb`` plus the tmpfs; wall time and output are capped here by
-killing the whole sandbox. No cgroup is assumed, so these rlimits are the caps everywhere.
+inside the sandbox's user namespace, so a fork bomb stops at ``limits.nproc``; wall time and
+output are capped here by killing the whole sandbox. Where cgroup v2 allows it, each sandbox
+also gets a cgroup of its own (memory.max, pids.max, cpu.max over all its processes, decided
+once per pool: ``sandbox_cgroup.py``, ``Sandbox.caps``); without one, memory is bounded only
+per process, by ``nproc * memory_mb`` plus the tmpfs in all.
 ``Sandbox.session`` runs one program's tests in one sandbox (``sandbox_driver.py``).
 What each measure stops, and why: ``docs/internals/reward.md``.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.environ import SANDBOX_ENV, sandbox_setenv_args
+from asyncrl.tasks.reward.sandbox_cgroup import CgroupUnavailable, SandboxCaps, SandboxCgroup, decide_caps, release_into
 from asyncrl.tasks.reward.seccomp import SeccompUnsupported, build_filter, native_arch
 from asyncrl.tasks.reward.types import Reason
 from asyncrl.tasks.reward.sandbox_outcome import (
@@ -40,6 +43,7 @@ from asyncrl.tasks.reward.sandbox_process import (
     WORK_DIR,
     apply_rlimits,
     json_lines,
+    kill_group,
     memfd,
     prlimit_argv,
     supervise,
@@ -62,6 +66,9 @@ class Sandbox:
         self.python = config.python or next((p for p in PYTHON_CANDIDATES if os.access(p, os.X_OK)), PYTHON_CANDIDATES[0])
         self.driver_source = Path(__file__).with_name("sandbox_driver.py").read_bytes()
         """The source of the driver a session runs inside its sandbox."""
+        self.caps: SandboxCaps = decide_caps(config, sandboxed=self._bwrap is not None)
+        """A cgroup per sandbox (``caps.parent``) or the rlimits alone (``caps.reason``); a pool
+        decides once and hands its workers the decision (``SandboxCaps.for_workers``)."""
 
     @property
     def sandboxed(self) -> bool:
@@ -125,31 +132,51 @@ class Sandbox:
     def _run_bwrap(
         self, bwrap: str, files: Sequence[SandboxFile], main: str, stdin: bytes, limits: SandboxLimits
     ) -> RunOutcome:
+        try:
+            cgroup = self.new_cgroup(limits)
+        except CgroupUnavailable as exc:
+            return RunOutcome(Reason.SANDBOX_UNAVAILABLE, str(exc), None, b"", b"", 0.0, True)
         owned: list[int] = []
+        proc: subprocess.Popen[bytes] | None = None
+        released = cgroup is None
         try:
             stdin_fd = memfd("stdin", stdin, owned)
             data_fds = self._data_fds(files, owned)
             seccomp_fd = memfd("seccomp", build_filter(native_arch()), owned)
             status_r, status_w = os.pipe()
             owned += [status_r, status_w]
+            block_r, block_w = os.pipe() if cgroup is not None else (-1, -1)
+            owned += [fd for fd in (block_r, block_w) if fd >= 0]
             argv = [
-                *self._bwrap_argv(bwrap, limits, data_fds, seccomp_fd),
+                *self._bwrap_argv(bwrap, limits, data_fds, seccomp_fd, block_r),
                 "--json-status-fd", str(status_w),
                 "--",
                 *prlimit_argv(self.config.prlimit, limits),
                 self.python, "-I", f"{SANDBOX_DIR}/{main}",
             ]  # fmt: skip
             start = time.monotonic()
-            proc = self._popen_bwrap(
-                argv, stdin_fd, subprocess.PIPE, [status_w, seccomp_fd, *(fd for fd, _ in data_fds)]
-            )
-            os.close(status_w)
-            owned.remove(status_w)
+            passed = [status_w, seccomp_fd, *(fd for fd, _ in data_fds), *([block_r] if block_r >= 0 else [])]
+            proc = self._popen_bwrap(argv, stdin_fd, subprocess.PIPE, passed)
+            for fd in (status_w, block_r):
+                if fd >= 0:
+                    os.close(fd)
+                    owned.remove(fd)
+            cgroup_error = None
+            if cgroup is not None:
+                cgroup_error = self.release(proc, cgroup, status_r, block_w)
+                released = True
             capture, status = supervise(proc, status_r, limits, start, kill_group_on_exit=False)
             wall = time.monotonic() - start
+            oom_killed = cgroup is not None and cgroup.oom_kills() > 0
         finally:
+            if proc is not None and not released:
+                kill_group(proc.pid)  # before its block fd closes, which would let it run outside the cgroup
             for fd in owned:
                 os.close(fd)
+            if cgroup is not None:
+                cgroup.remove()
+        if cgroup_error is not None:
+            return RunOutcome(Reason.SANDBOX_UNAVAILABLE, cgroup_error, status, b"", b"", wall, True)
         statuses = json_lines(bytes(capture.status))
         ran = any("exit-code" in s for s in statuses)
         if not ran and not capture.timed_out and not capture.overflow:
@@ -159,8 +186,28 @@ class Sandbox:
                 f"bubblewrap could not start the sandbox (exit status {status}): {message or 'no message'}",
                 status, bytes(capture.stdout), bytes(capture.stderr), wall, True,
             )  # fmt: skip
-        reason, detail = classify(status, capture, wall, limits)
+        reason, detail = classify(status, capture, wall, limits, oom_killed)
         return RunOutcome(reason, detail, status, bytes(capture.stdout), bytes(capture.stderr), wall, True)
+
+    def new_cgroup(self, limits: SandboxLimits) -> SandboxCgroup | None:
+        """A cgroup with ``limits`` for one sandbox when ``caps`` says so, else None;
+        ``CgroupUnavailable`` when it cannot be made."""
+        if self.caps.parent is None:
+            return None
+        return SandboxCgroup.create(Path(self.caps.parent), limits)
+
+    def release(self, proc: subprocess.Popen[bytes], cgroup: SandboxCgroup, status_r: int, block_w: int) -> str | None:
+        """Move bwrap's sandbox into ``cgroup`` and let it run (``release_into``); the error, if
+        any, with bwrap killed first. A bwrap that ended or hung before naming its sandbox is
+        killed too: the caller reports its failure to start."""
+        try:
+            if release_into(cgroup, status_r, block_w):
+                return None
+            kill_group(proc.pid)
+            return None
+        except CgroupUnavailable as exc:
+            kill_group(proc.pid)
+            return str(exc)
 
     def _data_fds(self, files: Sequence[SandboxFile], owned: list[int]) -> list[tuple[int, str]]:
         """memfds of ``/etc/passwd``, ``/etc/group`` and the files, with where each goes."""
@@ -174,9 +221,10 @@ class Sandbox:
         return data_fds
 
     def _bwrap_argv(
-        self, bwrap: str, limits: SandboxLimits, data_fds: Sequence[tuple[int, str]], seccomp_fd: int
+        self, bwrap: str, limits: SandboxLimits, data_fds: Sequence[tuple[int, str]], seccomp_fd: int, block_fd: int = -1
     ) -> list[str]:
-        """bwrap's options up to (not including) the status fd and the command (module docstring)."""
+        """bwrap's options up to (not including) the status fd and the command (module docstring);
+        with ``block_fd`` (>= 0) the sandbox waits for a byte on it before anything runs (``release``)."""
         uid = self.config.sandbox_uid
         argv = [
             bwrap,
@@ -204,6 +252,8 @@ class Sandbox:
         for fd, dest in data_fds:
             argv += ["--perms", "0444", "--ro-bind-data", str(fd), dest]
         argv += ["--remount-ro", "/", "--chdir", WORK_DIR, *sandbox_setenv_args(), "--seccomp", str(seccomp_fd)]
+        if block_fd >= 0:
+            argv += ["--block-fd", str(block_fd)]
         return argv
 
     def _popen_bwrap(self, argv: list[str], stdin: int, stdout: int, pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:

@@ -67,10 +67,14 @@ class Capture:
     exited: bool = False
 
 
-def classify(exit_code: int | None, capture: Capture, wall_s: float, limits: SandboxLimits) -> tuple[Reason, str]:
+def classify(
+    exit_code: int | None, capture: Capture, wall_s: float, limits: SandboxLimits, oom_killed: bool = False
+) -> tuple[Reason, str]:
     """The failure reason of a finished run (OK for status 0 within every limit).
 
-    In order: wall-time kill -> timeout; output cap -> output_limit; SIGXCPU, or a
+    In order: wall-time kill -> timeout; output cap -> output_limit; a failed run during
+    which the OOM killer ended a process of the sandbox's cgroup (``oom_killed``: its
+    memory.max, ``sandbox_cgroup.py``) -> memory; SIGXCPU, or a
     SIGKILL after at least cpu_s of wall time (the hard CPU limit of a program that
     ignored SIGXCPU) -> timeout; SIGXFSZ, EFBIG or a full /tmp -> output_limit; a
     memory error on stderr -> memory; a failed fork -> process_limit; any other
@@ -87,6 +91,12 @@ def classify(exit_code: int | None, capture: Capture, wall_s: float, limits: San
         return Reason.OK, ""
     signum = _signal_of(exit_code)
     tail = escape_controls(bytes(capture.stderr[-STDERR_SHOWN:]).decode("utf-8", "replace").strip())
+    if oom_killed:
+        how = f"killed by {signal.Signals(signum).name}" if signum else f"exit status {exit_code}"
+        return Reason.MEMORY, (
+            f"memory limit of {limits.memory_mb} MiB for the whole sandbox (cgroup memory.max): the OOM killer "
+            f"ended a process; {how}"
+        )
     if signum == signal.SIGXCPU or (signum == signal.SIGKILL and wall_s >= limits.cpu_s):
         return Reason.TIMEOUT, f"CPU time limit of {limits.cpu_s} s exceeded"
     if signum == signal.SIGXFSZ or any(marker in tail for marker in FILE_MARKERS):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from asyncrl.configs.reward import SandboxLimits
+from asyncrl.tasks.reward.sandbox_cgroup import CgroupUnavailable, SandboxCgroup
 from asyncrl.tasks.reward.sandbox_driver import READY, REPLY
 from asyncrl.tasks.reward.seccomp import build_filter, native_arch
 from asyncrl.tasks.reward.types import Reason
@@ -55,6 +56,11 @@ class SandboxSession:
     the test left behind before answering, and reports how it ended. The outcome of a test is
     classified here by ``classify`` exactly as a one-test run's is, so the reasons are the same.
 
+    With cgroup v2 caps (``Sandbox.caps``) the sandbox, driver included, lives in one cgroup
+    made when it starts and removed when it ends: memory.max, pids.max and cpu.max bound all
+    the processes of all its tests together (one test at a time runs), and a failed test during
+    which the OOM killer struck there is a ``memory`` failure.
+
     The host watches the driver too: a test that gets no answer within ``limits.wall_s`` +
     DRIVER_SLACK_S is a timeout and the whole sandbox is killed; the next ``run`` starts a fresh
     sandbox. A sandbox that does not start (no ``ready`` from the driver within
@@ -75,6 +81,9 @@ class SandboxSession:
         self._buffer = bytearray()
         self._stderr = bytearray()
         self._eof = False
+        self._cgroup: SandboxCgroup | None = None
+        self._status_r = -1
+        self._oom_before = 0
 
     def __enter__(self) -> SandboxSession:
         return self
@@ -99,6 +108,7 @@ class SandboxSession:
                 return failed
         assert self._sock is not None
         owned: list[int] = []
+        self._oom_before = self._oom_kills()
         start = time.monotonic()
         try:
             stdin_fd = memfd("stdin", stdin, owned)
@@ -130,7 +140,7 @@ class SandboxSession:
         del self._buffer[: n_out + n_err]
         status = code if has_status else None
         capture = Capture(bytearray(stdout), bytearray(stderr), bytearray(), timed_out, overflow, exited=True)
-        reason, detail = classify(status, capture, wall, self.limits)
+        reason, detail = classify(status, capture, wall, self.limits, self._oom_kills() > self._oom_before)
         return RunOutcome(reason, detail, status, stdout, stderr, wall, True)
 
     def close(self) -> None:
@@ -140,34 +150,68 @@ class SandboxSession:
     # -- internals ------------------------------------------------------------------------
 
     def _start(self, bwrap: str) -> RunOutcome | None:
-        """Start bwrap with the driver as pid 1 and wait for its ``ready``; the failure, if any."""
+        """Start bwrap with the driver as pid 1 (in the sandbox's cgroup, if any) and wait for its
+        ``ready``; the failure, if any."""
         limits = self.limits
+        try:
+            cgroup = self.sandbox.new_cgroup(limits)
+        except CgroupUnavailable as exc:
+            return RunOutcome(Reason.SANDBOX_UNAVAILABLE, str(exc), None, b"", b"", 0.0, True)
         owned: list[int] = []
         driver = SandboxFile(DRIVER_FILE, self.sandbox.driver_source)
         start = time.monotonic()
         host_sock, driver_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        status_r = block_w = -1
+        proc: subprocess.Popen[bytes] | None = None
+        cgroup_error: str | None = None
         try:
             data_fds = self.sandbox._data_fds([*self.files, driver], owned)
             seccomp_fd = memfd("seccomp", build_filter(native_arch()), owned)
+            passed = [driver_sock.fileno(), seccomp_fd, *(fd for fd, _ in data_fds)]
+            cgroup_args: list[str] = []
+            block_r = -1
+            if cgroup is not None:  # bwrap names its sandbox on the status fd, then waits on the block fd
+                status_r, status_w = os.pipe()
+                block_r, block_w = os.pipe()
+                owned += [status_w, block_r]
+                passed += [status_w, block_r]
+                cgroup_args = ["--json-status-fd", str(status_w)]
             argv = [
-                *self.sandbox._bwrap_argv(bwrap, limits, data_fds, seccomp_fd),
+                *self.sandbox._bwrap_argv(bwrap, limits, data_fds, seccomp_fd, block_r),
+                *cgroup_args,
                 "--as-pid-1",  # the driver is init: no test can kill it
                 "--",
                 self.sandbox.python, "-I", "-S", f"{SANDBOX_DIR}/{DRIVER_FILE}",
                 str(driver_sock.fileno()), repr(limits.wall_s), str(limits.output_bytes), WORK_DIR, self.sandbox.python,
                 *prlimit_argv(self.sandbox.config.prlimit, limits),
             ]  # fmt: skip
-            proc = self.sandbox._popen_bwrap(
-                argv, subprocess.DEVNULL, subprocess.DEVNULL, [driver_sock.fileno(), seccomp_fd, *(fd for fd, _ in data_fds)]
-            )
+            proc = self.sandbox._popen_bwrap(argv, subprocess.DEVNULL, subprocess.DEVNULL, passed)
+            for fd in owned:
+                os.close(fd)
+            owned.clear()
+            if cgroup is not None:
+                cgroup_error = self.sandbox.release(proc, cgroup, status_r, block_w)
         except BaseException:
             host_sock.close()
+            if proc is not None:
+                kill_group(proc.pid)  # before its block fd closes, which would let it run outside the cgroup
+                proc.wait()
+                if proc.stderr is not None:
+                    proc.stderr.close()
+            for fd in (status_r, block_w):
+                if fd >= 0:
+                    os.close(fd)
+            if cgroup is not None:
+                cgroup.remove()
             raise
         finally:
             driver_sock.close()
             for fd in owned:
                 os.close(fd)
+        if block_w >= 0:
+            os.close(block_w)  # released (or bwrap killed): the fd has done its work
         assert proc.stderr is not None
+        self._cgroup, self._status_r = cgroup, status_r
         self._proc, self._sock = proc, host_sock
         self._pidfd = os.pidfd_open(proc.pid)
         self._buffer, self._stderr, self._eof = bytearray(), bytearray(), False
@@ -175,10 +219,12 @@ class SandboxSession:
         os.set_blocking(proc.stderr.fileno(), False)
         for fd in (host_sock.fileno(), proc.stderr.fileno(), self._pidfd):
             self._selector.register(fd, selectors.EVENT_READ)
-        ready = self._receive_frame(start + DRIVER_START_S)
+        ready = self._receive_frame(start + DRIVER_START_S) if cgroup_error is None else None
         if ready == READY:
             return None
         status = self._stop(kill=True)
+        if cgroup_error is not None:
+            return RunOutcome(Reason.SANDBOX_UNAVAILABLE, cgroup_error, status, b"", b"", time.monotonic() - start, True)
         message = escape_controls(bytes(self._stderr).decode("utf-8", "replace").strip()[-STDERR_SHOWN:])
         if ready is None and status is not None and status < 0 and not message:
             message = f"no answer from the sandbox driver within {DRIVER_START_S} s"
@@ -240,7 +286,14 @@ class SandboxSession:
         return self._driver_ended(wall_s)
 
     def _driver_ended(self, wall_s: float) -> RunOutcome:
+        oom_killed = self._oom_kills() > self._oom_before
         status = self._stop(kill=True)
+        if oom_killed:
+            return RunOutcome(
+                Reason.MEMORY,
+                f"memory limit of {self.limits.memory_mb} MiB for the whole sandbox (cgroup memory.max): the OOM "
+                "killer ended the sandbox's driver; sandbox killed", status, b"", b"", wall_s, True,
+            )  # fmt: skip
         message = escape_controls(bytes(self._stderr).decode("utf-8", "replace").strip()[-STDERR_SHOWN:])
         return RunOutcome(
             Reason.SANDBOX_UNAVAILABLE,
@@ -269,8 +322,17 @@ class SandboxSession:
             os.close(self._pidfd)
         if proc.stderr is not None:
             proc.stderr.close()
+        if self._status_r >= 0:
+            os.close(self._status_r)
+        if self._cgroup is not None:
+            self._cgroup.remove()
         self._proc, self._sock, self._selector, self._pidfd = None, None, None, -1
+        self._cgroup, self._status_r = None, -1
         return status
+
+    def _oom_kills(self) -> int:
+        """OOM kills in the sandbox's cgroup so far (0 without one)."""
+        return self._cgroup.oom_kills() if self._cgroup is not None else 0
 
 
 def _frame(payload: bytes) -> bytes:

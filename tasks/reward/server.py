@@ -36,6 +36,7 @@ from asyncrl.configs.loading import ConfigError, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.tasks.system.network import is_loopback
+from asyncrl.tasks.reward.process import MODULE
 from asyncrl.tasks.reward.pool import PoolStats, RewardPool, RewardPoolError
 from asyncrl.tasks.reward.service_registry import (
     TOKEN_ENV,
@@ -49,7 +50,6 @@ from asyncrl.tasks.reward.types import RewardRequest
 __all__ = ["TOKEN_ENV", "RewardServiceInfo", "format_stats", "main", "parse_score_body", "read_reward_service", "serve"]
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
-MODULE = "asyncrl.tasks.reward.server"
 MAX_BODY_BYTES = 64 << 20
 """Largest /score body accepted (413 above): a bound on what one client can make the service buffer."""
 WATCH_EVERY_S = 0.5
@@ -215,12 +215,13 @@ def install_stop_handlers(stop: threading.Event) -> None:
 
 
 def format_stats(stats: PoolStats) -> str:
-    """One log line: completed items, reason counts, worker restarts."""
+    """One log line: completed items, reason counts, worker restarts, the sandboxes' caps."""
     reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(stats.reasons.items())) or "none"
+    caps = f"; {stats.caps}" if stats.caps else ""
     return (
         f"reward pool: {stats.completed} scored, {stats.pending} pending, {stats.busy}/{stats.workers} busy; "
         f"reasons: {reasons}; worker restarts {stats.worker_restarts} "
-        f"({stats.workers_killed_for_timeout} killed for timeouts)"
+        f"({stats.workers_killed_for_timeout} killed for timeouts){caps}"
     )
 
 
@@ -269,7 +270,9 @@ def _serve_pool(
     info: RewardServiceInfo | None = None
     try:
         info = register_reward_service(root, httpd.url, os.getpid())
-        logger.info("reward service listening on %s (pid %d, %d workers)", info.url, info.pid, pool.size)
+        logger.info(
+            "reward service listening on %s (pid %d, %d workers); %s", info.url, info.pid, pool.size, pool.caps_report
+        )
         return wait_until_stopped(pool, stop)
     finally:
         if info is not None:

@@ -1,6 +1,7 @@
-"""The rollout controller: admits prompt groups through the staleness gate, generates
-them on the rollout servers, scores them, writes trajectory shards, and pushes every
-newly published weight version to the servers.
+"""The rollout controller: admits prompt groups through the staleness gate, has their
+episodes produce and score their rows (single-turn samples or agent episodes, one
+interface: :class:`~asyncrl.tasks.scheduler.protocols.GroupEpisodes`), writes trajectory
+shards, and pushes every newly published weight version to the servers.
 
 Exactly-once across restarts: group k is always prompt `PromptSchedule.record(k)` with id
 `g{k:08d}`; the admitted count is persisted (`scheduler/state.json`) *before* group k is
@@ -9,45 +10,61 @@ produced, so a restart re-dispatches admitted, unwritten groups without admittin
 The gate admits group k (kept groups only) only while floor(k / B) <= i + eta, and groups are
 written in admission order, never a shard across a batch boundary, so the trainer trains
 group k at step floor(k / B): no sample is staler than eta. Filtered groups are recorded,
-then released. Proof, trade-offs, filtering, episodes: ``docs/internals/scheduler.md``.
+then released. The groups of a quarantined shard are released and admitted again, once
+(:meth:`RolloutController._admit_one`). Proof, trade-offs, filtering, episodes:
+``docs/internals/scheduler.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from asyncrl.tasks.algo.adaptive_eta import AdaptiveEta, AdaptiveState
 from asyncrl.tasks.algo.staleness_gate import StalenessGate
 from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
+from asyncrl.storage import fs
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardWriter
 from asyncrl.storage.weight_lineage import VersionUpdates, read_lineage
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.agent.runner import EpisodeRunner, episode_sample, kept_outcomes, score_outcomes
-from asyncrl.tasks.data.records import PromptRecord
-from asyncrl.tasks.reward.types import RewardResult
-from asyncrl.tasks.data.reward_requests import reward_request
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
 from asyncrl.tasks.scheduler.controller_stats import ControllerStats
 from asyncrl.tasks.scheduler.filtered import (
     NO_EPISODE_KEPT,
     all_equal_rewards,
     count_filtered,
+    filtered_record_path,
     save_filtered,
     save_left_out,
 )
-from asyncrl.tasks.scheduler.gate_state import load_adaptive_state, load_gate_state, save_gate_state
-from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_id, group_index, sample_budget
-from asyncrl.tasks.scheduler.protocols import GroupGenerator, RewardScorer, TextCodec
-from asyncrl.tasks.scheduler.written_index import WrittenGroups, load_written_groups, save_written_groups
+from asyncrl.tasks.scheduler.gate_state import (
+    AdmittedRegeneration,
+    Regenerations,
+    load_adaptive_state,
+    load_gate_state,
+    load_regenerations,
+    save_gate_state,
+)
+from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_id, group_index
+from asyncrl.tasks.scheduler.protocols import GroupEpisodes, GroupGenerator
+from asyncrl.tasks.scheduler.written_index import (
+    WrittenGroups,
+    learn_quarantines,
+    load_written_groups,
+    save_written_groups,
+)
 
 LOG = logging.getLogger("asyncrl.scheduler")
+QUARANTINE_POLL_SECONDS = 5.0
+"""How often a running controller lists ``quarantine/`` for newly quarantined shards."""
 
 
 class RolloutController:
@@ -58,28 +75,22 @@ class RolloutController:
         settings: ControllerSettings,
         root: RunRoot,
         prompts: PromptSchedule,
-        render: Callable[[PromptRecord], str],
-        codec: TextCodec,
         generator: GroupGenerator,
-        scorer: RewardScorer,
+        episodes: GroupEpisodes,
         weight_loader: Callable[[int], Callable[[Any], Any]],
-        episodes: EpisodeRunner | None = None,
         weight_prefetch: Callable[[int], object] | None = None,
     ) -> None:
         self.settings = settings
         self.root = root
         self.prompts = prompts
-        self.render = render
-        self.codec = codec
         self.generator = generator
-        self.scorer = scorer
+        self.episodes = episodes
+        """Produces each admitted group's rows (:mod:`asyncrl.tasks.scheduler.episodes`)."""
         self.weight_loader = weight_loader
         self.weight_prefetch = weight_prefetch
         """Fetches a version onto the servers' host before its update pauses generation
         (:meth:`~asyncrl.tasks.inference.weight_sync.ServerWeightLoader.prefetch`); None: the
         load fetches it during the pause."""
-        self.episodes = episodes
-        """Runs each group as n agent episodes (``rollout.episode``); None: single-turn samples."""
         self.weights = WeightStore(root)
         self.version_updates = VersionUpdates(root)
         self.writer = ShardWriter(root, settings.run_id)
@@ -87,11 +98,24 @@ class RolloutController:
         """The written-groups index (loaded when :meth:`run` starts)."""
         self._write_lock = asyncio.Lock()
         self.stats = ControllerStats()
+        saved = load_gate_state(root)
+        regenerations = load_regenerations(root)
+        self._regen_admitted = regenerations.admitted
+        """Regenerations admitted since the run began (:meth:`_admit_one`): the gate counts them
+        beside the new groups, ``scheduler/state.json`` apart."""
+        self._regen_saved = regenerations.in_flight
+        """The regenerations the saved state names as admitted (those still unwritten are
+        dispatched again when :meth:`run` starts)."""
+        self._regen_in_flight: dict[int, AdmittedRegeneration] = {}
+        """Admitted regenerations not yet written, by group, in admission order."""
+        self.quarantine_poll_seconds = QUARANTINE_POLL_SECONDS
+        if saved is not None:
+            saved = dataclasses.replace(saved, admitted=saved.admitted + regenerations.admitted)
         self.gate = StalenessGate(
             settings.batch_groups,
             settings.eta,
             _GeneratorUpdates(generator, self.version_updates),
-            state=load_gate_state(root),
+            state=saved,
         )
         self.adaptive: AdaptiveEta | None = None
         """The effective bound's controller (``settings.adaptive_staleness``); its state is
@@ -108,6 +132,11 @@ class RolloutController:
         self._shards_bell = Doorbell(root, SHARDS_TOPIC)
         self._weights_listener: DoorbellListener | None = None
 
+    @property
+    def regenerated(self) -> int:
+        """Groups of quarantined shards admitted again by this controller."""
+        return self.stats.regenerated_groups
+
     async def run(self, stop: asyncio.Event) -> ControllerStats:
         """Work until `stop` is set (or `max_groups` are admitted and produced).
 
@@ -119,15 +148,22 @@ class RolloutController:
         self._weights_listener = await asyncio.to_thread(DoorbellListener, self.root, WEIGHTS_TOPIC)
         watcher = self._start(self._watch_weights(stop), "weight-watcher")
         flusher = self._start(self._flush_periodically(stop), "shard-flusher")
+        quarantines = None
         try:
-            self.written = await asyncio.to_thread(load_written_groups, self.root, self.settings.run_id)
+            written = await asyncio.to_thread(load_written_groups, self.root, self.settings.run_id)
+            if await asyncio.to_thread(learn_quarantines, self.root, written):
+                await asyncio.to_thread(save_written_groups, self.root, written)
+            self.written = written
             await self._start_adaptive()
-            if await asyncio.to_thread(count_filtered, self.root, self.written, self.gate.stats().admitted):
+            left_out = await asyncio.to_thread(count_filtered, self.root, self.written, self._fresh_admitted())
+            if left_out + await asyncio.to_thread(self._count_regenerations_left_out):
                 await asyncio.to_thread(save_written_groups, self.root, self.written)
-            self.gate.release(self.written.filtered)  # durable records: see the module docstring
+            # durable records (see the module docstring): filtered groups, and quarantined ones
+            self.gate.release(self.written.filtered + self.written.quarantined_groups)
             for index in self._unwritten_admitted():
                 self.stats.resubmitted_after_restart += 1
-                self._dispatch(index, in_flight)
+                self._dispatch(index, in_flight, regeneration=index in self._regen_in_flight)
+            quarantines = self._start(self._watch_quarantines(stop), "quarantine-watcher")
             await self._admit_loop(stop, in_flight)
             # Admissions are over (max_groups reached): finish the groups in flight,
             # unless stopped first; a stopped group is regenerated by the next run.
@@ -143,16 +179,27 @@ class RolloutController:
             self.stats.discarded_tokens += sum(s.model_token_count for g in self._done.values() if g for s in g)
             self.stats.streamed_tokens = sum(self.generator.streamed_tokens().values()) - streamed_before
             stop.set()
-            for task in (*in_flight, watcher, flusher):
+            helpers = [task for task in (watcher, flusher, quarantines) if task is not None]
+            for task in (*in_flight, *helpers):
                 task.cancel()
-            await asyncio.gather(*in_flight, watcher, flusher, return_exceptions=True)
+            await asyncio.gather(*in_flight, *helpers, return_exceptions=True)
             await asyncio.to_thread(self._weights_listener.close)
             self._weights_listener = None
         self._raise_failure()
         return self.stats
 
     def _save_state(self) -> None:
-        save_gate_state(self.root, self.gate.state(), None if self.adaptive is None else self.adaptive.state())
+        state = self.gate.state()
+        save_gate_state(
+            self.root,
+            dataclasses.replace(state, admitted=state.admitted - self._regen_admitted),  # new groups only
+            None if self.adaptive is None else self.adaptive.state(),
+            Regenerations(self._regen_admitted, tuple(self._regen_in_flight.values())),
+        )
+
+    def _fresh_admitted(self) -> int:
+        """New groups admitted (ids g0 .. g{n-1}): the gate's admissions less the regenerations."""
+        return self.gate.stats().admitted - self._regen_admitted
 
     async def _start_adaptive(self) -> None:
         """Go on from the saved effective bound, else start at eta reading from the servers' version."""
@@ -189,9 +236,32 @@ class RolloutController:
             if adaptive.eta > before:
                 self._version_changed.set()  # the gate may admit again
 
+    def _count_regenerations_left_out(self) -> int:
+        """Count in the index the admitted regenerations left out (their record saved, the
+        index not: a kill in between), as :func:`count_filtered` does for new groups; returns
+        how many. A group of ``regenerate`` was in a shard since any earlier record, so a record
+        is its regeneration's. One existence check per admitted regeneration still unwritten."""
+        written = self.written
+        assert written is not None
+        found = [r.group for r in self._regen_saved if written.regenerate.get(r.group) == r.shard_seq
+                 and fs.exists(self.root, filtered_record_path(r.group))]  # fmt: skip
+        written.add(found)
+        written.filtered += len(found)
+        return len(found)
+
     def _unwritten_admitted(self) -> list[int]:
-        assert self.written is not None
-        return self.written.missing_below(self.gate.stats().admitted)
+        """The admitted groups to dispatch again after a restart, in admission order: the new
+        groups no shard holds, and the regenerations the saved state names as admitted whose
+        group is still to be generated again for the same quarantined shard, each put back
+        at its place among the new groups (after the ``after`` first ones)."""
+        written = self.written
+        assert written is not None
+        order = [((k, 1, 0), k) for k in written.missing_below(self._fresh_admitted())]
+        for position, regen in enumerate(self._regen_saved):
+            if written.regenerate.get(regen.group) == regen.shard_seq:
+                self._regen_in_flight[regen.group] = regen
+                order.append(((regen.after, 0, position), regen.group))
+        return [index for _, index in sorted(order)]
 
     async def _admit_loop(self, stop: asyncio.Event, in_flight: set[asyncio.Task[None]]) -> None:
         limit, cap = self.settings.max_groups, self.settings.max_groups_in_flight
@@ -212,19 +282,75 @@ class RolloutController:
                 if not self.gate.try_admit():
                     await _wait_either(stop, self._version_changed, self.settings.admit_poll_seconds)
                     continue
-            index = self.gate.stats().admitted - 1
+            self._admit_one(in_flight)
+
+    def _admit_one(self, in_flight: set[asyncio.Task[None]]) -> None:
+        """Dispatch the group the gate just admitted: the oldest group of a quarantined shard
+        waiting to be generated again, else the next new group; its admission is saved first.
+
+        How the gate counts a quarantined shard's groups: when the quarantine is learnt
+        (:meth:`_learn_quarantines`), each of its groups is released (it will not be trained,
+        like a filtered group), and its regeneration is a new admission under the same rule at
+        the current version: Nr - 1 = admissions - releases before it, floor((Nr - 1) / B) <=
+        i + e. Staleness stays within eta: the regeneration is written after every group
+        admitted before it (write order is admission order) and the trainer's position of a
+        group only counts groups it trains, so as for any admission its position j <= Nr - 1
+        (the releases of the groups before it happen before it is trained, or j is smaller
+        still) and the trainer, taking at least B groups a step, trains it by step
+        floor(j / B) + 1. The admission counts in ``max_groups`` like a new group, so the run
+        still produces as many kept groups."""
+        written = self.written
+        assert written is not None
+        regen = next(((k, seq) for k, seq in written.regenerate.items() if k not in self._regen_in_flight), None)
+        if regen is None:
+            index = self._fresh_admitted() - 1
             self._save_state()  # before dispatch: see module docstring
             self.stats.admitted += 1
             self._dispatch(index, in_flight)
+            return
+        index, seq = regen
+        self._regen_admitted += 1
+        self._regen_in_flight[index] = AdmittedRegeneration(index, seq, self._fresh_admitted())
+        self._save_state()  # before dispatch, as for a new group
+        self.stats.regenerated_groups += 1
+        LOG.info("group %s (of quarantined shard %d) admitted again", group_id(index), seq)
+        self._dispatch(index, in_flight, regeneration=True)
+
+    async def _learn_quarantines(self) -> None:
+        """Un-write and release the groups of the shards quarantined since the last look
+        (:func:`learn_quarantines`); the gate then admits them again (:meth:`_admit_one`)."""
+        async with self._write_lock:
+            if self.written is None:
+                return
+            written = copy.deepcopy(self.written)  # the admission reads the index meanwhile
+            found = await asyncio.to_thread(learn_quarantines, self.root, written)
+            if found:
+                await asyncio.to_thread(save_written_groups, self.root, written)  # durable before released
+                self.written = written
+                self.gate.release(len(found))
+                self._version_changed.set()  # the gate may admit again
+            else:
+                self.written.quarantined = written.quarantined  # seen, none to regenerate
+
+    async def _watch_quarantines(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await _wait(stop, self.quarantine_poll_seconds)
+            if not stop.is_set():
+                await self._learn_quarantines()
 
     def _admitted_kept(self) -> int:
         """Groups admitted and not released by filtering (what ``max_groups`` counts)."""
         stats = self.gate.stats()
         return stats.admitted - stats.released
 
-    def _dispatch(self, index: int, in_flight: set[asyncio.Task[None]]) -> None:
-        if self._order and index <= self._order[-1]:
-            raise RuntimeError(f"group {index} dispatched after group {self._order[-1]}: groups go out in admission order")
+    def _dispatch(self, index: int, in_flight: set[asyncio.Task[None]], regeneration: bool = False) -> None:
+        """Start producing group ``index``; new groups go out in index order, a regeneration
+        (:meth:`_admit_one`) wherever it was admitted."""
+        if index in self._done or index in self._order:
+            raise RuntimeError(f"group {index} dispatched while it is being produced")
+        fresh = [k for k in self._order if k not in self._regen_in_flight]
+        if not regeneration and fresh and index <= fresh[-1]:
+            raise RuntimeError(f"group {index} dispatched after group {fresh[-1]}: groups go out in admission order")
         self._order.append(index)
         task = self._start(self._produce_group(index), f"group-{index}")
         in_flight.add(task)
@@ -245,11 +371,10 @@ class RolloutController:
             raise self._failure
 
     async def _produce_group(self, index: int) -> None:
+        """Group ``index``'s rows from its episodes (either kind: one path), then left out
+        (none kept, or dynamic filtering) or queued for its turn to be written."""
         record = self.prompts.record(index)
-        if self.episodes is None:
-            samples = await self._generate_samples(index, record)
-        else:
-            samples = await self._run_episodes(index, record)
+        samples = await self.episodes.produce(index, record, self.stats)
         if not samples:
             await asyncio.to_thread(save_left_out, self.root, index, record.prompt_id, NO_EPISODE_KEPT, [])
             self._leave_out(index)
@@ -272,83 +397,6 @@ class RolloutController:
         self.stats.filtered_groups += 1
         self._version_changed.set()  # the gate may admit again
         self._done[index] = None
-
-    async def _generate_samples(self, index: int, record: PromptRecord) -> list[Sample]:
-        """The group's single-turn samples, generated and scored."""
-        prompt_ids = self.codec.encode(self.render(record))
-        if len(prompt_ids) > self.settings.max_prompt_tokens:
-            raise ValueError(
-                f"prompt {record.prompt_id} has {len(prompt_ids)} tokens, over data.max_prompt_tokens "
-                f"= {self.settings.max_prompt_tokens}"
-            )
-        outputs = await self.generator.generate_group(
-            prompt_ids,
-            self.settings.n_samples,
-            sample_budget(record, self.settings.max_new_tokens),
-            self.settings.temperature,
-            self.settings.top_p,
-            ignore_eos=self.settings.ignore_eos,
-            stop_token_ids=() if self.settings.ignore_eos else self.settings.stop_token_ids,
-        )
-        results = await self._score(record, [self.codec.decode(o.output_token_ids) for o in outputs])
-        samples = [
-            Sample(
-                prompt_id=record.prompt_id,
-                group_id=group_id(index),
-                prompt_token_ids=prompt_ids,
-                output_token_ids=o.output_token_ids,
-                behaviour_logprobs=o.behaviour_logprobs,
-                token_versions=o.token_versions,
-                reward=r.reward,
-                finish_reason=o.finish_reason,
-                submit_time=o.timings.submitted_at,
-                finish_time=o.timings.finished_at,
-                task=record.task,
-            )
-            for o, r in zip(outputs, results, strict=True)
-        ]
-        for output, result in zip(outputs, results, strict=True):
-            self._count_sample(record.task, len(output.output_token_ids), result.reward, result.reason)
-        return samples
-
-    async def _run_episodes(self, index: int, record: PromptRecord) -> list[Sample]:
-        """The group's episodes as trajectory rows (:mod:`asyncrl.tasks.agent.runner`): run,
-        kept by ``on_failure``, scored by the row's reward where the episode left it open."""
-        assert self.episodes is not None
-        outcomes = await self.episodes.run_group(record, self.settings.n_samples)
-        chosen = kept_outcomes(outcomes, self.episodes.config.on_failure)
-        for reason, count in chosen.left_out.items():
-            self.stats.episodes_left_out[reason] = self.stats.episodes_left_out.get(reason, 0) + count
-        for outcome in outcomes:
-            if outcome.failure is not None:
-                LOG.warning("group %s: episode failed: %s", group_id(index), outcome.failure)
-        scoring_started = time.monotonic()
-        scored = await score_outcomes(record, chosen.kept, self.scorer)
-        self.stats.reward_wait_s += time.monotonic() - scoring_started
-        samples = []
-        for outcome, (reward, reason) in zip(chosen.kept, scored, strict=True):
-            sample = episode_sample(record, group_id(index), outcome, reward)
-            generated = sample.model_token_count
-            self._count_sample(record.task, generated, reward, reason)
-            self.stats.context_tokens += len(sample.output_token_ids) - generated
-            samples.append(sample)
-        return samples
-
-    async def _score(self, record: PromptRecord, texts: Sequence[str]) -> list[RewardResult]:
-        if not texts:
-            return []
-        scoring_started = time.monotonic()
-        results = await self.scorer.score([reward_request(record, t) for t in texts])
-        self.stats.reward_wait_s += time.monotonic() - scoring_started
-        return results
-
-    def _count_sample(self, task: str, output_tokens: int, reward: float, reason: str) -> None:
-        self.stats.samples += 1
-        self.stats.output_tokens += output_tokens
-        self.stats.reward_sum += reward
-        self.stats.task_samples[task] = self.stats.task_samples.get(task, 0) + 1
-        self.stats.task_reward_sum[task] = self.stats.task_reward_sum.get(task, 0.0) + reward
-        self.stats.reward_reasons[f"{task}/{reason}"] = self.stats.reward_reasons.get(f"{task}/{reason}", 0) + 1
 
     def _take_writable(self, partial: bool) -> list[tuple[list[list[Sample]], list[int]]]:
         """Take the shards to write now off the buffer, each as (its groups, the filtered
@@ -402,13 +450,18 @@ class RolloutController:
             for groups, filtered in self._take_writable(partial):
                 written.add(filtered)  # their records are durable (written when they were filtered)
                 written.filtered += len(filtered)
+                for index in filtered:
+                    self._regen_in_flight.pop(index, None)
                 if groups:
                     shard = await asyncio.to_thread(self.writer.write_groups, groups)
                     self.stats.groups_written += len(groups)
                     self.stats.shards_written += 1
                     self.stats.written_tokens += sum(s.model_token_count for g in groups for s in g)
-                    written.add({group_index(group[0].group_id) for group in groups})
+                    indices = {group_index(group[0].group_id) for group in groups}
+                    written.add(indices)
                     written.next_seq = max(written.next_seq, shard.seq + 1)
+                    for index in indices:
+                        self._regen_in_flight.pop(index, None)
                     await asyncio.to_thread(self._shards_bell.ring)  # the trainer looks at once
                     LOG.info("wrote %s (%d groups)", shard.name, len(groups))
                 await asyncio.to_thread(save_written_groups, self.root, written)

@@ -29,6 +29,8 @@ class ControllerStats:
     updates: list[UpdateStats] = field(default_factory=list)
     skipped_prompts: int = 0
     filtered_groups: int = 0
+    regenerated_groups: int = 0
+    """Groups of quarantined shards admitted again (:func:`~asyncrl.tasks.scheduler.written_index.learn_quarantines`)."""
     """Groups in no shard on purpose, released from the gate: dynamic filtering (all rewards
     equal) or a group of episodes none of which could be kept."""
     filtered_tokens: int = 0
@@ -62,6 +64,15 @@ class ControllerStats:
         and no written sample is staler than the bound (module docstring)."""
         return max(0, self.streamed_tokens - self.output_tokens) + self.discarded_tokens
 
+    def count_sample(self, task: str, output_tokens: int, reward: float, reason: str) -> None:
+        """Count one produced row (kept or later filtered): its model tokens, reward and reason."""
+        self.samples += 1
+        self.output_tokens += output_tokens
+        self.reward_sum += reward
+        self.task_samples[task] = self.task_samples.get(task, 0) + 1
+        self.task_reward_sum[task] = self.task_reward_sum.get(task, 0.0) + reward
+        self.reward_reasons[f"{task}/{reason}"] = self.reward_reasons.get(f"{task}/{reason}", 0) + 1
+
     def summary(self) -> dict[str, float]:
         """Counts and rates over elapsed = finished_at (or now) - started_at:
         gen_tokens_per_s = output_tokens / elapsed (tokens of finished groups),
@@ -84,6 +95,7 @@ class ControllerStats:
             "streamed_tokens_per_s": self.streamed_tokens / elapsed,
             "written_tokens": self.written_tokens,
             "filtered_groups": self.filtered_groups,
+            "regenerated_groups": self.regenerated_groups,
             "filtered_tokens": self.filtered_tokens,
             "wasted_tokens": self.wasted_tokens,
             "reward_mean": self.reward_sum / self.samples if self.samples else 0.0,

@@ -1,12 +1,18 @@
 """The scheduler's persisted admission state (``scheduler/state.json``): the staleness gate's
-counts and the adaptive bound's state, saved before a group is dispatched so a restart never
-admits a group twice (module docstring of :mod:`asyncrl.tasks.scheduler.controller`).
+counts, the adaptive bound's state and the regenerations admitted (groups of quarantined
+shards admitted again), saved before a group is dispatched so a restart never admits a group
+twice (module docstring of :mod:`asyncrl.tasks.scheduler.controller`).
+
+``gate.admitted`` counts the new groups admitted (ids ``g0`` .. ``g{admitted-1}``, what the
+audit reads); the gate itself counted ``gate.admitted + regenerations.admitted``
+admissions (:class:`Regenerations`).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.tasks.algo.adaptive_eta import AdaptiveState
@@ -49,8 +55,59 @@ def load_adaptive_state(root: RunRoot) -> AdaptiveState | None:
         raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
 
 
-def save_gate_state(root: RunRoot, state: GateState, adaptive: AdaptiveState | None = None) -> None:
+@dataclass(frozen=True)
+class AdmittedRegeneration:
+    """A group of a quarantined shard admitted again and not yet written when the state was saved."""
+
+    group: int
+    shard_seq: int
+    """The quarantined shard it replaces (a group quarantined twice is regenerated twice)."""
+    after: int
+    """New groups admitted before it: its place in the admission order, kept by a restart."""
+
+
+@dataclass(frozen=True)
+class Regenerations:
+    """The admissions of groups of quarantined shards (see
+    :func:`asyncrl.tasks.scheduler.written_index.learn_quarantines`)."""
+
+    admitted: int = 0
+    """Regenerations admitted since the run began: the gate counted each as an admission."""
+    in_flight: tuple[AdmittedRegeneration, ...] = ()
+    """Those admitted and not yet written, in admission order."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"admitted": self.admitted, "in_flight": [[r.group, r.shard_seq, r.after] for r in self.in_flight]}
+
+    @staticmethod
+    def from_dict(raw: Any) -> Regenerations:
+        admitted = raw["admitted"]
+        in_flight = tuple(AdmittedRegeneration(int(g), int(s), int(a)) for g, s, a in raw["in_flight"])
+        if isinstance(admitted, bool) or not isinstance(admitted, int) or admitted < len(in_flight):
+            raise ValueError(f"regenerations: {admitted!r} admitted, {len(in_flight)} in flight")
+        return Regenerations(admitted, in_flight)
+
+
+def load_regenerations(root: RunRoot) -> Regenerations:
+    """The regenerations saved beside the gate's state (none: nothing saved, or a state saved
+    before quarantined shards were regenerated)."""
+    raw = _scheduler_state(root)
+    if raw is None or raw.get("regenerations") is None:
+        return Regenerations()
+    try:
+        return Regenerations.from_dict(raw["regenerations"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
+
+
+def save_gate_state(
+    root: RunRoot, state: GateState, adaptive: AdaptiveState | None = None, regenerations: Regenerations | None = None
+) -> None:
+    """Replace ``scheduler/state.json`` (one PUT): ``state`` counts the new groups admitted
+    (the module docstring)."""
     payload: dict[str, Any] = {"gate": json.loads(state.to_json()), "saved_at": time.time()}
     if adaptive is not None:
         payload["adaptive"] = adaptive.to_dict()
+    if regenerations is not None and regenerations.admitted:
+        payload["regenerations"] = regenerations.to_dict()
     fs.put_atomic_replace(root, paths.SCHEDULER_STATE, json.dumps(payload).encode())

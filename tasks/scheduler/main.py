@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 import httpx
 
@@ -33,12 +30,14 @@ from asyncrl.configs.loading import ConfigError, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.system.run_paths import run_paths as run_paths_of
+from asyncrl.tasks.system.stop_signal import StopSignal
 from asyncrl.tasks.scheduler.written_index import written_group_indices
+from asyncrl.tasks.scheduler.cycle_stats import CYCLE_STATS_FILE, append_cycle_stats
 from asyncrl.tasks.scheduler.gate_state import load_gate_state
+from asyncrl.tasks.scheduler.process import MODULE
 from asyncrl.tasks.scheduler.setup import HFCodec, load_codec, run_scheduler
-from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.fs import RunRoot
-from asyncrl.storage.weights import WeightStore
+from asyncrl.storage.weights import WeightStore, final_step_published
 from asyncrl.tasks.data.loader import load_prompts
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.inference.server_registry import list_servers
@@ -47,10 +46,6 @@ from asyncrl.tasks.inference.server import RolloutServerHandle
 from asyncrl.tasks.inference.weight_sync import server_weight_version, update_server_weights
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
-CYCLE_STATS_FILE = "scheduler-stats.jsonl"
-TASK_MEAN_PREFIX = "reward_mean/"
-RATE_KEYS = frozenset({"gen_tokens_per_s", "streamed_tokens_per_s", "weight_sync_stall_fraction", "reward_mean"})
-MODULE = "asyncrl.tasks.scheduler.main"
 logger = logging.getLogger("asyncrl.scheduler")
 
 # Cycle outcomes (see the module docstring).
@@ -83,14 +78,6 @@ def run_paths(config: RunConfig, private_config: Path) -> RunPaths:
     """The run's paths as `prepare_run` laid them out (nothing is written: the trainer may be
     reading the private config at the same moment)."""
     return dataclasses.replace(run_paths_of(config), private_config=private_config)
-
-
-def final_step_published(root: RunRoot, max_steps: int) -> bool:
-    """Whether the newest published weights are those of step ``max_steps`` (or later)."""
-    latest = WeightStore(root).latest()
-    lineage = None if latest is None else read_lineage(root, latest)
-    step = None if lineage is None else lineage.get("step")
-    return isinstance(step, int) and step >= max_steps
 
 
 @dataclass(frozen=True)
@@ -137,21 +124,6 @@ def align_server_versions(config: RunConfig, paths: RunPaths, handles: Sequence[
         except Exception as exc:  # noqa: BLE001 - the reason is logged; the probe takes the server out
             logger.warning("rollout server %s could not be brought to version %d: %r", handle.url, target, exc)
     return target
-
-
-class StopSignal:
-    """Set once by SIGTERM/SIGINT; the handlers are installed by :meth:`install`."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def install(self) -> None:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            logger.info("received %s: stopping", signal.Signals(signum).name)
-            self.event.set()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
 
 
 def watch_cycle(
@@ -234,67 +206,12 @@ def run_cycle(
     return outcome, snapshot
 
 
-def append_cycle_stats(path: Path, summary: dict[str, float]) -> None:
-    """One JSON line per controller cycle: the run adds them up (:func:`combine_cycle_stats`),
-    so the figures survive a scheduler restart and a failed cycle is visible as a gap."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(summary) + "\n")
-
-
-def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
-    """The figures of all cycles: counts and seconds are summed; rates are recomputed over the
-    summed controller time E = sum(elapsed_s): gen_tokens_per_s = output_tokens / E,
-    streamed_tokens_per_s = streamed_tokens / E, weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples,
-    reward_mean/<task> = sum reward_sum/<task> / sum samples/<task>; the adaptive bound's
-    ``effective_eta`` is the last cycle's and ``effective_eta_min`` the lowest of any cycle."""
-    if not lines:
-        return {}
-    total: dict[str, float] = {}
-    for line in lines:
-        for key, value in line.items():
-            if key == "effective_eta":
-                total[key] = float(value)
-            elif key == "effective_eta_min":
-                total[key] = min(total.get(key, float(value)), float(value))
-            elif key not in RATE_KEYS and not key.startswith(TASK_MEAN_PREFIX):
-                total[key] = total.get(key, 0.0) + float(value)
-    elapsed = max(total.get("elapsed_s", 0.0), 1e-9)
-    samples = total.get("samples", 0.0)
-    total["gen_tokens_per_s"] = total.get("output_tokens", 0.0) / elapsed
-    total["streamed_tokens_per_s"] = total.get("streamed_tokens", 0.0) / elapsed
-    total["weight_sync_stall_fraction"] = total.get("weight_sync_stall_s", 0.0) / elapsed
-    total["reward_mean"] = (
-        sum(float(line.get("reward_mean", 0.0)) * float(line.get("samples", 0.0)) for line in lines) / samples
-        if samples else 0.0
-    )  # fmt: skip
-    for key in [k for k in total if k.startswith("samples/")]:
-        task = key.removeprefix("samples/")
-        if total[key]:
-            total[f"{TASK_MEAN_PREFIX}{task}"] = total.get(f"reward_sum/{task}", 0.0) / total[key]
-    total["cycles"] = float(len(lines))
-    return total
-
-
-def read_cycle_stats(path: Path) -> list[dict[str, float]]:
-    """The cycle lines written so far (a line cut by a kill is skipped)."""
-    if not path.exists():
-        return []
-    lines = []
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        try:
-            lines.append(json.loads(raw))
-        except json.JSONDecodeError:
-            continue
-    return lines
-
-
 def serve(
     config: RunConfig, private_config: Path, urls: Sequence[str], poll_s: float, retry_s: float, drain: bool = True
 ) -> int:
     """Cycles until terminated or finished (see the module docstring)."""
     paths = run_paths(config, private_config)
-    api_key = config.rollout.api_key_value()
+    api_key = config.inference.api_key_value()
     source = ServerSource(paths.root, api_key, tuple(urls))
     terminate = StopSignal()
     terminate.install()

@@ -1,5 +1,6 @@
 """How the scheduler process is built from the run config: the tokenizer codec, the
-controller settings, the episode runner, and the controller run itself."""
+controller settings, the group's episodes (single-turn or the user's agent episodes), and
+the controller run itself."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.controller_stats import ControllerStats
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from asyncrl.tasks.scheduler.episodes import AgentEpisodes, SingleTurnEpisodes
+from asyncrl.tasks.scheduler.protocols import GroupEpisodes, RewardScorer
 from asyncrl.tasks.system.run_paths import RunPaths
 
 
@@ -103,6 +106,8 @@ def run_scheduler(
         config.storage.root, config.storage.options, cache_dir=str(paths.work_dir / "weights-cache")
     )
 
+    settings = controller_settings(config, stop_ids, max_groups=max_groups)
+
     async def main() -> ControllerStats:
         stop_async = asyncio.Event()
 
@@ -115,17 +120,16 @@ def run_scheduler(
         try:
             async with RolloutClient(
                 handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version
-            ) as client, RemoteRewardScorer(paths.root) as scorer, episode_runner(config, client, codec) as episodes:
+            ) as client, RemoteRewardScorer(paths.root) as scorer, group_episodes(
+                config, settings, client, codec, scorer
+            ) as episodes:
                 controller = RolloutController(
-                    controller_settings(config, stop_ids, max_groups=max_groups),
+                    settings,
                     paths.root,
                     PromptSchedule(prompts, seed=config.seed),
-                    render=lambda record: render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer),
-                    codec=codec,
                     generator=client,
-                    scorer=scorer,
-                    weight_loader=weight_loader.for_version,
                     episodes=episodes,
+                    weight_loader=weight_loader.for_version,
                     weight_prefetch=lambda version: weight_loader.prefetch(version, handles),
                 )
                 return await controller.run(stop_async)
@@ -137,17 +141,24 @@ def run_scheduler(
 
 
 @asynccontextmanager
-async def episode_runner(config: RunConfig, client: RolloutClient, codec: HFCodec) -> AsyncIterator[EpisodeRunner | None]:
-    """The runner of the run's ``rollout.episode`` (:func:`episode_runner_on`), or None for a
-    single-turn run."""
+async def group_episodes(
+    config: RunConfig, settings: ControllerSettings, client: RolloutClient, codec: HFCodec, scorer: RewardScorer
+) -> AsyncIterator[GroupEpisodes]:
+    """The run's episodes: single-turn samples of the prompt rendered by
+    ``data.prompt_format`` when ``rollout.episode`` is None, else the user's episodes behind
+    their recording endpoint (:func:`episode_runner_on`, stopped on exit)."""
     if config.rollout.episode is None:
-        yield None
+
+        def render(record: PromptRecord) -> str:
+            return render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer)
+
+        yield SingleTurnEpisodes(settings, render, codec, client, scorer)
         return
     async with episode_runner_on(
         client, codec, config.rollout.episode, config.rollout.max_new_tokens, config.rollout.temperature,
         config.rollout.top_p, model=config.model.path,
     ) as runner:  # fmt: skip
-        yield runner
+        yield AgentEpisodes(runner, scorer, settings.n_samples)
 
 
 @asynccontextmanager

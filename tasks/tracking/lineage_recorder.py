@@ -28,6 +28,7 @@ from asyncrl.storage.evaluations import EvaluationStore
 from asyncrl.storage.fs import RunRoot
 from asyncrl.tasks.tracking.mlflow_run import DataRef, RunLineage
 from asyncrl.storage.schema import ShardMetadata
+from asyncrl.storage.shards import quarantined_shard_names
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.evaluator.held_out import EvalResult
@@ -39,14 +40,20 @@ EVAL_PREFIX = "eval/"
 
 def _read_shard(root: RunRoot, shard_name: str) -> tuple[str, bytes]:
     """Where the shard is now and its bytes: ``consumed/`` (after its step), else
-    ``trajectories/`` (rolled back), else ``quarantine/``; :class:`FileNotFoundError` names
-    all three if none holds it. One read for a consumed shard."""
+    ``trajectories/`` (rolled back), else ``quarantine/`` (under its name, else a copy with a
+    unique suffix: one listing); :class:`FileNotFoundError` names all three if none holds it.
+    One read for a consumed shard."""
     candidates = (
         paths.consumed_shard_path(shard_name),
         paths.shard_path(shard_name),
         paths.quarantine_path(shard_name),
     )
     for relpath in candidates:
+        try:
+            return relpath, fs.read_bytes(root, relpath)
+        except FileNotFoundError:
+            continue
+    for relpath in quarantined_shard_names(root).get(shard_name, ()):
         try:
             return relpath, fs.read_bytes(root, relpath)
         except FileNotFoundError:

@@ -1,8 +1,9 @@
 """Trainer checkpoints in the run root: DeepSpeed state of one step, published atomically.
 
 ``checkpoints/step-{step:08d}/`` holds the files DeepSpeed writes for one tag and, written
-last with put-if-absent, a ``_COMPLETE`` manifest naming every file with its size plus the
-trainer state (steps done, weight version). A checkpoint without its manifest is an
+last with put-if-absent, a ``_COMPLETE`` manifest naming every file with its size and sha256
+plus the trainer state (steps done, weight version); a load verifies both and names the file
+that differs (manifests of format 1, without sha256, are checked by size). A checkpoint without its manifest is an
 interrupted save and is ignored. Files go through the node's local ``work_dir``; with
 several ranks each node's leader uploads its node's files and rank 0 writes the manifest.
 The manifest records the data-parallel world size; a checkpoint loads at another one after
@@ -22,12 +23,13 @@ from typing import Any
 
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot
+from asyncrl.storage.local_files import file_sha256
 from asyncrl.tasks.trainer.data_parallel import all_gather_objects, barrier, is_node_leader, run_and_agree
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.zero_reshard import ReshardError, engine_partition_sizes, reshard_checkpoint_dir, zero_world_size
 
 CHECKPOINT_COMPLETE = "_COMPLETE"
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 _CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})$")
 
 
@@ -79,6 +81,10 @@ def read_manifest(root: RunRoot, step: int) -> dict[str, Any]:
         raise CheckpointError(f"{source}: corrupt checkpoint manifest ({exc})") from None
     if state.step != step or not isinstance(files, dict) or not files:
         raise CheckpointError(f"{source}: manifest names step {state.step} and {len(files)} files")
+    digests = manifest.get("sha256")
+    if int(manifest.get("format", 1)) >= 2 and (not isinstance(digests, dict) or set(digests) != set(files)):
+        unnamed = sorted(set(files) - set(digests or {}))
+        raise CheckpointError(f"{source}: corrupt checkpoint manifest (no sha256 for {unnamed or 'its files'})")
     return manifest
 
 
@@ -98,9 +104,13 @@ def latest_checkpoint(root: RunRoot) -> CheckpointState | None:
     return CheckpointState(step=int(manifest["step"]), version=int(manifest["version"]))
 
 
-def _local_files(tag_dir: Path) -> dict[str, int]:
-    """Relative name -> size of every file under ``tag_dir``."""
-    return {p.relative_to(tag_dir).as_posix(): p.stat().st_size for p in sorted(tag_dir.rglob("*")) if p.is_file()}
+def _local_files(tag_dir: Path) -> dict[str, tuple[int, str]]:
+    """Relative name -> (size, sha256) of every file under ``tag_dir``."""
+    return {
+        p.relative_to(tag_dir).as_posix(): (p.stat().st_size, file_sha256(p))
+        for p in sorted(tag_dir.rglob("*"))
+        if p.is_file()
+    }
 
 
 def save_checkpoint(root: RunRoot, engine: TrainEngine, state: CheckpointState, work_dir: Path) -> None:
@@ -121,10 +131,12 @@ def save_checkpoint(root: RunRoot, engine: TrainEngine, state: CheckpointState, 
     listed = all_gather_objects(_local_files(tag_dir) if leader else {})
     owners: dict[str, int] = {}
     sizes: dict[str, int] = {}
+    digests: dict[str, str] = {}
     for rank, files in enumerate(listed):
-        for relname, size in files.items():
+        for relname, (size, sha256) in files.items():
             owners.setdefault(relname, rank)
             sizes.setdefault(relname, size)
+            digests.setdefault(relname, sha256)
     if not sizes:
         raise CheckpointError(f"DeepSpeed wrote no files for checkpoint {tag} under {tag_dir}")
     target = paths.checkpoint_dir(state.step)
@@ -147,6 +159,7 @@ def save_checkpoint(root: RunRoot, engine: TrainEngine, state: CheckpointState, 
             "world_size": engine.world_size,
             "saved_at": time.time(),
             "files": sizes,
+            "sha256": digests,
         }
         fs.put_if_absent(root, _marker(state.step), json.dumps(manifest).encode())
     if leader:
@@ -169,6 +182,7 @@ def load_checkpoint(root: RunRoot, engine: TrainEngine, step: int, work_dir: Pat
     (:func:`~asyncrl.tasks.trainer.zero_reshard.reshard_checkpoint_dir`), or
     :class:`CheckpointError` names both sizes and why it cannot be."""
     manifest = read_manifest(root, step)
+    digests: dict[str, str] = manifest.get("sha256") or {}
     tag = _tag(step)
     local = Path(work_dir) / "checkpoint-load"
     source = root.display(paths.checkpoint_dir(step))
@@ -185,6 +199,12 @@ def load_checkpoint(root: RunRoot, engine: TrainEngine, step: int, work_dir: Pat
                 raise CheckpointError(
                     f"{root.display(paths.join(paths.checkpoint_dir(step), relname))}: "
                     f"{target.stat().st_size} bytes, manifest says {size}"
+                )
+            expected = digests.get(relname)
+            if expected is not None and (actual := file_sha256(target)) != expected:
+                raise CheckpointError(
+                    f"{root.display(paths.join(paths.checkpoint_dir(step), relname))}: sha256 {actual[:16]}..., "
+                    f"manifest says {expected[:16]}...: the file changed after the checkpoint was saved"
                 )
         saved = saved_world_size(manifest)
         if saved is not None and saved != engine.world_size:

@@ -7,8 +7,10 @@ the s-th admission batch and no sample is staler than eta; if shards do not line
 takes more than B groups, never fewer. Consumed shards leave ``trajectories/``, so a poll
 lists O(waiting shards) names. Every shard is validated by the storage reader, then against
 the model (token ids below the vocabulary, sequences within the micro-batch budget); a failing
-shard is quarantined and :class:`TrainerInputError` names it, nothing consumed. Why written
-order: ``docs/internals/trainer.md``.
+shard is quarantined and :class:`TrainerInputError` names it, nothing consumed; the scheduler
+then generates its groups again, once, as later shards
+(:func:`asyncrl.tasks.scheduler.written_index.learn_quarantines`). Why written order:
+``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations

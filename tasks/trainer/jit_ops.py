@@ -5,7 +5,7 @@ On CPU, ``deepspeed.init_distributed`` loads DeepSpeed's shared-memory collectiv
 first trainer start of a fresh environment (a user's first run, a benchmark's first measured
 run, whichever test starts a trainer first). Built once into ``TORCH_EXTENSIONS_DIR``
 (:func:`~asyncrl.tasks.trainer.process.with_torch_extensions_dir`), it then loads without
-compiling. ``make setup`` runs ``python -m asyncrl.tasks.trainer.jit_ops`` after installing,
+compiling. ``make setup`` runs ``python -m asyncrl.tasks.trainer.build_ops`` after installing,
 and the benchmarks that time trainers call :func:`ensure_jit_ops_built` before they measure.
 An accelerator without such ops (CUDA's collectives are NCCL's) builds nothing.
 """
@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 from asyncrl.tasks.trainer.process import with_torch_extensions_dir
 
+BUILD_MODULE = "asyncrl.tasks.trainer.build_ops"
+"""The process that builds them (:mod:`asyncrl.tasks.trainer.build_ops`)."""
 JIT_OP_BUILDERS = ("ShareMemCommBuilder",)
 """The op builders the trainer's start loads (``deepspeed.comm.torch.build_shm_op``)."""
 
@@ -50,7 +52,7 @@ def ensure_jit_ops_built(timeout_s: float = 900.0) -> str:
     return its report line; :class:`JitOpsBuildError` with the build's output if it fails."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", BUILD_MODULE],
             env=with_torch_extensions_dir(os.environ),
             capture_output=True,
             text=True,
@@ -63,15 +65,3 @@ def ensure_jit_ops_built(timeout_s: float = 900.0) -> str:
         output = (done.stdout + done.stderr)[-4000:]
         raise JitOpsBuildError(f"building DeepSpeed's ops failed (exit {done.returncode}):\n{output}")
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-
-
-def main() -> int:
-    os.environ.update(with_torch_extensions_dir(os.environ))
-    loaded = build_jit_ops()
-    where = os.environ["TORCH_EXTENSIONS_DIR"]
-    print(f"DeepSpeed ops ready in {where}: {', '.join(loaded)}" if loaded else "no DeepSpeed op to build here")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,7 +7,8 @@ its lineage, and checkpoint every ``checkpoint_every`` steps. Rank 0 alone reads
 the run root; all ranks train the same input. A restart loads the newest complete checkpoint
 c and rolls back the ledger after c.step; versions published since are kept and labels go
 on from the latest, so versions stay strictly increasing while labels may run ahead of
-updates. So staleness counts the updates a version's lineage records
+updates; the first version it publishes names c's version as its parent (the weights it
+resumed from, :func:`resumed_state`). So staleness counts the updates a version's lineage records
 (:func:`asyncrl.tasks.trainer.staleness.sample_staleness`), never label differences. Step by step
 and resume: ``docs/internals/trainer.md``.
 """
@@ -19,7 +20,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +90,34 @@ class TrainerState:
     """Steps done: the training steps the trainer's weights have received, the reference of
     staleness (not ``version``, which runs ahead of it after a rollback)."""
     version: int
-    """Version label of the weights the trainer holds (the latest it published or resumed at)."""
+    """The newest version label of the run when the trainer last published or resumed: it
+    publishes ``version + 1`` next."""
+    parent: int | None = None
+    """The version whose weights the trainer holds, when not ``version``: right after a resume
+    from a checkpoint older than the newest published version (:func:`resumed_state`)."""
+
+    @property
+    def holds(self) -> int:
+        """The version the trainer's weights were published as: the parent of its next version."""
+        return self.version if self.parent is None else self.parent
+
+
+def resumed_state(store: WeightStore, checkpoint: CheckpointState) -> TrainerState:
+    """The state of a trainer resumed from ``checkpoint``: its steps; labels go on from the
+    newest complete version (a killed trainer may have published past the checkpoint); and
+    the weights it holds are the checkpoint's version, the parent of the next version (not
+    the newest label: those weights were trained further, on a branch the resume discards).
+    One read of the newest version."""
+    latest = store.newest_complete()
+    label = max(checkpoint.version, -1 if latest is None else latest)
+    return TrainerState(checkpoint.step, label, None if label == checkpoint.version else checkpoint.version)
+
+
+def step_lineage(state: TrainerState, run_id: str, shards: Sequence[str], figures: dict[str, float]) -> dict[str, object]:
+    """The lineage of the version published for the step after ``state``: its parent is the
+    version whose weights the step started from (:attr:`TrainerState.holds`)."""
+    return {"parent_version": state.holds, "step": state.step + 1, "run_id": run_id, "shards": list(shards),
+            "metrics": figures}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -163,8 +191,7 @@ class RLTrainer:
             if writer:
                 self._retire_recorded()
             barrier()
-            latest = self._store.newest_complete()
-            state = TrainerState(checkpoint.step, max(checkpoint.version, -1 if latest is None else latest))
+            state = resumed_state(self._store, checkpoint)
         else:
             # Ledger entries without any checkpoint (checkpoints deleted by hand): start over.
             rolled_back = self._ledger.rollback_after(0, self._reader.restore) if writer else []
@@ -229,8 +256,7 @@ class RLTrainer:
         publish_started = time.perf_counter()
         # The step's figures travel with its weights: a run whose trainer is on another
         # machine logs them from here (asyncrl.tasks.tracking.lineage_recorder).
-        lineage = {"parent_version": state.version, "step": step, "run_id": self._run_id,
-                   "shards": list(step_input.shards), "metrics": figures}  # fmt: skip
+        lineage = step_lineage(state, self._run_id, step_input.shards, figures)
         if writer:
             publish_weights(self._store, self._engine, version, lineage, self._work_dir)
             self._weights_bell.ring()  # the scheduler loads it at once

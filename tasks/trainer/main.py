@@ -57,36 +57,19 @@ class LogSink:
 
 
 def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path, *, fetch: bool = True) -> tuple[Path, int | None]:
-    """Where the engine's weights come from: the store's latest version if any (downloaded),
-    else ``model.path``. Returns (local directory, version or None). With ``fetch`` False
+    """The weights the engine starts from: the store's latest version, else ``model.path``
+    (:func:`~asyncrl.tasks.model.weight_fetch.model_weights`, cached in ``work_dir/weights-cache``,
+    older versions pruned). Returns (local directory, version or None). With ``fetch`` False
     nothing is downloaded: the directory another process of the node fills."""
-    import shutil
-
-    import fsspec
-
     from asyncrl.storage.weights import WeightStore
+    from asyncrl.tasks.model.weight_fetch import model_weights, prune_weight_cache
 
-    store = WeightStore(root)
-    latest = store.latest()
-    if latest is not None:
-        target = work_dir / f"initial-v{latest}"
-        if not fetch:
-            return target, latest
-        shutil.rmtree(target, ignore_errors=True)
-        return store.download(latest, target), latest
-    protocol = fsspec.core.split_protocol(model_path)[0]
-    if protocol in (None, "file", "local"):
-        local = Path(fsspec.core.strip_protocol(model_path) if protocol else model_path)
-        if not (local / "config.json").is_file():
-            raise ConfigError(f"model.path: {model_path} is not an HF model directory (no config.json)")
-        return local, None
-    target = work_dir / "initial-model"
-    if not fetch:
-        return target, None
-    fs, path = fsspec.core.url_to_fs(model_path)
-    shutil.rmtree(target, ignore_errors=True)
-    fs.get(path.rstrip("/") + "/", str(target), recursive=True)
-    return target, None
+    latest = WeightStore(root).latest()
+    cache = work_dir / "weights-cache"
+    model_dir = model_weights(root, model_path, latest, cache, fetch=fetch)
+    if fetch and latest is not None:
+        prune_weight_cache(cache, root.uri, latest)
+    return model_dir, latest
 
 
 def node_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[Path, int | None]:
@@ -225,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics_file = args.metrics_file or work_dir / "metrics.jsonl"
 
     from asyncrl.storage.errors import ShardValidationError
+    from asyncrl.tasks.model.checks import ModelPathError
     from asyncrl.tasks.trainer.feed import TrainerInputError
     from asyncrl.tasks.trainer.loop import TrainerWaitTimeout
 
@@ -232,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.mode == "sft":
             return run_sft_mode(config, args, work_dir, metrics_file)
         return run_rl(config, args, work_dir, metrics_file)
-    except ConfigError as exc:
+    except (ConfigError, ModelPathError) as exc:
         print(f"trainer: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except (TrainerInputError, ShardValidationError) as exc:

@@ -106,3 +106,59 @@ def test_referenced_images_exist() -> None:
     assert seen, "the docs show their figures"
     for png in DOCS.rglob("*.png"):
         assert png.stat().st_size > 0, f"{png.relative_to(ROOT)} is empty"
+
+
+# A module of the repository named in backticks: `tasks/trainer/loop.py`, `storage/fs.py`, ...
+MODULE_PATH = re.compile(r"`((?:tasks|storage|flows|configs|bench|chaos|cli|infra|examples)/[\w./-]+\.py)`")
+INTERNALS = DOCS / "internals"
+CODE_LINE = re.compile(r"^Code:(.*)$", re.MULTILINE)
+SECTION = re.compile(r"^## (.+)$", re.MULTILINE)
+
+
+def _internals_pages() -> list[Path]:
+    return [page for page in sorted(INTERNALS.glob("*.md")) if page.name != "index.md"]
+
+
+def test_internals_code_lines_name_modules() -> None:
+    """Each `Code:` line of the internals pages names the module(s) holding its section's code."""
+    lines = 0
+    bad: list[str] = []
+    for page in _internals_pages():
+        for match in CODE_LINE.finditer(_prose(page)):
+            lines += 1
+            if not MODULE_PATH.search(match.group(1)):
+                bad.append(f"{page.relative_to(ROOT)}: {match.group(0)!r} names no module path")
+    assert lines, "the internals pages have Code: lines"
+    assert not bad, "\n".join(bad)
+
+
+def test_internals_sections_are_topics_with_code_lines() -> None:
+    """A section of an internals page is headed by its topic (not a module path) and its first
+    line is `Code:`, naming where its code lives now."""
+    bad: list[str] = []
+    for page in _internals_pages():
+        text = _prose(page)
+        for match in SECTION.finditer(text):
+            heading = match.group(1).strip()
+            where = f"{page.relative_to(ROOT)}: ## {heading}"
+            if re.fullmatch(r"[\w./-]+\.py", heading):
+                bad.append(f"{where}: headed by a module path, not a topic")
+            first = text[match.end():].lstrip("\n").split("\n", 1)[0]
+            if not first.startswith("Code:"):
+                bad.append(f"{where}: no Code: line under the heading")
+    assert not bad, "\n".join(bad)
+
+
+def test_module_paths_in_docs_exist() -> None:
+    """Every module path the docs name in backticks is a file of the repository (a module that
+    moved or was split leaves no stale path behind)."""
+    seen = 0
+    missing: list[str] = []
+    for page in sorted(DOCS.rglob("*.md")):
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+            for path in MODULE_PATH.findall(line):
+                seen += 1
+                if not (ROOT / path).is_file():
+                    missing.append(f"{page.relative_to(ROOT)}:{number} names `{path}`, which does not exist")
+    assert seen, "the docs name modules"
+    assert not missing, "\n".join(missing)

@@ -25,7 +25,7 @@ from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardReader
 from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, write_problems
 from asyncrl.tasks.data.synthetic_code import make_code_dataset, write_code_problems
-from asyncrl.tasks.scheduler.main import CYCLE_STATS_FILE, combine_cycle_stats, read_cycle_stats
+from asyncrl.tasks.scheduler.cycle_stats import CYCLE_STATS_FILE, combine_cycle_stats, read_cycle_stats
 
 pytestmark = pytest.mark.slow
 

@@ -53,9 +53,9 @@ def test_a_run_of_two_turn_episodes_trains_on_the_model_tokens_only(tmp_path: Pa
         # a later turn's prompt (~90 tokens) is longer than max_prompt_tokens + max_new_tokens:
         # the servers must take rollout.episode.max_context_tokens
         "data": {"train_path": str(train), "max_prompt_tokens": 32},
-        "rollout": {"base_port": free_port("127.0.0.1"), "n_samples": N, "max_new_tokens": 24, "eta": ETA,
-                    "shard_groups": B, "shard_seconds": 2.0,
+        "rollout": {"n_samples": N, "max_new_tokens": 24, "eta": ETA, "shard_groups": B, "shard_seconds": 2.0,
                     "episode": {"function": f"{episode}:two_turns", "timeout_s": 120, "max_context_tokens": 256}},
+        "inference": {"base_port": free_port("127.0.0.1")},
         "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 512, "checkpoint_every": STEPS,
                     "optimizer": {"lr": 1.0e-3}},
         "reward": {"pool": {"workers": 1}},

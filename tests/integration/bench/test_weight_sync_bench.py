@@ -201,7 +201,7 @@ def test_a_local_fetch_links_the_store_files_and_verifies_them(tmp_path: Path) -
     cache (same inode, no copy), each verified against the manifest; a corrupt one is refused."""
     from asyncrl.storage.weights import WeightIntegrityError
     from asyncrl.tasks.model.tiny import TinyModelSpec, write_qwen2_model
-    from asyncrl.tasks.inference.weight_sync import fetch_weight_version
+    from asyncrl.tasks.model.weight_fetch import fetch_weight_version
 
     base = write_qwen2_model(tmp_path / "base", TinyModelSpec(), seed=0, dtype="bfloat16")
     root_uri = f"file://{tmp_path / 'store'}"

@@ -26,7 +26,7 @@ def config_classes() -> list[type[BaseModel]]:
 
 def test_sections_reach_every_part_of_the_run_config() -> None:
     keys = set(sections())
-    assert {TOP_LEVEL, "model", "data", "rollout", "trainer", "trainer.optimizer", "reward", "reward.code.limits",
+    assert {TOP_LEVEL, "model", "data", "rollout", "inference", "trainer", "trainer.optimizer", "reward", "reward.code.limits",
             "pipeline", "pipeline.synthetic_data", "pipeline.training_eval", "storage", "tracking",
             "tracking.mismatch_canary", "run", "placement", "placement.trainer", "rollout.episode",
             "rollout.adaptive_staleness", "reward.plugins.<name>"} <= keys  # fmt: skip
@@ -63,7 +63,7 @@ def test_show_without_a_config_prints_every_section(capsys: pytest.CaptureFixtur
         assert f"\n{key}" in out
 
 
-@pytest.mark.parametrize("section", ["trainer", "rollout", "trainer.optimizer", "pipeline.synthetic_data"])
+@pytest.mark.parametrize("section", ["trainer", "rollout", "inference", "trainer.optimizer", "pipeline.synthetic_data"])
 def test_show_a_section_prints_its_fields_only(section: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "show", section]) == 0
     out = capsys.readouterr().out

@@ -24,7 +24,7 @@ def config_with_secrets(tmp_path: Path) -> dict[str, Any]:
     return {
         "model": {"path": "/m"},
         "data": {"train_path": "/d/train.parquet"},
-        "rollout": {"host": "10.0.0.5", "api_key": API_KEY, "max_new_tokens": 32},
+        "rollout": {"max_new_tokens": 32}, "inference": {"host": "10.0.0.5", "api_key": API_KEY},
         "trainer": {"micro_batch_tokens": 512},
         "storage": {"root": str(tmp_path / "store"), "options": {"endpoint_url": "http://127.0.0.1:8333"}},
         "tracking": {"mlflow_uri": f"postgresql://mlflow:{DB_PASSWORD}@db:5432/mlflow"},
@@ -69,10 +69,10 @@ def test_public_dump_hides_secrets_and_private_dump_round_trips(tmp_path: Path) 
     assert API_KEY not in shown and DB_PASSWORD not in shown
     public = public_dict(config)
     assert public["rollout"]["max_new_tokens"] == 32 and public["trainer"]["micro_batch_tokens"] == 512
-    assert public["rollout"]["api_key"] == REDACTED
+    assert public["inference"]["api_key"] == REDACTED
     assert public["tracking"]["mlflow_uri"] == f"postgresql://mlflow:{REDACTED}@db:5432/mlflow"
     private = private_dict(config)
-    assert private["rollout"]["api_key"] == API_KEY and DB_PASSWORD in private["tracking"]["mlflow_uri"]
+    assert private["inference"]["api_key"] == API_KEY and DB_PASSWORD in private["tracking"]["mlflow_uri"]
     assert config_from_dict(private) == config
 
 
@@ -107,8 +107,8 @@ def test_credentials_in_storage_options_are_refused(tmp_path: Path, options: dic
         ("storage.root", "gs://bucket/run", "scheme gs:// is not supported for a run root"),
         ("storage.root", "s3://AKIA:s3cr3t@bucket/run", "storage.root: holds a password"),
         ("tracking.mlflow_uri", "postgresql://u:***@h/db", "tracking.mlflow_uri: holds a redacted secret"),
-        ("rollout.api_key", REDACTED, "rollout.api_key: holds a redacted secret"),
-        ("rollout.api_key", "*" * 10, "rollout.api_key: holds a redacted secret"),
+        ("inference.api_key", REDACTED, "inference.api_key: holds a redacted secret"),
+        ("inference.api_key", "*" * 10, "inference.api_key: holds a redacted secret"),
     ],
 )
 def test_unusable_values_are_refused_by_name(tmp_path: Path, section: str, value: str, message: str) -> None:
@@ -121,13 +121,13 @@ def test_unusable_values_are_refused_by_name(tmp_path: Path, section: str, value
 
 def test_api_key_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     raw = config_with_secrets(tmp_path)
-    del raw["rollout"]["api_key"]
+    del raw["inference"]["api_key"]
     monkeypatch.delenv("ASYNCRL_ROLLOUT_API_KEY", raising=False)
-    with pytest.raises(ConfigError, match="rollout.api_key: required when rollout.host is '10.0.0.5'"):
+    with pytest.raises(ConfigError, match="inference.api_key: required when inference.host is '10.0.0.5'"):
         config_from_dict(raw)
     monkeypatch.setenv("ASYNCRL_ROLLOUT_API_KEY", API_KEY)
     config = config_from_dict(raw)
-    assert config.rollout.api_key is None and config.rollout.api_key_value() == API_KEY
+    assert config.inference.api_key is None and config.inference.api_key_value() == API_KEY
 
 
 def test_non_utf8_config_names_file_and_line(tmp_path: Path) -> None:
@@ -156,8 +156,8 @@ def test_flow_parameters_in_prefect_hold_no_secret(prefect_server: None, tmp_pat
 
     @flow(name="secrets-probe")
     def probe(config: RunConfig) -> list[str]:
-        assert config.rollout.api_key is not None
-        return [config.rollout.api_key.get_secret_value(), config.tracking.mlflow_uri]
+        assert config.inference.api_key is not None
+        return [config.inference.api_key.get_secret_value(), config.tracking.mlflow_uri]
 
     config = config_from_dict(config_with_secrets(tmp_path))
     state = probe(config, return_state=True)
@@ -166,9 +166,9 @@ def test_flow_parameters_in_prefect_hold_no_secret(prefect_server: None, tmp_pat
         stored = client.read_flow_run(state.state_details.flow_run_id).parameters
     text = json.dumps(stored)
     assert API_KEY not in text and DB_PASSWORD not in text
-    assert stored["config"]["rollout"]["api_key"] == REDACTED
+    assert stored["config"]["inference"]["api_key"] == REDACTED
     # a deployment run parses those parameters back: the redacted values are refused by name
-    with pytest.raises(ConfigError, match="rollout.api_key: holds a redacted secret"):
+    with pytest.raises(ConfigError, match="inference.api_key: holds a redacted secret"):
         config_from_dict(stored["config"])
 
 

@@ -20,22 +20,8 @@ import yaml
 from asyncrl.configs.pipeline import SyntheticDataConfig
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.data.records import CODE_TASK, PromptRecord
-from asyncrl.tasks.data.synthetic_code import (
-    FINALS,
-    READ_LINE,
-    STEPS,
-    CodeProblem,
-    CodeSpec,
-    Step,
-    make_code_dataset,
-    max_program_bytes,
-    mixed_code_solutions,
-    max_prompt_bytes,
-    sample_problem,
-    split_code_problems,
-    step_weights,
-    write_code_splits,
-)
+from asyncrl.tasks.data.synthetic_code import FINALS, READ_LINE, STEPS, CodeProblem, Step, make_code_dataset, max_program_bytes, mixed_code_solutions, max_prompt_bytes, sample_problem, split_code_problems, step_weights, write_code_splits
+from asyncrl.configs.synthetic_specs import CodeSpec
 from asyncrl.tasks.reward.code_reward import code_tests_from_json, score_code
 from asyncrl.configs.reward import CodeRewardConfig
 from asyncrl.tasks.launch.stages import prepare_inputs

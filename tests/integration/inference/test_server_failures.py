@@ -184,7 +184,7 @@ def test_stop_during_start_up_stops_the_server_at_once(
     monkeypatch.setenv("ASYNCRL_TEST_MARKER", marker)  # inherited by the server and its engine
     root = open_root(f"file://{tmp_path}/run")
     config = RolloutServerConfig(model_dir=tiny_model_dir, log_path=tmp_path / "server.log")
-    component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None), tmp_path / "server.log")
+    component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None, None), tmp_path / "server.log")
     stop = threading.Event()
     events: list[ComponentEvent] = []
     status = ComponentStatus("rollout-0")
@@ -213,7 +213,7 @@ def test_supervisor_start_failure_registers_nothing(tmp_path: Path) -> None:
 
     root = open_root(f"file://{tmp_path}/run")
     config = RolloutServerConfig(model_dir=tmp_path / "missing", log_path=tmp_path / "server.log")
-    component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None), tmp_path / "server.log")
+    component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None, None), tmp_path / "server.log")
     with pytest.raises(FileNotFoundError, match="missing"):
         supervise(component, threading.Event(), RestartPolicy(max_restarts=0))
     assert list_servers(root) == []
@@ -363,7 +363,7 @@ def test_a_foreign_server_fails_the_supervised_start_and_registers_nothing(
     try:
         root = open_root(f"file://{tmp_path}/run")
         config = RolloutServerConfig(model_dir=_model_dir(tmp_path), port=httpd.server_address[1], log_path=tmp_path / "s.log")
-        component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None), tmp_path / "s.log")
+        component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None, None), tmp_path / "s.log")
         with pytest.raises(ForeignServerError, match="held by another process"):
             supervise(component, threading.Event(), RestartPolicy(max_restarts=3, poll_s=0.05))
         assert list_servers(root) == [] and not component.registered
@@ -404,7 +404,7 @@ def test_a_port_in_use_fails_the_supervised_start_before_spawning(tmp_path: Path
     try:
         root = open_root(f"file://{tmp_path}/run")
         config = RolloutServerConfig(model_dir=_model_dir(tmp_path), port=httpd.server_address[1], log_path=tmp_path / "s.log")
-        component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None), tmp_path / "s.log")
+        component = RolloutComponent("rollout-0", "rollout-0", root, lambda: (config, None, None), tmp_path / "s.log")
         with pytest.raises(PortInUseError, match=f"port {httpd.server_address[1]} on 127.0.0.1 is already in use"):
             supervise(component, threading.Event(), RestartPolicy(max_restarts=3))
         assert list_servers(root) == [] and not (tmp_path / "s.log").exists()

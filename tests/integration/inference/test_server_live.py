@@ -77,7 +77,7 @@ def live(
         log_path=base / "server.log",
         start_timeout_s=START_TIMEOUT_S,
     )
-    component = RolloutComponent(SERVER_NAME, SERVER_NAME, open_root(root_uri), lambda: (config, None), base / "server.log")
+    component = RolloutComponent(SERVER_NAME, SERVER_NAME, open_root(root_uri), lambda: (config, None, None), base / "server.log")
     policy = RestartPolicy(max_restarts=0, start_timeout_s=START_TIMEOUT_S)
     status = ComponentStatus(SERVER_NAME)
     stop = threading.Event()

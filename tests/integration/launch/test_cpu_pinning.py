@@ -69,16 +69,16 @@ def test_check_cpu_cores() -> None:
             check_cpu_cores(bad, "a.field")  # type: ignore[arg-type]
 
 
-def run_config(rollout: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
+def run_config(inference: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
     return {"model": {"path": "m"}, "data": {"train_path": "d.parquet"}, "storage": {"root": "s"},
-            "rollout": rollout, "trainer": trainer}
+            "inference": inference, "trainer": trainer}
 
 
 def test_run_config_fields() -> None:
     config = config_from_dict(run_config({"cpu_cores": [TARGET]}, {"cpu_cores": [TARGET]}))
-    assert config.rollout.cpu_cores == (TARGET,) and config.trainer.cpu_cores == (TARGET,)
-    assert config_from_dict(run_config({}, {})).rollout.cpu_cores is None  # default: no pinning
-    with pytest.raises(ConfigError, match=f"rollout.cpu_cores: CPU {NOT_A_CPU} does not exist on this machine"):
+    assert config.inference.cpu_cores == (TARGET,) and config.trainer.cpu_cores == (TARGET,)
+    assert config_from_dict(run_config({}, {})).inference.cpu_cores is None  # default: no pinning
+    with pytest.raises(ConfigError, match=f"inference.cpu_cores: CPU {NOT_A_CPU} does not exist on this machine"):
         config_from_dict(run_config({"cpu_cores": [0, NOT_A_CPU]}, {}))
     with pytest.raises(ConfigError, match="trainer.cpu_cores: CPU ids are ints >= 0"):
         config_from_dict(run_config({}, {"cpu_cores": [-2]}))

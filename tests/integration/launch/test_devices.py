@@ -24,9 +24,9 @@ from asyncrl.tasks.system.process_group import kill_group, usable_cpus
 from asyncrl.configs.cpus import machine_cpus
 from asyncrl.tasks.inference.server import RolloutServer, server_env
 from asyncrl.tasks.inference.vllm_command import server_command
-from asyncrl.tasks.launch.components_setup import evaluator_server_config, rl_trainer_launch, server_config
+from asyncrl.tasks.placement.launch_settings import evaluator_server_config, rl_trainer_launch, server_config
 from asyncrl.tasks.system.run_paths import run_paths
-from asyncrl.tasks.launch.devices import (
+from asyncrl.tasks.placement.devices import (
     CUDA_ENV,
     DeviceError,
     Machine,
@@ -58,7 +58,7 @@ REPORTER = (
 
 def every_server_config(config, paths, model, machine=None):  # noqa: ANN001, ANN201
     """Every server's launch on one machine."""
-    return [server_config(config, paths, model, index, machine) for index in range(config.rollout.num_servers)]
+    return [server_config(config, paths, model, index, machine) for index in range(config.inference.num_servers)]
 
 
 def run_config(tmp_path: Path, **sections: dict[str, Any]) -> RunConfig:
@@ -142,16 +142,16 @@ def test_id_ranges() -> None:
 
 def test_gpu_machine_maps_ids_into_what_the_parent_sees() -> None:
     parent = detect_machine({CUDA_ENV: "4,5,6,7"}, hardware=lambda: (8, "fake"))
-    placed = place((1, 0), "rollout.devices[0]", parent, cpu_cores=(0,), cpu_cores_field="rollout.cpu_cores")
+    placed = place((1, 0), "inference.devices[0]", parent, cpu_cores=(0,), cpu_cores_field="inference.cpu_cores")
     assert placed.env == {CUDA_ENV: "5,4"}  # id i = the i-th GPU this process sees, order kept
     assert placed.cpu_cores == (0,)  # on a GPU machine cpu_cores stays CPU affinity beside the GPUs
     assert place(None, "trainer.devices", parent).env == {}  # no device set: inherited
 
 
 def test_missing_gpu_is_refused_by_name() -> None:
-    with pytest.raises(DeviceError, match=r"^rollout\.devices\[1\]: device 4 is not on this machine: it has 4 GPU\(s\), "
+    with pytest.raises(DeviceError, match=r"^inference\.devices\[1\]: device 4 is not on this machine: it has 4 GPU\(s\), "
                                           r"device ids 0-3 \(fake: 4 GPUs\)"):
-        place((4,), "rollout.devices[1]", GPUS_4)
+        place((4,), "inference.devices[1]", GPUS_4)
 
 
 @pytest.mark.skipif(not LINUX_AFFINITY, reason="Linux affinity calls")
@@ -165,9 +165,9 @@ def test_cpu_machine_maps_ids_to_cpus_and_refuses_missing_ones() -> None:
 
 
 def test_cpu_machine_refuses_devices_and_cpu_cores_together(tmp_path: Path) -> None:
-    with pytest.raises(DeviceError, match=r"^rollout\.cpu_cores: set together with rollout\.devices\[0\] on a machine "
+    with pytest.raises(DeviceError, match=r"^inference\.cpu_cores: set together with inference\.devices\[0\] on a machine "
                                           "without GPUs"):
-        place((0,), "rollout.devices[0]", NO_GPU, cpu_cores=(0,), cpu_cores_field="rollout.cpu_cores")
+        place((0,), "inference.devices[0]", NO_GPU, cpu_cores=(0,), cpu_cores_field="inference.cpu_cores")
     both = run_config(tmp_path, trainer={"devices": [0], "cpu_cores": [0]})
     with pytest.raises(DeviceError, match=r"^trainer\.cpu_cores: set together with trainer\.devices"):
         rl_trainer_launch(both, run_paths(both), NO_GPU)
@@ -175,7 +175,7 @@ def test_cpu_machine_refuses_devices_and_cpu_cores_together(tmp_path: Path) -> N
 
 
 def test_server_configs_on_a_gpu_machine(tmp_path: Path) -> None:
-    config = run_config(tmp_path, rollout={"num_servers": 2, "tensor_parallel_size": 2, "devices": [[0, 1], [3, 2]]})
+    config = run_config(tmp_path, inference={"num_servers": 2, "tensor_parallel_size": 2, "devices": [[0, 1], [3, 2]]})
     first, second = every_server_config(config, run_paths(config), model_dir(tmp_path), GPUS_4)
     assert (first.cuda_visible_devices, second.cuda_visible_devices) == ("0,1", "3,2")
     assert first.tensor_parallel_size == 2 and first.cpu_cores is None and first.gpu_memory_utilization is None
@@ -183,7 +183,7 @@ def test_server_configs_on_a_gpu_machine(tmp_path: Path) -> None:
     assert command[command.index("--tensor-parallel-size") + 1] == "2"
     assert "--gpu-memory-utilization" not in command
     assert server_env(second)[CUDA_ENV] == "3,2"
-    with pytest.raises(DeviceError, match=r"^rollout\.devices\[1\]: device 2, 3 is not on this machine: it has 2 GPU"):
+    with pytest.raises(DeviceError, match=r"^inference\.devices\[1\]: device 2, 3 is not on this machine: it has 2 GPU"):
         server_config(config, run_paths(config), model_dir(tmp_path), 1, Machine(gpus=("0", "1"), gpu_source="fake"))
 
 
@@ -198,16 +198,16 @@ def test_servers_without_devices_keep_their_launch(tmp_path: Path, monkeypatch: 
 
 
 def test_shared_gpus_split_the_memory(tmp_path: Path) -> None:
-    alone = run_config(tmp_path, rollout={"devices": [[0]]}, trainer={"devices": [1]})
+    alone = run_config(tmp_path, inference={"devices": [[0]]}, trainer={"devices": [1]})
     assert shared_gpu_memory_fraction(alone, 0) is None
-    shared = run_config(tmp_path, rollout={"devices": [[0]]}, trainer={"devices": [0]}, placement={"share_devices": True})
+    shared = run_config(tmp_path, inference={"devices": [[0]]}, trainer={"devices": [0]}, placement={"share_devices": True})
     assert shared_gpu_memory_fraction(shared, 0) == 0.45
     (on_gpu,) = every_server_config(shared, run_paths(shared), model_dir(tmp_path), GPUS_4)
     command = server_command(on_gpu, tmp_path, 8000)
     assert command[command.index("--gpu-memory-utilization") + 1] == "0.45"
     (on_cpu,) = every_server_config(shared, run_paths(shared), model_dir(tmp_path), Machine(gpus=(), cpus=frozenset({0})))
     assert on_cpu.gpu_memory_utilization is None and on_cpu.cpu_cores == (0,)
-    three = run_config(tmp_path, rollout={"num_servers": 2, "devices": [[0], [0]]}, trainer={"devices": [0]},
+    three = run_config(tmp_path, inference={"num_servers": 2, "devices": [[0], [0]]}, trainer={"devices": [0]},
                        placement={"share_devices": True})
     assert shared_gpu_memory_fraction(three, 1) == 0.3
 
@@ -239,7 +239,7 @@ def test_trainer_launch_takes_nodes_and_rendezvous(tmp_path: Path) -> None:
 def test_rollout_devices_pin_the_started_server_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if detect_machine().has_gpus:
         pytest.skip("this machine has GPUs: device ids are GPU ids here")
-    config = run_config(tmp_path, rollout={"devices": [[TARGET]]})
+    config = run_config(tmp_path, inference={"devices": [[TARGET]]})
     (launch,) = every_server_config(config, run_paths(config), model_dir(tmp_path))  # this machine, detected
     assert launch.cpu_cores == (TARGET,) and launch.cuda_visible_devices is None
     monkeypatch.setattr(server_module, "server_command", lambda config, model_dir, port: [sys.executable, "-c", REPORTER])
@@ -257,7 +257,7 @@ def test_rollout_devices_pin_the_started_server_here(tmp_path: Path, monkeypatch
 
 
 def test_the_worker_process_choice_reaches_every_vllm_server_of_the_run(tmp_path: Path) -> None:
-    own = run_config(tmp_path, rollout={"num_servers": 2, "worker_in_engine_process": False, "fork_engine_core": False})
+    own = run_config(tmp_path, inference={"num_servers": 2, "worker_in_engine_process": False, "fork_engine_core": False})
     configs = [*every_server_config(own, run_paths(own), model_dir(tmp_path), NO_GPU),
                evaluator_server_config(own, run_paths(own), model_dir(tmp_path), NO_GPU)]  # fmt: skip
     assert [(c.worker_in_engine_process, c.fork_engine_core) for c in configs] == [(False, False)] * 3
@@ -266,7 +266,7 @@ def test_the_worker_process_choice_reaches_every_vllm_server_of_the_run(tmp_path
 
 
 def test_gpu_devices_reach_the_started_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = run_config(tmp_path, rollout={"devices": [[2]]})
+    config = run_config(tmp_path, inference={"devices": [[2]]})
     (launch,) = every_server_config(config, run_paths(config), model_dir(tmp_path), GPUS_4)
     monkeypatch.setattr(server_module, "server_command", lambda config, model_dir, port: [sys.executable, "-c", REPORTER])
     monkeypatch.setenv(CUDA_ENV, "0,1,2,3")
@@ -283,7 +283,7 @@ def test_gpu_devices_reach_the_started_server(tmp_path: Path, monkeypatch: pytes
 def test_trainer_devices_pin_the_started_trainer_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if detect_machine().has_gpus:
         pytest.skip("this machine has GPUs: device ids are GPU ids here")
-    config = run_config(tmp_path, trainer={"devices": [TARGET]}, rollout={"cpu_cores": [TARGET]})
+    config = run_config(tmp_path, trainer={"devices": [TARGET]}, inference={"cpu_cores": [TARGET]})
     launch = rl_trainer_launch(config, run_paths(config))  # this machine, detected
     monkeypatch.setattr(trainer_module, "trainer_command", lambda launch: [sys.executable, "-c", REPORTER])
     process = start_trainer(launch)

@@ -46,7 +46,7 @@ def config_for(tmp_path: Path, **placement: object) -> RunConfig:
     return RunConfig.model_validate({
         "name": "remote", "work_dir": str(tmp_path / "work"), "model": {"path": "m"}, "data": {"train_path": "t"},
         "storage": {"root": str(tmp_path / "store")},
-        "rollout": {"api_key": "rollout-secret"},
+        "inference": {"api_key": "rollout-secret"},
         "tracking": {"mlflow_uri": "postgresql://user:db-secret@db/mlflow"},
         "trainer": {"nodes": 2, "rendezvous": "trainer-0:29400"},
         "placement": {"trainer": {"deployment": DEPLOYMENT, "job_variables": {"memory": "8Gi"}},
@@ -120,7 +120,7 @@ def test_parameters_carry_no_secret_and_validate(tmp_path: Path) -> None:
     text = repr(parameters)
     assert "rollout-secret" not in text and "db-secret" not in text
     received = RunConfig.model_validate(parameters["config"])
-    assert received.rollout.api_key is None and received.tracking.mlflow_uri == "postgresql://user@db/mlflow"
+    assert received.inference.api_key is None and received.tracking.mlflow_uri == "postgresql://user@db/mlflow"
     assert (parameters["kind"], parameters["replica"], parameters["start_id"]) == ("trainer", 1, "start-1")
 
 

@@ -122,9 +122,20 @@ class HostGuard:
             connections=_connections(self.services),
         )
 
+    def _from_a_sandbox(self, entry: str) -> bool:
+        """A temp dir entry a sandbox (or the unsandboxed mode's temp dir) could have left: with the
+        marker, of the sandbox uid, or ``asyncrl-unsandboxed-*``. Other asyncrl temp entries come
+        from other processes sharing the machine's /tmp (concurrent test runs)."""
+        if self.marker in entry or entry.startswith("asyncrl-unsandboxed-"):
+            return True
+        try:
+            return os.lstat(os.path.join(tempfile.gettempdir(), entry)).st_uid == SANDBOX_UID
+        except OSError:
+            return False  # gone already
+
     def assert_clean(self, settle_s: float = 10.0) -> None:
         """No sandbox process left (zombies included, after the host's init reaps them), no new
-        asyncrl/marker entry in the temp dir, no new connection of this process tree."""
+        temp dir entry from a sandbox, no new connection of this process tree."""
         deadline = time.monotonic() + settle_s
         while True:
             left = _suspects(self.marker, self.before.pids | self.allowed)
@@ -133,7 +144,7 @@ class HostGuard:
             time.sleep(0.1)
         assert not left, f"processes left behind: {left}"
         after = self._snapshot()
-        new_temp = [e for e in after.temp_entries - self.before.temp_entries if "asyncrl" in e or self.marker in e]
+        new_temp = [e for e in after.temp_entries - self.before.temp_entries if self._from_a_sandbox(e)]
         assert not new_temp, f"new host temp entries: {new_temp}"
         new_conns = after.connections - self.before.connections
         assert not new_conns, f"new connections: {new_conns}"

@@ -31,7 +31,8 @@ from asyncrl.tasks.system.process_group import kill_group, read_log_tail, spawn_
 from asyncrl.tasks.reward.pool import PoolStats, RewardPool
 from asyncrl.tasks.reward.service_registry import TOKEN_ENV, RewardServiceInfo, read_reward_service, register_reward_service
 from asyncrl.tasks.reward.remote import RemoteRewardScorer, RewardServiceRejected, RewardServiceUnavailable
-from asyncrl.tasks.reward.server import MODULE, format_stats, wait_until_stopped
+from asyncrl.tasks.reward.process import MODULE
+from asyncrl.tasks.reward.server import format_stats, wait_until_stopped
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult
 
 TOKEN = "reward-test-token"

@@ -20,7 +20,8 @@ from asyncrl.storage import fs, paths
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weight_lineage import LINEAGE_FILE, read_lineage
-from asyncrl.storage.weights import MANIFEST_FORMAT, WeightIntegrityError, WeightStore, file_sha256
+from asyncrl.storage.weights import MANIFEST_FORMAT, WeightIntegrityError, WeightStore
+from asyncrl.storage.local_files import file_sha256
 
 
 class RootSpec(Protocol):

@@ -177,11 +177,37 @@ def test_a_checkpoint_that_cannot_be_repartitioned_names_both_world_sizes(
     fs.download_file(run_root, paths.join(directory, rank0), tmp_path / "z0.pt")
     fs.upload_file(run_root, tmp_path / "z0.pt", paths.join(directory, stray))
     manifest["files"][stray] = manifest["files"][rank0]
+    manifest["sha256"][stray] = manifest["sha256"][rank0]
     manifest["world_size"] = 2
     fs.delete(run_root, paths.join(directory, "_COMPLETE"))
     fs.put_if_absent(run_root, paths.join(directory, "_COMPLETE"), json.dumps(manifest).encode())
     with pytest.raises(CheckpointError, match=r"saved by 2 data-parallel ranks and cannot be loaded by 1: .*ranks \[0, 2\]"):
         load_checkpoint(run_root, engine, 7, tmp_path / "work")
+
+
+def test_a_checkpoint_file_changed_after_the_save_is_refused_naming_it(
+    engine: Any, run_root: Any, tmp_path: Path
+) -> None:
+    """Same size, other bytes: the manifest's sha256 catches what the size cannot."""
+    save_checkpoint(run_root, engine, CheckpointState(step=3, version=3), tmp_path / "work")
+    manifest = read_manifest(run_root, 3)
+    assert manifest["format"] == 2 and set(manifest["sha256"]) == set(manifest["files"])
+    name = "mp_rank_00_model_states.pt"
+    relpath = paths.join(paths.checkpoint_dir(3), name)
+    fs.download_file(run_root, relpath, tmp_path / "states.pt")
+    raw = bytearray((tmp_path / "states.pt").read_bytes())
+    raw[-1] ^= 0xFF
+    (tmp_path / "states.pt").write_bytes(bytes(raw))
+    fs.upload_file(run_root, tmp_path / "states.pt", relpath)
+    with pytest.raises(CheckpointError, match=rf"{name}: sha256 .* manifest says .*changed after the checkpoint was saved"):
+        load_checkpoint(run_root, engine, 3, tmp_path / "work")
+    # A manifest that drops a file's sha256 is corrupt, not a checkpoint checked by size.
+    del manifest["sha256"][name]
+    directory = paths.checkpoint_dir(3)
+    fs.delete(run_root, paths.join(directory, "_COMPLETE"))
+    fs.put_if_absent(run_root, paths.join(directory, "_COMPLETE"), json.dumps(manifest).encode())
+    with pytest.raises(CheckpointError, match=rf"corrupt checkpoint manifest \(no sha256 for \['{name}'\]\)"):
+        read_manifest(run_root, 3)
 
 
 # --- world size 2 against world size 1 ------------------------------------------------------------

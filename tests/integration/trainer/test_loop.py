@@ -124,7 +124,9 @@ def test_steps_record_before_publish_and_weights_reproduce_logprobs(
         again.run()
     assert [e.shards for e in ledger.entries()][-1] == (newest.name,)
     assert store.list_versions() == [0, 1, 2, 3, 4]
-    assert json.loads((store.download(4, tmp_path / "v4") / LINEAGE_FILE).read_text())["parent_version"] == 3
+    # Its first version's parent is the checkpoint's version 2 (the weights it resumed from),
+    # not version 3 of the rolled-back step.
+    assert json.loads((store.download(4, tmp_path / "v4") / LINEAGE_FILE).read_text())["parent_version"] == 2
 
 
 def _put_shard(root: Any, seq: int, data: bytes) -> str:

@@ -56,3 +56,13 @@ def test_bad_trajectories_exit_3_and_consume_nothing(
     assert f"trainer: bad input, nothing consumed: trajectories/{bad.name}: row 0" in err
     assert "prompt_token_ids holds token id 999" in err
     assert Ledger(root).steps() == [] and WeightStore(root).list_versions() == [0]
+
+
+def test_a_model_path_that_is_no_model_exits_2(
+    tmp_path: Path, run_config_writer: Callable[..., Path], capsys: Any
+) -> None:
+    (tmp_path / "not-a-model").mkdir()
+    config = run_config_writer(tmp_path / "run.yaml", model=tmp_path / "not-a-model", store=tmp_path / "store",
+                               data=tmp_path / "unused.parquet", trainer={"batch_groups": 1, "max_steps": 1})
+    assert main(["--config", str(config), "--work-dir", str(tmp_path / "work")]) == 2
+    assert f"trainer: config error: model.path: {tmp_path / 'not-a-model'} has no config.json" in capsys.readouterr().err

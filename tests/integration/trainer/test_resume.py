@@ -99,7 +99,9 @@ def test_kill_9_mid_run_then_resume_trains_every_shard_exactly_once(
     assert versions == list(range(versions[-1] + 1)) and len(resumed) == STEPS - 3  # monotone, no gap
     lineage = [json.loads((store.download(v, tmp_path / f"l{v}") / LINEAGE_FILE).read_text()) for v in resumed]
     assert [entry["step"] for entry in lineage] == [4, 5, 6]
-    assert lineage[0]["parent_version"] == killed_versions[-1]  # the label it resumed at
+    # Its first version is a child of checkpoint 3's version, the weights it resumed from (not
+    # of the newest label, whose weights were trained further on the discarded branch).
+    assert lineage[0]["parent_version"] == 3 and [e["parent_version"] for e in lineage[1:]] == resumed[:-1]
     assert [entry["shards"] for entry in lineage] == [[name] for name in shards[3:]]
     assert complete_checkpoints(root)[-1] == STEPS
 

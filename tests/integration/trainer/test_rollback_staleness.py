@@ -156,11 +156,12 @@ def _rolled_back_root(build: RunRootBuilder, extra_stale: bool) -> dict[int, str
         build.record(step, [shards[step]])
         build.publish(step, step, step - 1, [shards[step]])
     assert Ledger(build.root).rollback_after(S) == list(range(S + 1, K + 1))
-    label = K
-    for step in range(S + 1, K + 2):  # the resumed trainer: label K at step S
+    label, parent = K, S
+    for step in range(S + 1, K + 2):  # the resumed trainer: label K at step S, holding version S
         build.record(step, [shards[step]])
-        build.publish(label + 1, step, label, [shards[step]])
+        build.publish(label + 1, step, parent, [shards[step]])
         label += 1
+        parent = label
     return shards
 
 
@@ -183,9 +184,14 @@ def test_the_audit_counts_reconsumed_shards_as_trained(build: RunRootBuilder) ->
 def test_the_audit_still_drops_a_sample_more_than_eta_steps_behind(build: RunRootBuilder) -> None:
     _rolled_back_root(build, extra_stale=True)
     report = audit_run(build.root, RUN_ID, ETA)
-    assert report.ok, report.violations
     # Group 10 (tokens of versions 2 and 4, steps 2 and 4) trained by step K+1 at K steps: 2 behind.
-    assert report.dropped_stale == SAMPLES_PER_GROUP
+    # Rule (e): the drop is the one violation, and it names the step (the resumed run's last).
+    assert not report.ok
+    assert list(report.violations) == [
+        f"(e) {SAMPLES_PER_GROUP} samples were dropped as staler than max_staleness {ETA} "
+        f"(generated, then thrown away): {SAMPLES_PER_GROUP} at step {K + 1}"
+    ]
+    assert report.dropped_stale == SAMPLES_PER_GROUP and report.dropped_steps == {K + 1: SAMPLES_PER_GROUP}
     assert report.staleness_counts == {0: 6 * SAMPLES_PER_GROUP, 1: 4 * SAMPLES_PER_GROUP}
     assert audit_run(build.root, RUN_ID, 2).dropped_stale == 0
 
@@ -229,8 +235,10 @@ def test_a_resumed_trainer_trains_the_reconsumed_shards(
     resumed = trainer("resumed")
     report = resumed.start()
     assert report.resumed_from == 0 and report.rolled_back == tuple(range(1, K + 1))
-    assert report.state == TrainerState(0, K)  # label K, no step done
+    assert report.state == TrainerState(0, K, parent=0)  # label K, no step done, holding version 0
     assert resumed.run() == TrainerState(K + 1, 2 * K + 1)
+    first = read_lineage(run_root, K + 1)  # its first version: a child of the checkpoint's version 0
+    assert first is not None and (first["step"], first["parent_version"]) == (1, 0)
 
     records = read_jsonl_metrics(tmp_path / "resumed.jsonl")
     assert [r["step"] for r in records] == list(range(1, K + 2))
@@ -243,5 +251,8 @@ def test_a_resumed_trainer_trains_the_reconsumed_shards(
 
     # The audit measures the same: same drops, same staleness of every trained sample.
     audit = audit_run(run_root, RUN_ID, ETA)
-    assert audit.ok, audit.violations
-    assert audit.dropped_stale == 2 and audit.staleness_counts == {0: K + 2, 1: K}
+    assert list(audit.violations) == [
+        f"(e) 2 samples were dropped as staler than max_staleness {ETA} (generated, then thrown away): 2 at step {K + 1}"
+    ]
+    assert audit.dropped_stale == 2 and audit.trainer_dropped_stale == 2
+    assert audit.staleness_counts == {0: K + 2, 1: K}

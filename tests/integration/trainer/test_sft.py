@@ -9,7 +9,8 @@ import pytest
 
 from asyncrl.tasks.data.loader import load_prompts
 from asyncrl.tasks.data.records import CODE_TASK, PromptRecord
-from asyncrl.tasks.data.synthetic import ArithmeticSpec, make_arithmetic_dataset, mixed_solutions, write_synthetic_dataset
+from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, mixed_solutions, write_synthetic_dataset
+from asyncrl.configs.synthetic_specs import ArithmeticSpec
 from asyncrl.tasks.reward.code_reward import extract_program
 from asyncrl.tasks.reward.types import CodeTests, StdioCase
 from asyncrl.tasks.trainer.sft import SFTSettings, batch_indices, run_sft, sft_loss, sft_sequences, sft_target

@@ -232,15 +232,15 @@ def test_on_gpus_the_runs_and_the_standalone_server_get_the_same_devices(
 ) -> None:
     from asyncrl.bench.e2e import bench_run_config, standalone_server_config
     from asyncrl.bench.e2e_settings import Workload
-    from asyncrl.tasks.launch.devices import Machine
+    from asyncrl.tasks.placement.devices import Machine
 
     settings = settings_from_args(build_parser().parse_args(["bench", "e2e", "--gpus", gpus]))
     assert (settings.gpus, settings.rollout_cores, settings.trainer_cores) == (tuple(map(int, gpus.split(","))), None, None)
     workload = Workload(tmp_path / "model", tmp_path / "train.parquet", ((1, 2),), (4,))
     run = bench_run_config(settings, workload, tmp_path, eta=4, mode="keep")
-    assert (run.rollout.devices, run.trainer.devices) == ([(devices[0],)], (devices[1],))
+    assert (run.inference.devices, run.trainer.devices) == ([(devices[0],)], (devices[1],))
     assert run.placement.share_devices is shared
-    assert run.rollout.cpu_cores is None and run.trainer.cpu_cores is None
+    assert run.inference.cpu_cores is None and run.trainer.cpu_cores is None
     # GPU ids are those this process sees: here CUDA_VISIBLE_DEVICES=4,5,6,7.
     gpu_machine = Machine(gpus=("4", "5", "6", "7"), gpu_source="fake: 4 GPUs")
     server = standalone_server_config(settings, workload, tmp_path, gpu_machine)
@@ -253,7 +253,7 @@ def test_on_gpus_the_runs_and_the_standalone_server_get_the_same_devices(
     cpu_server = standalone_server_config(on_cpus, workload, tmp_path, Machine(gpus=(), cpus=machine_cpus()))
     assert (cpu_server.cpu_cores, cpu_server.cuda_visible_devices, cpu_server.enforce_eager) == ((0,), None, True)
     cpu_run = bench_run_config(on_cpus, workload, tmp_path, eta=4, mode="keep")
-    assert (cpu_run.rollout.cpu_cores, cpu_run.rollout.devices, cpu_run.trainer.devices) == ((0,), None, None)
+    assert (cpu_run.inference.cpu_cores, cpu_run.inference.devices, cpu_run.trainer.devices) == ((0,), None, None)
 
 
 def test_rollout_and_trainer_cores_must_be_separate() -> None:

@@ -144,17 +144,30 @@ def test_a_consumed_step_without_published_weights(build: RunRootBuilder) -> Non
     assert "step 3 is in the ledger but no published weights name it" in only_violation(audit(build), "d")
 
 
-def test_tokens_newer_than_the_trainer_are_mislabelled(build: RunRootBuilder) -> None:
+def test_tokens_not_older_than_the_step_s_own_weights_are_mislabelled(build: RunRootBuilder) -> None:
     build.admit(2)
     shard = build.shard({0: [1, 1], 1: [0, 0]})
     build.publish(0, 0, None, [])
-    build.publish(1, 0, 0, [])  # an extra version, so that version 1 exists
     build.record(1, [shard])
-    build.publish(2, 1, 0, [shard])
+    build.publish(1, 1, 0, [shard])  # step 1 published as version 1: its shard cannot hold version 1 tokens
     violations = audit(build).violations
     assert len(violations) == N, violations
-    assert "group g00000000 sample 0: tokens of version 1 trained by step 1 at trainer version 0" in violations[0]
-    assert "(newer than the trainer: mislabelled tokens)" in violations[0]
+    assert "group g00000000 sample 0: tokens of version 1 trained by step 1, published as version 1" in violations[0]
+    assert "(not older than the step's own weights: mislabelled tokens)" in violations[0]
+
+
+def test_tokens_of_a_discarded_branch_trained_after_a_resume_are_not_mislabelled(build: RunRootBuilder) -> None:
+    """A trainer killed after publishing version 1, resumed from checkpoint version 0: its
+    first version (2) names version 0 as parent, and may train tokens of version 1."""
+    build.admit(2)
+    shard = build.shard({0: [1, 1], 1: [0, 0]})
+    build.publish(0, 0, None, [])
+    build.publish(1, 1, 0, [])  # the killed trainer's step 1 (rolled back: no ledger entry)
+    build.record(1, [shard])
+    build.publish(2, 1, 0, [shard])
+    report = audit(build)
+    assert report.ok, report.violations
+    assert report.step_versions == {1: 2} and report.staleness_counts == {0: 2 * N}
 
 
 def test_token_versions_never_published(build: RunRootBuilder) -> None:
@@ -167,14 +180,42 @@ def test_token_versions_never_published(build: RunRootBuilder) -> None:
     assert len(violations) == N and "group g00000000 sample 0: token versions [4] were never published" in violations[0]
 
 
-def test_samples_over_the_bound_are_dropped_not_trained(build: RunRootBuilder) -> None:
+def test_samples_over_the_bound_are_dropped_not_trained_and_fail_the_audit(build: RunRootBuilder) -> None:
     build.clean_run()
     report = audit(build, max_staleness=0)
-    assert report.ok, report.violations
-    assert report.staleness_counts == {0: 3 * N} and report.dropped_stale == N
+    assert not report.ok
+    # group 2 of step 2 (min token version 0, trainer at 1 step) is 1 step stale: its N samples dropped
+    assert only_violation(report, "e") == (
+        f"(e) {N} samples were dropped as staler than max_staleness 0 (generated, then thrown away): {N} at step 2"
+    )
+    assert report.staleness_counts == {0: 3 * N} and report.dropped_stale == N and report.dropped_steps == {2: N}
     assert report.dropped_tokens == N * 2  # the builder's samples hold 2 output tokens
+    assert json.loads(json.dumps(report.to_json()))["dropped_steps"] == {"2": N}
     with pytest.raises(ValueError, match="max_staleness must be an int >= 0"):
         audit(build, max_staleness=-1)
+
+
+def _record_trainer_drops(build: RunRootBuilder, version: int, dropped: int) -> None:
+    """Add the trainer's step figures to the lineage of ``version`` (as `step_lineage` writes them)."""
+    relpath = paths.weights_file(version, "asyncrl_lineage.json")
+    lineage = json.loads(fs.read_bytes(build.root, relpath))
+    lineage["metrics"] = {"dropped_stale": float(dropped), "loss": 0.1}
+    fs.put_atomic_replace(build.root, relpath, json.dumps(lineage).encode())
+
+
+def test_the_drops_the_trainer_recorded_are_counted(build: RunRootBuilder) -> None:
+    build.clean_run()
+    _record_trainer_drops(build, 1, 0)
+    _record_trainer_drops(build, 2, 0)
+    report = audit(build)
+    assert report.ok and report.trainer_dropped_stale == 0 and report.dropped_steps == {}
+    _record_trainer_drops(build, 2, 3)  # the trainer says it dropped 3 where the audit counts none
+    report = audit(build)
+    assert not report.ok and report.trainer_dropped_stale == 3 and report.dropped_steps == {2: 3}
+    assert report.violations == (
+        "(e) step 2: the trainer recorded 3 samples dropped as too stale, the audit counts 0",
+        "(e) 3 samples were dropped as staler than max_staleness 1 (generated, then thrown away): 3 at step 2",
+    )
 
 
 def test_the_ledger_class_agrees_with_the_hand_written_entries(build: RunRootBuilder) -> None:
@@ -230,6 +271,69 @@ def test_dropped_tokens_and_versions_of_agent_episodes_count_model_tokens_only(b
         build.record(step, [shard])
         build.publish(step, step, step - 1, [shard])
     report = audit(build, max_staleness=0)
-    assert report.ok, report.violations
+    assert only_violation(report, "e").endswith(f": {N} at step 2")
     assert report.staleness_counts == {0: 3 * N} and report.dropped_stale == N
     assert report.dropped_tokens == N * 2  # the episode's 2 model tokens, not its 5 output tokens
+
+
+# ----- quarantined shards: each group generated again once, neither lost nor trained twice -----
+
+
+def quarantine(build: RunRootBuilder, name: str) -> None:
+    from asyncrl.storage.shards import ShardReader
+
+    reader = ShardReader(build.root, RUN_ID)
+    reader.quarantine(reader.locate(name) or name)
+
+
+def test_a_quarantined_shard_generated_again_is_counted_not_lost(build: RunRootBuilder) -> None:
+    build.admit(4)
+    bad = build.shard({0: [0, 0], 1: [0, 0]})
+    second = build.shard({2: [0, 0], 3: [0, 0]})
+    again = build.shard({0: [0, 0], 1: [0, 0]})  # the regeneration: the same groups, a new shard
+    quarantine(build, bad)
+    build.publish(0, 0, None, [])
+    build.record(1, [second])
+    build.publish(1, 1, 0, [second])
+    build.record(2, [again])
+    build.publish(2, 2, 1, [again])
+    report = audit(build)
+    assert report.ok, report.violations
+    assert (report.quarantined_shards, report.quarantined_groups, report.regenerated_groups) == (1, 2, 2)
+    assert report.awaiting_regeneration == () and report.unwritten_groups == () and report.groups_written == 4
+    assert report.to_json()["regenerated_groups"] == 2
+
+
+def test_a_quarantined_shard_not_generated_again_is_awaited_or_lost(build: RunRootBuilder) -> None:
+    build.admit(2)
+    quarantine(build, build.shard({0: [0, 0], 1: [0, 0]}))
+    message = only_violation(audit(build), "a")
+    assert "2 groups of quarantined shards are not generated again: g00000000, g00000001" in message
+    relaxed = audit(build, in_flight_ok=True)
+    assert relaxed.ok and relaxed.awaiting_regeneration == ("g00000000", "g00000001")
+    assert (relaxed.quarantined_groups, relaxed.regenerated_groups, relaxed.unwritten_groups) == (2, 0, ())
+
+
+def test_one_quarantine_generated_again_twice(build: RunRootBuilder) -> None:
+    build.admit(2)
+    bad = build.shard({0: [0, 0], 1: [0, 0]})
+    build.shard({0: [0, 0]})
+    build.shard({0: [0, 0], 1: [0, 0]})
+    quarantine(build, bad)
+    violations = audit(build).violations
+    assert any("group g00000000 was produced 3 times for 1 quarantines" in v for v in violations), violations
+    assert not any("g00000001" in v for v in violations), violations
+
+
+def test_a_trained_shard_quarantined_then_generated_again_is_trained_twice(build: RunRootBuilder) -> None:
+    build.admit(2)
+    first = build.shard({0: [0, 0], 1: [0, 0]})
+    build.publish(0, 0, None, [])
+    build.record(1, [first])
+    build.publish(1, 1, 0, [first])
+    quarantine(build, first)  # after its step: a regeneration would be trained a second time
+    build.shard({0: [0, 0], 1: [0, 0]})
+    violations = audit(build).violations
+    assert any("group g00000000 was produced 2 times for 0 quarantines" in v for v in violations), violations
+    assert any(f"shard {first}, consumed by step 1" in v and "(quarantined after it was trained)" in v
+               for v in violations), violations  # fmt: skip

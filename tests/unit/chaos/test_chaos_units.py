@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from run_root_builder import RunRootBuilder
 
-from asyncrl.chaos.run import ChaosReport, ChaosSettings, KillRecord, kill_plan
+from asyncrl.chaos.run import KINDS, ChaosReport, ChaosSettings, KillRecord, kill_plan, kill_steps_range
 from asyncrl.cli.chaos import format_report
-from asyncrl.tasks.scheduler.main import EXIT_CONFIG, ServerSource, final_step_published, main, wait_for_servers
+from asyncrl.tasks.scheduler.main import EXIT_CONFIG, ServerSource, main, wait_for_servers
+from asyncrl.storage.weights import final_step_published
 from asyncrl.tasks.launch.audit import audit_run
 from asyncrl.storage.fs import open_root
 from asyncrl.tasks.inference.server_registry import register_server
@@ -27,13 +28,43 @@ def build(tmp_path: Path) -> RunRootBuilder:
 
 
 def test_kill_plan_has_k_of_each_kind_in_a_seeded_order() -> None:
-    plan = kill_plan(random.Random(3), 2)
-    assert sorted(plan) == ["reward", "reward", "rollout", "rollout", "scheduler", "scheduler", "trainer", "trainer"]
-    assert plan == kill_plan(random.Random(3), 2)
-    assert {tuple(kill_plan(random.Random(seed), 2)) for seed in range(10)} != {tuple(plan)}
-    assert kill_plan(random.Random(0), 0) == []
+    plan = kill_plan(random.Random(3), 2, 48)
+    assert sorted(k.kind for k in plan) == ["reward", "reward", "rollout", "rollout", "scheduler", "scheduler",
+                                           "trainer", "trainer"]  # fmt: skip
+    assert plan == kill_plan(random.Random(3), 2, 48)  # deterministic for a seed: kinds and steps
+    assert {tuple(kill_plan(random.Random(seed), 2, 48)) for seed in range(10)} != {tuple(plan)}
+    assert kill_plan(random.Random(0), 0, 48) == []
     with pytest.raises(ValueError, match="kills_per_component must be an int >= 0"):
-        kill_plan(random.Random(0), -1)
+        kill_plan(random.Random(0), -1, 48)
+    with pytest.raises(ValueError, match="max_steps must be an int >= 1"):
+        kill_plan(random.Random(0), 1, 0)
+
+
+@pytest.mark.parametrize("kills, max_steps", [(1, 32), (2, 48), (3, 48), (1, 8), (2, 3), (3, 5), (5, 200)])
+def test_kill_steps_are_spread_over_the_run_and_distinct_per_kind(kills: int, max_steps: int) -> None:
+    first, last = kill_steps_range(max_steps)
+    assert 1 <= first <= last < max(max_steps, 2)  # every kill is armed before the last step
+    for seed in range(20):
+        plan = kill_plan(random.Random(seed), kills, max_steps)
+        steps = [k.step for k in plan]
+        assert len(plan) == kills * len(KINDS) and steps == sorted(steps)
+        assert all(first <= step <= last for step in steps)
+        for kind in KINDS:  # each kind's kills at distinct steps
+            of_kind = [k.step for k in plan if k.kind == kind]
+            assert len(of_kind) == kills and len(set(of_kind)) == kills, plan
+        n, span = len(plan), last - first + 1
+        if n <= span:  # one kill per slot of the range: all distinct, spread from start to end
+            assert len(set(steps)) == n
+            slots = [first + (i * span) // n for i in range(n + 1)]
+            assert all(slots[i] <= step < slots[i + 1] for i, step in enumerate(steps)), (plan, slots)
+
+
+def test_kill_steps_cover_the_run_not_its_start() -> None:
+    plan = kill_plan(random.Random(1), 2, 48)
+    assert plan[0].step <= 48 // 8 and plan[-1].step > 48 // 2  # first slot early, last slot in the later half
+    assert kill_steps_range(48) == (1, 38) and kill_steps_range(2) == (1, 1) and kill_steps_range(1) == (1, 1)
+    with pytest.raises(ValueError, match="need as many distinct steps"):
+        kill_plan(random.Random(0), 2, 2)  # one step to arm at, two kills of each kind
 
 
 def test_chaos_settings_are_checked_by_name() -> None:
@@ -87,15 +118,18 @@ def test_report_table_lists_kills_and_every_violation(build: RunRootBuilder) -> 
     kills = [KillRecord("trainer", 11, 5.0, 1, 1, 5.2, up_at_s=6.0, recovered_at_s=9.5),
              KillRecord("rollout-server-0", 12, 10.0, 2, 2, 12.0), KillRecord("reward-service", 13, 11.0, 2, 2, 11.0)]  # fmt: skip
     report = ChaosReport("r", "/tmp/store", 0, 1, ["trainer", "rollout", "scheduler", "reward"], kills, 20.0, 2, 2, audit,
-                         ["1 planned kills were not done (scheduler)"])  # fmt: skip
+                         ["1 of 4 planned kills did not fire (scheduler@2)"], planned_steps=[1, 1, 2, 2],
+                         unfired=["scheduler@2"])  # fmt: skip
     table = format_report(report)
     assert "| 1 | trainer | 5.0 | 1 | 1 | 11 | 6.0 | 9.5 |" in table
     assert "| 2 | rollout-server-0 | 10.0 | 2 | 2 | 12 | - | - |" in table
-    assert "restarts: trainer 1, rollout 1, scheduler 0, reward 1 (planned: 4 kills, done: 3)" in table
-    assert "VIOLATION 1 planned kills were not done" in table
+    assert "restarts: trainer 1, rollout 1, scheduler 0, reward 1 (planned: 4 kills, fired: 3)" in table
+    assert "unfired kills (kind@step): scheduler@2" in table
+    assert "VIOLATION 1 of 4 planned kills did not fire (scheduler@2)" in table
     assert "VIOLATION (a) 1 of 5 admitted groups are in no shard: g00000004" in table
     assert table.endswith("report: /tmp/store/chaos.json") and "result: FAILED (2 problems)" in table
     assert not report.ok and report.to_json()["restarts"] == {"trainer": 1, "rollout": 1, "scheduler": 0, "reward": 1}
+    assert (report.to_json()["kills_planned"], report.to_json()["kills_fired"]) == (4, 3)
 
 
 def test_waiting_for_servers_after_none_was_live(build: RunRootBuilder) -> None:

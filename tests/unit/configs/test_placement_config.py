@@ -27,49 +27,49 @@ def refused(message: str, **sections: dict[str, Any]) -> None:
 
 def test_no_placement_by_default() -> None:
     plain = config()
-    assert plain.rollout.devices is None and plain.trainer.devices is None
-    assert plain.rollout.tensor_parallel_size == 1 and plain.trainer.processes == 1 and plain.trainer.nodes == 1
+    assert plain.inference.devices is None and plain.trainer.devices is None
+    assert plain.inference.tensor_parallel_size == 1 and plain.trainer.processes == 1 and plain.trainer.nodes == 1
     assert plain.placement.rollout_server == plain.placement.trainer == plain.placement.scheduler == "local"
     assert plain.placement.share_devices is False
 
 
 def test_overlapping_rollout_sets_are_refused() -> None:
-    refused(r"^config: rollout\.devices\[1\]: devices \[0\] are also in rollout\.devices\[0\] on the same placement; "
+    refused(r"^config: inference\.devices\[1\]: devices \[0\] are also in inference\.devices\[0\] on the same placement; "
             r"give each component its own devices, or set placement\.share_devices: true",
-            rollout={"num_servers": 2, "devices": [[0], [0]]})
-    refused(r"rollout\.devices\[2\]: devices \[3\] are also in rollout\.devices\[1\]",
-            rollout={"num_servers": 3, "tensor_parallel_size": 2, "devices": [[0, 1], [2, 3], [3, 4]]})
-    apart = config(rollout={"num_servers": 2, "tensor_parallel_size": 2, "devices": [[0, 1], [2, 3]]})
-    assert apart.rollout.devices == [(0, 1), (2, 3)]
+            inference={"num_servers": 2, "devices": [[0], [0]]})
+    refused(r"inference\.devices\[2\]: devices \[3\] are also in inference\.devices\[1\]",
+            inference={"num_servers": 3, "tensor_parallel_size": 2, "devices": [[0, 1], [2, 3], [3, 4]]})
+    apart = config(inference={"num_servers": 2, "tensor_parallel_size": 2, "devices": [[0, 1], [2, 3]]})
+    assert apart.inference.devices == [(0, 1), (2, 3)]
 
 
 def test_rollout_and_trainer_overlap_is_refused() -> None:
-    refused(r"^config: trainer\.devices: devices \[1\] are also in rollout\.devices\[0\] on the same placement",
-            rollout={"tensor_parallel_size": 2, "devices": [[0, 1]]}, trainer={"processes": 2, "devices": [1, 2]})
-    assert config(rollout={"devices": [[0]]}, trainer={"devices": [1]}).trainer.devices == (1,)
+    refused(r"^config: trainer\.devices: devices \[1\] are also in inference\.devices\[0\] on the same placement",
+            inference={"tensor_parallel_size": 2, "devices": [[0, 1]]}, trainer={"processes": 2, "devices": [1, 2]})
+    assert config(inference={"devices": [[0]]}, trainer={"devices": [1]}).trainer.devices == (1,)
 
 
 def test_share_devices_allows_overlap() -> None:
-    shared = config(rollout={"num_servers": 2, "devices": [[0], [0]]}, trainer={"devices": [0]},
+    shared = config(inference={"num_servers": 2, "devices": [[0], [0]]}, trainer={"devices": [0]},
                     placement={"share_devices": True})
-    assert shared.rollout.devices == [(0,), (0,)] and shared.trainer.devices == (0,)
+    assert shared.inference.devices == [(0,), (0,)] and shared.trainer.devices == (0,)
 
 
 def test_components_on_different_placements_may_reuse_ids() -> None:
     # device ids are each machine's own: a remote server's GPU 0 is not the local trainer's
-    split = config(rollout={"devices": [[0]]}, trainer={"devices": [0]},
+    split = config(inference={"devices": [[0]]}, trainer={"devices": [0]},
                    placement={"rollout_server": {"deployment": "component/rollout-server"}})
     assert isinstance(split.placement.rollout_server, RemotePlacement)
 
 
 def test_device_sets_fit_servers_and_tensor_parallel_size() -> None:
-    refused(r"^config: rollout\.devices: 1 device sets for rollout\.num_servers=2; give one set per server",
-            rollout={"num_servers": 2, "devices": [[0]]})
-    refused(r"rollout\.devices\[0\]: \[0\] must be 2 distinct device ids >= 0 \(rollout\.tensor_parallel_size=2\)",
-            rollout={"tensor_parallel_size": 2, "devices": [[0]]})
-    refused(r"rollout\.devices\[0\]: \[1, 1\] must be 2 distinct device ids", rollout={"tensor_parallel_size": 2, "devices": [[1, 1]]})
-    refused(r"rollout\.devices\[0\]: \[-1\] must be 1 distinct device ids >= 0", rollout={"devices": [[-1]]})
-    refused(r"rollout\.tensor_parallel_size: Input should be greater than or equal to 1", rollout={"tensor_parallel_size": 0})
+    refused(r"^config: inference\.devices: 1 device sets for inference\.num_servers=2; give one set per server",
+            inference={"num_servers": 2, "devices": [[0]]})
+    refused(r"inference\.devices\[0\]: \[0\] must be 2 distinct device ids >= 0 \(inference\.tensor_parallel_size=2\)",
+            inference={"tensor_parallel_size": 2, "devices": [[0]]})
+    refused(r"inference\.devices\[0\]: \[1, 1\] must be 2 distinct device ids", inference={"tensor_parallel_size": 2, "devices": [[1, 1]]})
+    refused(r"inference\.devices\[0\]: \[-1\] must be 1 distinct device ids >= 0", inference={"devices": [[-1]]})
+    refused(r"inference\.tensor_parallel_size: Input should be greater than or equal to 1", inference={"tensor_parallel_size": 0})
 
 
 def test_trainer_devices_one_per_process() -> None:
@@ -118,7 +118,7 @@ def test_remote_placement_from_yaml(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({
         "model": {"path": "/m"}, "data": {"train_path": "/d/train.parquet"}, "storage": {"root": "s3://bucket/run"},
-        "rollout": {"num_servers": 2, "devices": [[0], [0]]},
+        "inference": {"num_servers": 2, "devices": [[0], [0]]},
         "trainer": {"processes": 2, "nodes": 2, "rendezvous": "trainer-0:29400", "devices": [0, 1]},
         "placement": {
             "rollout_server": {"deployment": "component/rollout-server", "job_variables": {"gpus": 1}},
@@ -126,7 +126,7 @@ def test_remote_placement_from_yaml(tmp_path: Path) -> None:
             "heartbeat_s": 2, "heartbeat_timeout_s": 30,
         },
     }))  # fmt: skip
-    with pytest.raises(ConfigError, match=r"rollout\.devices\[1\]: devices \[0\] are also in rollout\.devices\[0\]"):
+    with pytest.raises(ConfigError, match=r"inference\.devices\[1\]: devices \[0\] are also in inference\.devices\[0\]"):
         load_config(path)  # two servers of one deployment count as one placement
     loaded = load_config(path, ["placement.share_devices=true"])
     server, trainer = loaded.placement.rollout_server, loaded.placement.trainer

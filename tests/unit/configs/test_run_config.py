@@ -76,7 +76,7 @@ def test_later_override_wins_and_source_is_untouched() -> None:
         (["trainer.micro_batch_tokens=100"], "trainer.micro_batch_tokens: 100 is smaller than one sequence's maximum"),
         (["trainer.advantage=rloo", "rollout.n_samples=1"], "trainer.advantage: 'rloo' needs rollout.n_samples >= 2"),
         (["trainer.mini_batches=9"], "trainer.mini_batches: 9 exceeds trainer.batch_groups"),
-        (["rollout.host=0.0.0.0"], "rollout.api_key: required when rollout.host is '0.0.0.0'"),
+        (["inference.host=0.0.0.0"], "inference.api_key: required when inference.host is '0.0.0.0'"),
         (["trainer.behav_cap_mode=drop"], "trainer.behav_cap_mode: Input should be 'mask' or 'clamp'"),
         (["pipeline.synthetic_data.n_sft=10"], "pipeline.synthetic_data.n_sft: set data.sft_path"),
         (
@@ -129,7 +129,7 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
 def test_the_public_dump_hides_the_api_key_and_uri_passwords() -> None:
     raw = minimal()
     raw["storage"]["options"] = {"endpoint_url": "http://127.0.0.1:8333"}
-    raw["rollout"] = {"host": "10.0.0.5", "api_key": "server-api-key"}
+    raw["inference"] = {"host": "10.0.0.5", "api_key": "server-api-key"}
     raw["tracking"] = {"mlflow_uri": "postgresql://mlflow:db-password@db:5432/mlflow"}
     config = config_from_dict(raw)
     dumped = frozen_yaml(config) + repr(public_dict(config))
@@ -140,8 +140,8 @@ def test_the_public_dump_hides_the_api_key_and_uri_passwords() -> None:
 
 def test_secret_values_are_not_echoed_in_errors() -> None:
     raw = minimal()
-    raw["rollout"] = {"api_key": ["not", "a", "string"]}
+    raw["inference"] = {"api_key": ["not", "a", "string"]}
     with pytest.raises(ConfigError) as info:
         config_from_dict(raw)
-    assert "rollout.api_key" in str(info.value)
+    assert "inference.api_key" in str(info.value)
     assert "'not'" not in str(info.value)

@@ -66,17 +66,17 @@ def test_evaluation_during_training_needs_the_held_out_file() -> None:
 
 def test_its_devices_follow_the_parallelism_and_the_overlap_rule() -> None:
     with pytest.raises(ConfigError, match=r"pipeline.training_eval.devices: \[1\] must be 2 device ids "
-                                          r"\(rollout.tensor_parallel_size=2\)"):
+                                          r"\(inference.tensor_parallel_size=2\)"):
         config_from_dict(raw("pipeline.eval_every=1", "pipeline.training_eval.devices=[1]",
-                             "rollout.tensor_parallel_size=2"))  # fmt: skip
+                             "inference.tensor_parallel_size=2"))  # fmt: skip
     with pytest.raises(ConfigError, match=r"pipeline.training_eval.devices: devices \[1\] are also in "
-                                          r"rollout.devices\[0\] on the same placement"):
-        config_from_dict(raw("pipeline.eval_every=1", "pipeline.training_eval.devices=[1]", "rollout.devices=[[1]]"))
+                                          r"inference.devices\[0\] on the same placement"):
+        config_from_dict(raw("pipeline.eval_every=1", "pipeline.training_eval.devices=[1]", "inference.devices=[[1]]"))
     with pytest.raises(ConfigError, match=r"devices \[2\] are also in trainer.devices"):
         config_from_dict(raw("pipeline.eval_every=1", "pipeline.training_eval.devices=[2]", "trainer.devices=[2]"))
     # allowed: shared on purpose, a rollout server on another machine, or evaluation off
-    config_from_dict(raw("pipeline.eval_every=1", "pipeline.training_eval.devices=[1]", "rollout.devices=[[1]]",
+    config_from_dict(raw("pipeline.eval_every=1", "pipeline.training_eval.devices=[1]", "inference.devices=[[1]]",
                          "placement.share_devices=true"))  # fmt: skip
-    config_from_dict(raw("pipeline.eval_every=1", "pipeline.training_eval.devices=[1]", "rollout.devices=[[1]]",
+    config_from_dict(raw("pipeline.eval_every=1", "pipeline.training_eval.devices=[1]", "inference.devices=[[1]]",
                          "placement.rollout_server={deployment: component/rollout-server}"))  # fmt: skip
-    config_from_dict(raw("pipeline.training_eval.devices=[1]", "rollout.devices=[[1]]"))
+    config_from_dict(raw("pipeline.training_eval.devices=[1]", "inference.devices=[[1]]"))

@@ -3,7 +3,10 @@ CodeContests), the task column and plug-in rows."""
 
 from __future__ import annotations
 
+import base64
 import json
+import pickle
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +201,12 @@ def test_taco_lists_of_lines_and_time_limit(tmp_path: Path) -> None:
 
 # ----- LiveCodeBench -----
 
+
+def lcb_private(cases: list[dict[str, str]]) -> str:
+    """Private cases as LiveCodeBench releases them: base64(zlib(pickle(JSON text)))."""
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode("ascii")
+
+
 LCB_ROWS: list[dict[str, Any]] = [
     {
         "question_title": "Sum",
@@ -207,7 +216,7 @@ LCB_ROWS: list[dict[str, Any]] = [
         "starter_code": "",
         "difficulty": "easy",
         "public_test_cases": json.dumps([{"input": "3\n1 2 3\n", "output": "6\n", "testtype": "stdin"}]),
-        "private_test_cases": "eJyLrlYqTi1RslIqSS0u0VEqyc9JUbJSMlCqjQUAm9oHdQ==",  # compressed: ignored
+        "private_test_cases": lcb_private([{"input": "2\n5 5\n", "output": "10\n", "testtype": "stdin"}]),
         "metadata": "{}",
     },
     {
@@ -228,7 +237,7 @@ LCB_ROWS: list[dict[str, Any]] = [
 
 def test_livecodebench_stdin_and_functional_cases(tmp_path: Path) -> None:
     stdin_row, functional_row = load_prompts(write_jsonl(tmp_path / "lcb.jsonl", LCB_ROWS))
-    assert stdin_row.tests == CodeTests(stdio=(StdioCase("3\n1 2 3\n", "6\n"),))
+    assert stdin_row.tests == CodeTests(stdio=(StdioCase("3\n1 2 3\n", "6\n"), StdioCase("2\n5 5\n", "10\n")))
     assert stdin_row.prompt == LCB_ROWS[0]["question_content"]
     assert functional_row.tests == CodeTests(
         calls=(CallCase("twoSum", "[[2, 7, 11, 15], 9]", "[0, 1]"), CallCase("twoSum", "[[3, 3], 6]", "[0, 1]"))

@@ -11,16 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.tasks.data.synthetic import (
-    ArithmeticSpec,
-    Problem,
-    make_arithmetic_dataset,
-    mixed_solutions,
-    split_train_heldout,
-    write_problems,
-    write_synthetic_dataset,
-    write_synthetic_splits,
-)
+from asyncrl.tasks.data.synthetic import Problem, make_arithmetic_dataset, mixed_solutions, split_train_heldout, write_problems, write_synthetic_dataset, write_synthetic_splits
+from asyncrl.configs.synthetic_specs import ArithmeticSpec
 
 EXPRESSION = re.compile(r"^What is ([0-9+\-*]+)\?$")
 STEP_LINE = re.compile(r"^(-?\d+)([+\-*])(\d+)=(-?\d+)$")

@@ -72,6 +72,8 @@ def test_version_0_is_the_models_own_weights_without_a_published_one_and_a_stop_
     tmp_path: Path,
 ) -> None:
     run = config(tmp_path, every=2, max_steps=4)
+    Path(run.model.path).mkdir()
+    (Path(run.model.path) / "config.json").write_text("{}")
     paths = run_paths(run)
     stop = threading.Event()
     evaluator = Evaluator(run, paths, stop, poll_s=0.02)

@@ -1,6 +1,6 @@
 """The rollout side of the weights path without a vLLM server: load requests carry no
-credentials, the local weight cache stays bounded and never loses a version being loaded,
-and a corrupt download is refused."""
+credentials, and a prefetch fills the cache of the servers on this host (the cache itself:
+tests/unit/model/test_weight_fetch.py)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
-from asyncrl.storage.weights import WeightIntegrityError, WeightStore
+from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.inference import weight_sync
-from asyncrl.tasks.inference.weight_sync import (
-    cached_version_dir,
-    fetch_weight_version,
-    load_request_body,
-    prune_weight_cache,
-    public_storage_options,
-    update_server_weights,
-    version_lease,
-)
+from asyncrl.tasks.inference.weight_sync import load_request_body, public_storage_options, update_server_weights
+from asyncrl.tasks.model.weight_fetch import cached_version_dir, fetch_weight_version
 
 SECRET_OPTIONS: dict[str, Any] = {
     "key": "AKIA-TOP",
@@ -99,52 +91,6 @@ def publish(store: WeightStore, base: Path, version: int) -> None:
 def cached(cache: Path, root_uri: str) -> list[str]:
     base = cached_version_dir(cache, root_uri, 0).parent
     return sorted(entry.name for entry in base.iterdir() if not entry.name.endswith(".lock"))
-
-
-def test_the_cache_keeps_the_loaded_version_and_those_being_loaded(tmp_path: Path) -> None:
-    root_uri = f"file://{tmp_path / 'run'}"
-    store = WeightStore(open_root(root_uri))
-    cache = tmp_path / "cache"
-    for version in range(6):
-        publish(store, tmp_path / "local", version)
-    sizes = []
-    for version in range(4):  # a server loading each new version in turn
-        fetch_weight_version(root_uri, {}, version, cache)
-        prune_weight_cache(cache, root_uri, version)
-        sizes.append(sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()))
-        assert cached(cache, root_uri) == [paths.weights_version_dirname(version)]
-    assert len(set(sizes)) == 1  # bounded: one version's bytes
-
-    # Another server on the machine still loads version 3 (holds its lease) while this one
-    # loads 5: 3 stays; a leftover staging directory of 4 (a killed download) goes.
-    leftover = cached_version_dir(cache, root_uri, 4).parent / ".v000004.abc123"
-    leftover.mkdir()
-    (leftover / "model.safetensors").write_bytes(b"partial")
-    with version_lease(cache, root_uri, 3):
-        fetch_weight_version(root_uri, {}, 5, cache)
-        assert prune_weight_cache(cache, root_uri, 5) == [4]
-        assert cached(cache, root_uri) == ["v000003", "v000005"]
-    assert prune_weight_cache(cache, root_uri, 5) == [3]
-    assert cached(cache, root_uri) == ["v000005"]
-    # A version pruned from the cache is fetched again when asked for.
-    model_dir, was_cached = fetch_weight_version(root_uri, {}, 3, cache)
-    assert not was_cached and json.loads((model_dir / "config.json").read_text()) == {"v": 3}
-
-
-def test_a_corrupt_version_is_not_cached(tmp_path: Path) -> None:
-    root_uri = f"file://{tmp_path / 'run'}"
-    root = open_root(root_uri)
-    store = WeightStore(root)
-    publish(store, tmp_path / "local", 1)
-    path = Path(root.full_path(paths.weights_file(1, "model.safetensors")))
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
-    cache = tmp_path / "cache"
-    with pytest.raises(WeightIntegrityError, match="model.safetensors: downloaded SHA-256"):
-        fetch_weight_version(root_uri, {}, 1, cache)
-    assert cached(cache, root_uri) == []
-    assert fs.exists(root, paths.weights_complete_marker(1))
 
 
 def test_prefetch_fills_the_cache_of_a_server_on_this_host_only(

@@ -93,8 +93,8 @@ def test_settings_that_do_not_shape_trajectories_may_change(tmp_path: Path) -> N
     frozen = (tmp_path / "store" / "config.yaml").read_bytes()
     changed = with_changes(raw, {
         "trainer.max_steps": 50, "trainer.checkpoint_every": 2, "trainer.micro_batch_tokens": 8192,
-        "rollout.num_servers": 2, "rollout.base_port": 9100, "rollout.shard_seconds": 3.0,
-        "rollout.shard_groups": 2, "rollout.kv_cache_gib": 2.0, "rollout.weight_poll_seconds": 1.0,
+        "inference.num_servers": 2, "inference.base_port": 9100, "rollout.shard_seconds": 3.0,
+        "rollout.shard_groups": 2, "inference.kv_cache_gib": 2.0, "rollout.weight_poll_seconds": 1.0,
         "reward.pool.workers": 4, "tracking.experiment": "other", "run.max_restarts": 9,
         "pipeline.eval_samples": 2, "work_dir": str(tmp_path / "work2"),
     })  # fmt: skip

@@ -15,9 +15,9 @@ import pytest
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.evaluations import EvaluationStore, EvaluatorState
 from asyncrl.configs.cpus import machine_cpus
-from asyncrl.tasks.launch.components_setup import evaluator_server_config, server_config
+from asyncrl.tasks.placement.launch_settings import evaluator_server_config, server_config
 from asyncrl.tasks.system.run_paths import run_paths
-from asyncrl.tasks.launch.devices import DeviceError, Machine
+from asyncrl.tasks.placement.devices import DeviceError, Machine
 from asyncrl.tasks.launch.rl import RunStop, _raise_first_failure, _wait_evaluator, run_components
 from asyncrl.tasks.launch.supervisor import ComponentFailed, ComponentOutcome
 
@@ -42,7 +42,7 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 def test_its_server_is_launched_on_its_own_devices_at_low_priority(tmp_path: Path) -> None:
-    config = run_config(tmp_path, rollout={"devices": [[0]]},
+    config = run_config(tmp_path, inference={"devices": [[0]]},
                         pipeline={"eval_every": 2, "training_eval": {"devices": [3], "nice": 15}})  # fmt: skip
     paths = run_paths(config)
     launch = evaluator_server_config(config, paths, model_dir(tmp_path), GPUS_4)
@@ -58,7 +58,7 @@ def test_its_server_is_launched_on_its_own_devices_at_low_priority(tmp_path: Pat
 
 
 def test_a_shared_gpu_splits_its_memory_with_the_evaluator(tmp_path: Path) -> None:
-    config = run_config(tmp_path, rollout={"devices": [[0]]}, placement={"share_devices": True},
+    config = run_config(tmp_path, inference={"devices": [[0]]}, placement={"share_devices": True},
                         pipeline={"eval_every": 2, "training_eval": {"devices": [0]}})  # fmt: skip
     paths = run_paths(config)
     assert evaluator_server_config(config, paths, model_dir(tmp_path), GPUS_4).gpu_memory_utilization == 0.45

@@ -55,14 +55,14 @@ def test_the_frozen_config_is_an_artifact_without_secrets(tmp_path: Path, monkey
     config = config_from_dict({
         "name": "cfg", "work_dir": str(tmp_path / "work"),
         "model": {"path": str(tmp_path / "model")}, "data": {"train_path": str(tmp_path / "train.parquet")},
-        "rollout": {"api_key": API_KEY}, "storage": {"root": str(tmp_path / "store")},
+        "inference": {"api_key": API_KEY}, "storage": {"root": str(tmp_path / "store")},
         "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "system_metrics_interval_s": 0.5},
     })  # fmt: skip
     context = open_run_context(config)
     text = download_text(context.lineage, CONFIG_ARTIFACT, tmp_path / "dl")
     assert API_KEY not in text
     frozen = yaml.safe_load(text)
-    assert frozen["rollout"]["api_key"] == "***" and frozen["name"] == "cfg"
+    assert frozen["inference"]["api_key"] == "***" and frozen["name"] == "cfg"
 
     with system_metrics(context):
         time.sleep(1.6)

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.launch.components_setup import rl_trainer_launch, rl_trainer_threads
+from asyncrl.tasks.placement.launch_settings import rl_trainer_launch, rl_trainer_threads
 from asyncrl.tasks.system.run_paths import run_paths
-from asyncrl.tasks.launch.devices import Machine
+from asyncrl.tasks.placement.devices import Machine
 from asyncrl.tasks.trainer.process import trainer_env
 
 CPUS = os.cpu_count() or 1
@@ -22,7 +22,7 @@ CPUS = os.cpu_count() or 1
 def config(
     tmp_path: Path,
     trainer: dict[str, Any] | None = None,
-    rollout: dict[str, Any] | None = None,
+    inference: dict[str, Any] | None = None,
     placement: dict[str, Any] | None = None,
 ) -> RunConfig:
     return RunConfig.model_validate(
@@ -30,7 +30,7 @@ def config(
             "work_dir": str(tmp_path / "work"),
             "model": {"path": str(tmp_path / "model")},
             "data": {"train_path": str(tmp_path / "train.parquet")},
-            "rollout": rollout or {},
+            "inference": inference or {},
             "trainer": trainer or {},
             "storage": {"root": str(tmp_path / "store")},
             "placement": placement or {},
@@ -40,16 +40,16 @@ def config(
 
 def test_unpinned_trainer_and_servers_share_the_machine(tmp_path: Path) -> None:
     assert rl_trainer_threads(config(tmp_path)) == max(1, CPUS // 2)
-    assert rl_trainer_threads(config(tmp_path, rollout={"num_servers": 3})) == max(1, CPUS // 4)
+    assert rl_trainer_threads(config(tmp_path, inference={"num_servers": 3})) == max(1, CPUS // 4)
 
 
 @pytest.mark.skipif(CPUS < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 CPUs and CPU pinning")
 def test_pinning_decides_who_shares(tmp_path: Path) -> None:
-    separate = config(tmp_path, trainer={"cpu_cores": [1]}, rollout={"cpu_cores": [0]})
+    separate = config(tmp_path, trainer={"cpu_cores": [1]}, inference={"cpu_cores": [0]})
     assert rl_trainer_threads(separate) == 1
-    together = config(tmp_path, trainer={"cpu_cores": [0, 1]}, rollout={"cpu_cores": [1]})
+    together = config(tmp_path, trainer={"cpu_cores": [0, 1]}, inference={"cpu_cores": [1]})
     assert rl_trainer_threads(together) == 1
-    alone = config(tmp_path, trainer={"cpu_cores": [0, 1]}, rollout={"cpu_cores": [0], "num_servers": 1})
+    alone = config(tmp_path, trainer={"cpu_cores": [0, 1]}, inference={"cpu_cores": [0], "num_servers": 1})
     assert rl_trainer_threads(alone) == 1  # 2 CPUs, one server on one of them: 2 // 2
 
 
@@ -68,20 +68,20 @@ def test_trainer_processes_share_its_cpus() -> None:
     eight_gpu = Machine(gpus=("0", "1"), cpus=frozenset(range(8)))
     base = Path("/tmp/asyncrl-threads")  # nothing is written
     assert rl_trainer_threads(config(base, trainer={"processes": 2}), eight) == 8 // (2 + 1)
-    assert rl_trainer_threads(config(base, trainer={"processes": 3}, rollout={"num_servers": 3}), eight) == 8 // (3 + 3)
+    assert rl_trainer_threads(config(base, trainer={"processes": 3}, inference={"num_servers": 3}), eight) == 8 // (3 + 3)
     # CPU machine: device sets are CPU sets; one CPU per trainer process means one thread each
-    per_cpu = config(base, trainer={"processes": 4, "devices": [0, 1, 2, 3]}, rollout={"devices": [[6]]})
+    per_cpu = config(base, trainer={"processes": 4, "devices": [0, 1, 2, 3]}, inference={"devices": [[6]]})
     assert rl_trainer_threads(per_cpu, eight) == 1
     # an unpinned trainer meets every server, whatever CPUs their device sets name
-    assert rl_trainer_threads(config(base, rollout={"num_servers": 2, "devices": [[1], [5]]}), eight) == 8 // (1 + 2)
+    assert rl_trainer_threads(config(base, inference={"num_servers": 2, "devices": [[1], [5]]}), eight) == 8 // (1 + 2)
     # GPU machine: device ids are GPUs, so every CPU is the trainer's and the servers'
-    gpus = config(base, trainer={"processes": 2, "devices": [0, 1]}, rollout={"devices": [[0]]},
+    gpus = config(base, trainer={"processes": 2, "devices": [0, 1]}, inference={"devices": [[0]]},
                   placement={"share_devices": True})
     assert rl_trainer_threads(gpus, eight_gpu) == 8 // (2 + 1)
 
 
 def test_servers_on_another_placement_do_not_count() -> None:
     eight = Machine(gpus=(), cpus=frozenset(range(8)))
-    remote = config(Path("/tmp/asyncrl-threads"), rollout={"num_servers": 3},
+    remote = config(Path("/tmp/asyncrl-threads"), inference={"num_servers": 3},
                     placement={"rollout_server": {"deployment": "component/rollout-server"}})
     assert rl_trainer_threads(remote, eight) == 8

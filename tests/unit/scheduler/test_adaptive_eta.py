@@ -22,6 +22,7 @@ from asyncrl.configs.adaptive_staleness import AdaptiveStalenessConfig
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import load_adaptive_state
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from asyncrl.tasks.scheduler.episodes import SingleTurnEpisodes
 from asyncrl.tasks.algo.staleness_gate import StalenessGate
 
 from tests.unit.scheduler.test_gate_after_rollback import FixedGenerator, NoCodec, NoScorer, PromptRecord, PromptSchedule
@@ -154,8 +155,9 @@ def adaptive_controller(root: RunRoot, generator: FixedGenerator, eta: int = 4) 
     settings = ControllerSettings(run_id="adaptive", batch_groups=2, eta=eta, n_samples=2, max_new_tokens=4,
                                   max_prompt_tokens=4, adaptive_staleness=BUDGET)  # fmt: skip
     prompts = PromptSchedule([PromptRecord(prompt_id="p0", prompt="Q", answer="A", solution=None)], seed=0)
-    return RolloutController(settings, root, prompts, render=lambda r: r.prompt, codec=NoCodec(),
-                             generator=generator, scorer=NoScorer(), weight_loader=lambda v: (lambda _: None))  # fmt: skip
+    episodes = SingleTurnEpisodes(settings, lambda r: r.prompt, NoCodec(), generator, NoScorer())
+    return RolloutController(settings, root, prompts, generator=generator, episodes=episodes,
+                             weight_loader=lambda v: (lambda _: None))  # fmt: skip
 
 
 def test_the_controller_reads_each_versions_figures_and_a_restart_goes_on_from_its_bound(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import load_gate_state
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from asyncrl.tasks.scheduler.episodes import SingleTurnEpisodes
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.shards import ShardReader
@@ -110,13 +111,18 @@ def settings(**overrides: Any) -> ControllerSettings:
     return ControllerSettings(**base)
 
 
+def single_turn(config: ControllerSettings, generator: ScriptedGenerator, scorer: Any = None) -> SingleTurnEpisodes:
+    """The built-in episode over the scripted edges: the prompt as is, character codes."""
+    return SingleTurnEpisodes(config, lambda r: r.prompt, DigitCodec(), generator, scorer or ExactScorer())
+
+
 def controller(root_dir: Path, generator: ScriptedGenerator, loads: list[int] | None = None,
                **overrides: Any) -> RolloutController:
     loaded = loads if loads is not None else []
+    config = settings(**overrides)
     return RolloutController(
-        settings(**overrides), open_root(str(root_dir)), PromptSchedule(records(20), seed=0),
-        render=lambda r: r.prompt, codec=DigitCodec(), generator=generator, scorer=ExactScorer(),
-        weight_loader=lambda version: (lambda address: loaded.append(version)),
+        config, open_root(str(root_dir)), PromptSchedule(records(20), seed=0), generator=generator,
+        episodes=single_turn(config, generator), weight_loader=lambda version: (lambda address: loaded.append(version)),
     )
 
 
@@ -270,11 +276,11 @@ def test_per_prompt_budgets_capped_and_eos_setting_reach_the_generator(
 ) -> None:
     budgets = [4, None, 40, 1]  # settings.max_new_tokens = 16 caps 40; None takes it
     generator = RecordingGenerator()
+    config = settings(max_groups=4, eta=1, ignore_eos=ignore_eos, stop_token_ids=(7,))
     ctrl = RolloutController(
-        settings(max_groups=4, eta=1, ignore_eos=ignore_eos, stop_token_ids=(7,)), open_root(str(tmp_path / "run")),
-        PromptSchedule(budget_records(budgets), seed=0), render=lambda r: r.prompt, codec=DigitCodec(),
-        generator=generator, scorer=ExactScorer(), weight_loader=lambda version: (lambda address: None),
-    )
+        config, open_root(str(tmp_path / "run")), PromptSchedule(budget_records(budgets), seed=0),
+        generator=generator, episodes=single_turn(config, generator), weight_loader=lambda version: (lambda address: None),
+    )  # fmt: skip
     asyncio.run(run_for(ctrl, 0.6))
     schedule = PromptSchedule(budget_records(budgets), seed=0)
     expected = [min(16, schedule.record(k).max_new_tokens or 16) for k in range(4)]
@@ -366,7 +372,7 @@ def test_a_new_version_is_fetched_before_the_update_pauses_generation(tmp_path: 
     events: list[tuple[str, int]] = []
     ctrl = RolloutController(
         settings(), open_root(str(root_dir)), PromptSchedule(records(20), seed=0),
-        render=lambda r: r.prompt, codec=DigitCodec(), generator=generator, scorer=ExactScorer(),
+        generator=generator, episodes=single_turn(settings(), generator),
         weight_loader=lambda version: (lambda address: events.append(("load", version))),
         weight_prefetch=lambda version: events.append(("prefetch", version)),
     )  # fmt: skip
@@ -396,10 +402,10 @@ def test_a_mixed_batch_goes_to_each_row_s_reward_and_the_shards_keep_the_task(tm
         PromptRecord(prompt_id="p", prompt="P3", answer="ref", task="judge", fields={"rubric": "short"}),
     ]
     scorer = RecordingScorer()
+    config, generator = settings(batch_groups=3, shard_groups=3, eta=0), ScriptedGenerator()
     ctrl = RolloutController(
-        settings(batch_groups=3, shard_groups=3, eta=0), open_root(str(tmp_path / "run")),
-        PromptSchedule(mixed, seed=0), render=lambda r: r.prompt, codec=DigitCodec(),
-        generator=ScriptedGenerator(), scorer=scorer, weight_loader=lambda version: (lambda address: None),
+        config, open_root(str(tmp_path / "run")), PromptSchedule(mixed, seed=0), generator=generator,
+        episodes=single_turn(config, generator, scorer), weight_loader=lambda version: (lambda address: None),
     )
     asyncio.run(run_for(ctrl, 1.0))
     by_prompt = {r.response[-1]: r for r in scorer.requests}  # the scripted output is the reversed prompt

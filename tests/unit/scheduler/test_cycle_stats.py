@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.tasks.scheduler.main import append_cycle_stats, combine_cycle_stats, read_cycle_stats
+from asyncrl.tasks.scheduler.cycle_stats import append_cycle_stats, combine_cycle_stats, read_cycle_stats
 
 
 def cycle(elapsed: float, tokens: int, samples: int, reward: float, stall: float) -> dict[str, float]:

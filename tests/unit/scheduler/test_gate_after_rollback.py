@@ -23,6 +23,7 @@ from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import save_gate_state
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from asyncrl.tasks.scheduler.episodes import SingleTurnEpisodes
 from asyncrl.tasks.algo.staleness_gate import GateState
 
 B, ETA = 2, 1
@@ -67,8 +68,9 @@ def controller(root: RunRoot, generator: FixedGenerator) -> RolloutController:
     settings = ControllerSettings(run_id="gate-rollback", batch_groups=B, eta=ETA, n_samples=2, max_new_tokens=4,
                                   max_prompt_tokens=4)  # fmt: skip
     prompts = PromptSchedule([PromptRecord(prompt_id="p0", prompt="Q", answer="A", solution=None)], seed=0)
-    return RolloutController(settings, root, prompts, render=lambda r: r.prompt, codec=NoCodec(),
-                             generator=generator, scorer=NoScorer(), weight_loader=lambda v: (lambda _: None))  # fmt: skip
+    episodes = SingleTurnEpisodes(settings, lambda r: r.prompt, NoCodec(), generator, NoScorer())
+    return RolloutController(settings, root, prompts, generator=generator, episodes=episodes,
+                             weight_loader=lambda v: (lambda _: None))  # fmt: skip
 
 
 def test_the_gate_stays_closed_until_the_resumed_trainer_catches_up(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from asyncrl.tasks.scheduler import controller as controller_module
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from asyncrl.tasks.scheduler.episodes import SingleTurnEpisodes
 from asyncrl.tasks.scheduler.filtered import filtered_groups
 from asyncrl.tasks.scheduler.written_index import written_group_indices
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
@@ -115,8 +116,8 @@ def make_controller(root: RunRoot, generator: LongTailGenerator, cls: type[Rollo
         shard_groups=shard_groups, shard_seconds=0.2, weight_poll_seconds=0.02, admit_poll_seconds=0.01,
         max_groups=max_groups, dynamic_filter=dynamic_filter,
     )  # fmt: skip
-    return cls(settings, root, InOrderSchedule(records(1), seed=0), render=lambda r: r.prompt, codec=CharCodec(),
-               generator=generator, scorer=scorer or AlternatingScorer(),
+    episodes = SingleTurnEpisodes(settings, lambda r: r.prompt, CharCodec(), generator, scorer or AlternatingScorer())
+    return cls(settings, root, InOrderSchedule(records(1), seed=0), generator=generator, episodes=episodes,
                weight_loader=lambda v: (lambda _: None))  # fmt: skip
 
 
@@ -397,3 +398,136 @@ def test_a_restart_counts_filtered_groups_again_and_does_not_regenerate_them(
     assert report.ok, report.violations
     assert report.filtered_groups == 2 and report.groups_written == 4
     assert sorted(k for k in range(6) if not filtered_out(k)) == [1, 2, 4, 5]
+
+
+# ----- quarantined shards: generated again, once, within the bound -----
+
+
+class QuarantiningTrainer(FakeTrainer):
+    """Before each look at its input, quarantines the waiting shards that hold a group of
+    ``poison`` (group -> how many of its shards to reject), as the trainer's feed does with a
+    shard it cannot train on; the scheduler must then produce the group again."""
+
+    def __init__(self, root: RunRoot, tmp_path: Path, poison: dict[int, int]) -> None:
+        super().__init__(root, tmp_path)
+        self.poison = dict(poison)
+        self.rejected: list[str] = []
+
+    def try_step(self) -> bool:
+        for info in self.reader.list_pending():
+            held = [group_index(g[0].group_id) for g in self.reader.read_groups(info)]
+            if any(self.poison.get(k, 0) > 0 for k in held):
+                for k in held:
+                    self.poison[k] = self.poison.get(k, 0) - 1
+                self.reader.quarantine(info)
+                self.rejected.append(info.name)
+        return super().try_step()
+
+
+def test_a_quarantined_shard_s_groups_are_generated_again_once_each_and_trained_within_eta(tmp_path: Path) -> None:
+    """Group 4's shard is rejected, then the shard of its regeneration too: each quarantine
+    makes the scheduler admit the shard's groups again (at the version of the time, through
+    the gate), every group is trained exactly once, none staler than eta, and the audit
+    counts every quarantined group as generated again."""
+    root = open_root(str(tmp_path / "run"))
+    trainer = QuarantiningTrainer(root, tmp_path, poison={4: 2})
+    ctrl = make_controller(root, LongTailGenerator())
+    ctrl.quarantine_poll_seconds = 0.05
+    asyncio.run(run_both(ctrl, trainer))
+    assert trainer.step == STEPS and len(trainer.rejected) == 2
+    trained = sorted(k for groups in trainer.step_groups for k in groups)
+    assert trained == list(range(STEPS * B))  # group 4 and its shard-mates: once, from their last regeneration
+    assert max(trainer.staleness) <= ETA and trainer.dropped() == 0
+    from asyncrl.tasks.scheduler.gate_state import load_gate_state, load_regenerations
+
+    report = audit_run(root, RUN_ID, ETA)
+    assert report.ok, report.violations
+    assert report.quarantined_shards == 2 and report.awaiting_regeneration == ()
+    assert report.quarantined_groups == report.regenerated_groups == ctrl.regenerated >= 3
+    assert report.groups_written == STEPS * B and report.dropped_stale == 0
+    state, regens = load_gate_state(root), load_regenerations(root)
+    assert state is not None and state.admitted == STEPS * B  # the new groups g0..g15
+    assert regens.admitted == ctrl.regenerated and regens.in_flight == ()
+    gate = ctrl.gate.stats()  # each regeneration an admission, each quarantined group a release
+    assert (gate.admitted, gate.released) == (STEPS * B + ctrl.regenerated, ctrl.regenerated)
+
+
+def test_a_running_scheduler_admits_a_quarantined_shard_s_groups_again_within_the_gate(tmp_path: Path) -> None:
+    """No trainer (version 0): the gate admits (0 + eta + 1) * B = 4 groups. A shard of 2 is
+    quarantined: they are released and admitted again, 2 admissions, and no new group."""
+    root = open_root(str(tmp_path / "run"))
+    ctrl = make_controller(root, LongTailGenerator(slow={}), max_groups=None)
+    ctrl.quarantine_poll_seconds = 0.05
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctrl.run(stop))
+        reader = ShardReader(root, RUN_ID)
+        while len(reader.list_pending()) < 2:
+            await asyncio.sleep(0.02)
+        reader.quarantine(min(reader.list_pending(), key=lambda info: info.seq))
+        deadline = time.monotonic() + 10
+        while ctrl.regenerated < 2 or len(reader.list_pending()) < 2 or ctrl.stats.groups_written < 6:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # the gate is full: nothing more is admitted
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    gate = ctrl.gate.stats()
+    assert (gate.admitted, gate.released, gate.capacity) == (6, 2, 4) and ctrl.stats.admitted == 4
+    report = audit_run(root, RUN_ID, ETA)
+    assert report.ok, report.violations
+    assert (report.admitted, report.groups_written, report.quarantined_groups, report.regenerated_groups) == (4, 4, 2, 2)
+
+
+def test_a_restarted_scheduler_generates_a_quarantined_shard_again_once(tmp_path: Path) -> None:
+    """Cycle 1 writes groups 0..3 and stops; shard [0, 1] is quarantined. Cycle 2 learns it at
+    start and admits 0 and 1 again, but is stopped while 0 still generates (1 finished behind
+    it, unwritten). Cycle 3 sends both out again without admitting them again; cycle 4 has
+    nothing to do. Each group is in exactly one valid shard; the audit counts 2 regenerated."""
+    root = open_root(str(tmp_path / "run"))
+    first = make_controller(root, LongTailGenerator(slow={}), max_groups=4)
+    asyncio.run(first.run(asyncio.Event()))
+    reader = ShardReader(root, RUN_ID)
+    shards = sorted(reader.list_shards(), key=lambda info: info.seq)
+    assert [[group_index(g[0].group_id) for g in reader.read_groups(s)] for s in shards] == [[0, 1], [2, 3]]
+    reader.quarantine(shards[0])
+    assert audit_run(root, RUN_ID, ETA).awaiting_regeneration == ("g00000000", "g00000001")
+
+    async def cycle(ctrl: RolloutController, stop_after: float | None = None) -> None:
+        stop = asyncio.Event()
+        if stop_after is not None:
+            asyncio.get_running_loop().call_later(stop_after, stop.set)
+        await ctrl.run(stop)
+
+    second = make_controller(root, LongTailGenerator(slow={0: 30.0}), max_groups=4)
+    asyncio.run(cycle(second, stop_after=0.8))
+    assert second.regenerated == 2 and second.stats.admitted == 0
+    from asyncrl.tasks.scheduler.gate_state import load_gate_state, load_regenerations
+
+    state, regens = load_gate_state(root), load_regenerations(root)
+    assert state is not None and state.admitted == 4 and regens.admitted == 2
+    assert [(r.group, r.shard_seq, r.after) for r in regens.in_flight] == [(0, 0, 4), (1, 0, 4)]
+    assert written_group_indices(root, RUN_ID).regenerate == {0: 0, 1: 0}
+
+    third_generator = LongTailGenerator(slow={})
+    third = make_controller(root, third_generator, max_groups=4)
+    asyncio.run(cycle(third))
+    assert third.regenerated == 0 and third.stats.resubmitted_after_restart == 2 and third.stats.admitted == 0
+    assert third_generator.streamed == 2 * N * 3  # groups 0 and 1, once
+    gate = third.gate.stats()
+    assert (gate.admitted, gate.released) == (6, 2)
+
+    fourth_generator = LongTailGenerator(slow={})
+    fourth = make_controller(root, fourth_generator, max_groups=4)
+    asyncio.run(cycle(fourth, stop_after=0.5))
+    assert fourth.regenerated == 0 and fourth.stats.resubmitted_after_restart == 0 and fourth_generator.streamed == 0
+
+    held = sorted(group_index(g[0].group_id) for s in reader.list_shards() for g in reader.read_groups(s))
+    assert held == [0, 1, 2, 3]
+    report = audit_run(root, RUN_ID, ETA)
+    assert report.ok, report.violations
+    assert (report.quarantined_shards, report.quarantined_groups, report.regenerated_groups) == (1, 2, 2)
+    assert report.unwritten_groups == () and report.awaiting_regeneration == ()

@@ -139,3 +139,60 @@ def test_the_index_counts_filtered_groups_and_reads_an_index_saved_before_it_did
         fs.put_atomic_replace(root, filtered_record_path(index), b"{}")
     assert count_filtered(root, written, admitted=5) == 1  # 5 was never admitted: not counted
     assert (written.prefix, written.filtered, written.missing_below(5)) == (3, 2, [3, 4])
+
+
+# ----- quarantined shards: their groups un-written once -----
+
+
+def test_a_quarantined_shard_s_groups_are_unwritten_once_and_its_regeneration_s_again(tmp_path: Path) -> None:
+    from asyncrl.storage.ledger import Ledger
+    from asyncrl.tasks.scheduler.written_index import learn_quarantines
+
+    root = open_root(str(tmp_path / "run"))
+    writer, reader = ShardWriter(root, RUN_ID), ShardReader(root, RUN_ID)
+    written = WrittenGroups()
+    first = write(root, writer, written, 0, 1)
+    trained = write(root, writer, written, 2, 3)
+    Ledger(root).record(1, [trained])
+    reader.retire([trained])
+    assert learn_quarantines(root, written) == []  # nothing quarantined: one listing, no claim read
+    reader.quarantine(first)
+    reader.quarantine(reader.locate(trained) or trained)  # consumed (the ledger names it), then quarantined
+
+    assert learn_quarantines(root, written) == [0, 1]
+    assert written.regenerate == {0: 0, 1: 0} and written.quarantined == {0, 1}
+    assert 0 not in written and 2 in written and written.missing_below(4) == []  # not new groups
+    assert (written.total, written.in_shards, written.quarantined_groups, written.count_below(4)) == (2, 2, 2, 2)
+    assert learn_quarantines(root, written) == []  # once: the shards are counted as seen
+    save_written_groups(root, written)
+    again = load_written_groups(root, RUN_ID)  # ... and so after a restart
+    assert (again.regenerate, again.quarantined, again.regenerated) == ({0: 0, 1: 0}, {0, 1}, 0)
+    assert learn_quarantines(root, again) == []
+
+    # The regeneration is another shard: written, the groups count again; quarantined, again.
+    regenerated = write(root, writer, again, 0, 1)
+    assert (again.regenerate, again.regenerated, again.total) == ({}, 2, 4)
+    reader.quarantine(regenerated)
+    assert learn_quarantines(root, again) == [0, 1] and again.regenerate == {0: 2, 1: 2}
+    assert again.quarantined_groups == 4
+    copy = WrittenGroups.from_json(again.to_json().encode(), "x")
+    assert (copy.regenerate, copy.regenerated, copy.quarantined) == ({0: 2, 1: 2}, 2, {0, 1, 2})
+    with pytest.raises(ValueError, match="inconsistent"):  # a group to regenerate that was never written
+        WrittenGroups.from_json(b'{"next_seq": 1, "prefix": 0, "extra": [], "quarantined": [0], '
+                                b'"regenerate": [[3, 0]]}', "x")  # fmt: skip
+
+
+def test_a_shard_quarantined_before_the_index_counted_it_is_counted_then_unwritten(tmp_path: Path) -> None:
+    """Killed after the shard, before the index save; the trainer quarantined it since: the
+    claim counts it, then it is un-written like any other."""
+    from asyncrl.tasks.scheduler.written_index import learn_quarantines
+
+    root = open_root(str(tmp_path / "run"))
+    writer = ShardWriter(root, RUN_ID)
+    written = WrittenGroups()
+    write(root, writer, written, 0, 1)
+    lost = write(root, writer, None, 2, 3)
+    ShardReader(root, RUN_ID).quarantine(lost)
+    loaded = load_written_groups(root, RUN_ID)
+    assert loaded.total == 4 and learn_quarantines(root, loaded) == [2, 3]
+    assert loaded.missing_below(4) == [] and loaded.count_below(4) == 2

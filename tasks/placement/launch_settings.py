@@ -1,8 +1,7 @@
-"""The parts of an RL run that its components share: the tokenizer codec, the weights the
-rollout servers start from and their launch configs, the rollout controller on its own
-event loop (run by the scheduler process), and the trainer's launch.
-
-Imports stay light (no Prefect or MLflow), so a restarted scheduler process is back quickly.
+"""How each process of a run is launched, from the run config: the rollout servers' and the
+evaluator's vLLM launch settings, the trainer's launch and its CPU threads, and the weights
+the servers start from. Device ids are mapped on the machine where the process starts
+(:mod:`asyncrl.tasks.placement.devices`), so call these there.
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.inference.server_config import RolloutServerConfig
-from asyncrl.tasks.inference.weight_sync import fetch_weight_version
-from asyncrl.tasks.launch.devices import (
+from asyncrl.tasks.model.weight_fetch import VersionLease, model_weights
+from asyncrl.tasks.placement.devices import (
     DevicePlacement,
     Machine,
     detect_machine,
@@ -27,33 +26,38 @@ from asyncrl.tasks.launch.devices import (
 from asyncrl.tasks.trainer.process import TrainerLaunch
 
 
-def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int]:
-    """The weights the rollout servers start with: the newest published version (a resumed
-    run, or the SFT warm start of the pipeline), else `model.path` as version 0."""
+def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int, VersionLease | None]:
+    """The weights the rollout servers start with (:func:`model_weights`): the newest published
+    version (a resumed run, or the SFT warm start of the pipeline), else `model.path` as version 0.
+    A cached version comes with its lease, taken before the fetch: the caller releases it once
+    the server has loaded the weights, so no other server's prune deletes them under it."""
     latest = WeightStore(paths.root).latest()
-    if latest is None:
-        return Path(config.model.path), 0
-    model_dir, _ = fetch_weight_version(
-        config.storage.root, dict(config.storage.options), latest, paths.work_dir / "weights-cache"
-    )
-    return model_dir, latest
+    cache_dir = paths.work_dir / "weights-cache"
+    lease = None if latest is None else VersionLease.take(cache_dir, paths.root.uri, latest)
+    try:
+        model_dir = model_weights(paths.root, config.model.path, latest, cache_dir)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    return model_dir, 0 if latest is None else latest, lease
 
 
 def server_config(
     config: RunConfig, paths: RunPaths, model_dir: Path, index: int, machine: Machine | None = None
 ) -> RolloutServerConfig:
     """Rollout server ``index``'s launch on ``machine`` (default: this one, detected now): its
-    port, seed and log, ``rollout.tensor_parallel_size``, and its device set mapped by
-    :func:`~asyncrl.tasks.launch.devices.place` (``CUDA_VISIBLE_DEVICES`` on a GPU machine, CPU
-    pinning on one without; a device the machine lacks raises naming ``rollout.devices[index]``).
+    port, seed and log, ``inference.tensor_parallel_size``, and its device set mapped by
+    :func:`~asyncrl.tasks.placement.devices.place` (``CUDA_VISIBLE_DEVICES`` on a GPU machine, CPU
+    pinning on one without; a device the machine lacks raises naming ``inference.devices[index]``).
     On a GPU machine a server whose GPUs other components share gets a share of their memory
-    (:func:`~asyncrl.tasks.launch.devices.shared_gpu_memory_fraction`). Call it where the server
+    (:func:`~asyncrl.tasks.placement.devices.shared_gpu_memory_fraction`). Call it where the server
     starts: device ids mean that machine's devices."""
-    rollout = config.rollout
+    inference = config.inference
     machine = machine or detect_machine()
     return _vllm_launch(
-        config, model_dir, machine, rollout_placement(config, index, machine),
-        port=0 if rollout.base_port == 0 else rollout.base_port + index,
+        config, model_dir, machine, rollout_placement(inference, index, machine),
+        port=0 if inference.base_port == 0 else inference.base_port + index,
         seed=config.seed + index,
         log_path=paths.log(f"rollout-{index}.log"),
         gpu_memory_utilization=shared_gpu_memory_fraction(config, index) if machine.has_gpus else None,
@@ -66,7 +70,7 @@ def evaluator_server_config(
     """The evaluator's own vLLM server (evaluation during training), launched as a rollout
     server is (dtype, parallelism, KV cache, longest sequence) on a free port, with its log
     ``evaluator-server.log``, its device set ``pipeline.training_eval.devices``
-    (:func:`~asyncrl.tasks.launch.devices.evaluator_placement`) and its whole session at nice
+    (:func:`~asyncrl.tasks.placement.devices.evaluator_placement`) and its whole session at nice
     ``pipeline.training_eval.nice``."""
     machine = machine or detect_machine()
     return _vllm_launch(
@@ -91,22 +95,22 @@ def _vllm_launch(
     gpu_memory_utilization: float | None,
     session_nice: int | None = None,
 ) -> RolloutServerConfig:
-    """A vLLM server of the run on ``placement``: the rollout section's host, key, KV cache,
+    """A vLLM server of the run on ``placement``: the inference section's host, key, KV cache,
     worker process, parallelism and longest sequence, the model's dtype; no CUDA graphs without GPUs."""
-    rollout = config.rollout
+    inference = config.inference
     return RolloutServerConfig(
         model_dir=model_dir,
-        host=rollout.host,
+        host=inference.host,
         port=port,
-        api_key=rollout.api_key_value(),
-        kv_cache_gib=rollout.kv_cache_gib,
-        worker_in_engine_process=rollout.worker_in_engine_process,
-        fork_engine_core=rollout.fork_engine_core,
+        api_key=inference.api_key_value(),
+        kv_cache_gib=inference.kv_cache_gib,
+        worker_in_engine_process=inference.worker_in_engine_process,
+        fork_engine_core=inference.fork_engine_core,
         max_model_len=config.longest_sequence,
         seed=seed,
         log_path=log_path,
         cpu_cores=placement.cpu_cores,
-        tensor_parallel_size=rollout.tensor_parallel_size,
+        tensor_parallel_size=inference.tensor_parallel_size,
         cuda_visible_devices=placement.cuda_visible_devices,
         gpu_memory_utilization=gpu_memory_utilization,
         dtype=config.model.dtype,
@@ -139,13 +143,13 @@ def rl_trainer_threads(config: RunConfig, machine: Machine | None = None) -> int
         return every
 
     trainer = config.trainer
-    rollout = config.rollout
+    inference = config.inference
     trainer_cpus = cpus_of(trainer.cpu_cores, trainer.devices)
     sharing = 0
     if config.placement.rollout_server == config.placement.trainer:
-        for index in range(rollout.num_servers):
-            devices = rollout.devices[index] if rollout.devices is not None else None
-            sharing += bool(cpus_of(rollout.cpu_cores, devices) & trainer_cpus)
+        for index in range(inference.num_servers):
+            devices = inference.devices[index] if inference.devices is not None else None
+            sharing += bool(cpus_of(inference.cpu_cores, devices) & trainer_cpus)
     return max(1, len(trainer_cpus) // (trainer.processes + sharing))
 
 
@@ -153,7 +157,7 @@ def rl_trainer_launch(config: RunConfig, paths: RunPaths, machine: Machine | Non
     """The RL trainer of the run on ``machine`` (default: this one, detected now): the private
     config, `logs/trainer.log`, metrics in `trainer-metrics.jsonl` of the work directory,
     ``trainer.processes`` processes per node on ``trainer.nodes`` nodes meeting at
-    ``trainer.rendezvous``, its device set mapped by :func:`~asyncrl.tasks.launch.devices.place`
+    ``trainer.rendezvous``, its device set mapped by :func:`~asyncrl.tasks.placement.devices.place`
     (``CUDA_VISIBLE_DEVICES`` on a GPU machine, CPU pinning on one without; else pinned to
     ``trainer.cpu_cores``), with :func:`rl_trainer_threads` CPU threads per process. Call it
     where the trainer starts: device ids mean that machine's devices."""

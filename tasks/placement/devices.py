@@ -1,4 +1,4 @@
-"""Device placement: what ``rollout.devices[k]`` and ``trainer.devices`` mean on the machine
+"""Device placement: what ``inference.devices[k]`` and ``trainer.devices`` mean on the machine
 where the component starts, decided there (a remote component's machine, not the flow's).
 
 :func:`detect_machine` finds GPUs without importing torch (``nvidia-smi -L``, then device
@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncrl.configs.inference import InferenceConfig
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.cpus import machine_cpus
 
@@ -193,11 +194,10 @@ def place(
     return DevicePlacement({}, tuple(sorted(set(ids))))
 
 
-def rollout_placement(config: RunConfig, index: int, machine: Machine) -> DevicePlacement:
-    """Rollout server ``index``'s start: ``rollout.devices[index]`` and ``rollout.cpu_cores``."""
-    rollout = config.rollout
-    ids = rollout.devices[index] if rollout.devices is not None else None
-    return place(ids, f"rollout.devices[{index}]", machine, rollout.cpu_cores, "rollout.cpu_cores")
+def rollout_placement(inference: InferenceConfig, index: int, machine: Machine) -> DevicePlacement:
+    """Rollout server ``index``'s start: ``inference.devices[index]`` and ``inference.cpu_cores``."""
+    ids = inference.devices[index] if inference.devices is not None else None
+    return place(ids, f"inference.devices[{index}]", machine, inference.cpu_cores, "inference.cpu_cores")
 
 
 def trainer_placement(config: RunConfig, machine: Machine) -> DevicePlacement:
@@ -215,8 +215,8 @@ def _device_holders(config: RunConfig, place_of: object) -> list[set[int]]:
     """The device sets of the components on placement ``place_of``: each rollout server's,
     the trainer's, and the evaluator's (it runs ``local``, when on and given devices)."""
     holders: list[set[int]] = []
-    if config.rollout.devices is not None and config.placement.rollout_server == place_of:
-        holders.extend(set(ids) for ids in config.rollout.devices)
+    if config.inference.devices is not None and config.placement.rollout_server == place_of:
+        holders.extend(set(ids) for ids in config.inference.devices)
     if config.trainer.devices is not None and config.placement.trainer == place_of:
         holders.append(set(config.trainer.devices))
     evaluator = config.pipeline.training_eval.devices
@@ -237,10 +237,10 @@ def shared_gpu_memory_fraction(config: RunConfig, index: int) -> float | None:
     ``GPU_MEMORY_BUDGET / n`` (rounded down to 0.01), n = the most components on the server's
     placement that hold one of its device ids; None when no other component holds them (vLLM's
     default). Components without a device set are not counted."""
-    rollout = config.rollout
-    if rollout.devices is None:
+    devices = config.inference.devices
+    if devices is None:
         return None
-    return _memory_share(set(rollout.devices[index]), _device_holders(config, config.placement.rollout_server))
+    return _memory_share(set(devices[index]), _device_holders(config, config.placement.rollout_server))
 
 
 def evaluator_gpu_memory_fraction(config: RunConfig) -> float | None:

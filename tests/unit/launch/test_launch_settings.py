@@ -1,4 +1,4 @@
-"""What the run's components are configured with, from the run config (:mod:`asyncrl.tasks.launch.components_setup`)."""
+"""What the run's components are configured with, from the run config (:mod:`asyncrl.tasks.placement.launch_settings`)."""
 
 from __future__ import annotations
 

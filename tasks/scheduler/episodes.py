@@ -1,0 +1,120 @@
+"""The two kinds of episode behind :class:`~asyncrl.tasks.scheduler.protocols.GroupEpisodes`:
+:class:`SingleTurnEpisodes`, the built-in one (a sample of the rendered prompt, scored by
+the row's reward), and :class:`AgentEpisodes`, the user's function of ``rollout.episode``.
+Either turns an admitted prompt into its group's rows, so the controller has one path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from asyncrl.storage.schema import Sample
+from asyncrl.tasks.agent.runner import EpisodeRunner, episode_sample, kept_outcomes, score_outcomes
+from asyncrl.tasks.data.records import PromptRecord
+from asyncrl.tasks.data.reward_requests import reward_request
+from asyncrl.tasks.reward.types import RewardResult
+from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from asyncrl.tasks.scheduler.controller_stats import ControllerStats
+from asyncrl.tasks.scheduler.group_schedule import group_id, sample_budget
+from asyncrl.tasks.scheduler.protocols import GroupGenerator, RewardScorer, TextCodec
+
+LOG = logging.getLogger("asyncrl.scheduler")
+
+
+class SingleTurnEpisodes:
+    """The built-in episode: n samples of the rendered prompt in one ``generate_group``
+    call, scored together by the row's reward."""
+
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        render: Callable[[PromptRecord], str],
+        codec: TextCodec,
+        generator: GroupGenerator,
+        scorer: RewardScorer,
+    ) -> None:
+        self.settings = settings
+        self.render = render
+        self.codec = codec
+        self.generator = generator
+        self.scorer = scorer
+
+    async def produce(self, index: int, record: PromptRecord, stats: ControllerStats) -> list[Sample]:
+        """The group's single-turn samples, generated and scored; a prompt over
+        ``max_prompt_tokens`` fails the run, naming it."""
+        settings = self.settings
+        prompt_ids = self.codec.encode(self.render(record))
+        if len(prompt_ids) > settings.max_prompt_tokens:
+            raise ValueError(
+                f"prompt {record.prompt_id} has {len(prompt_ids)} tokens, over data.max_prompt_tokens "
+                f"= {settings.max_prompt_tokens}"
+            )
+        outputs = await self.generator.generate_group(
+            prompt_ids,
+            settings.n_samples,
+            sample_budget(record, settings.max_new_tokens),
+            settings.temperature,
+            settings.top_p,
+            ignore_eos=settings.ignore_eos,
+            stop_token_ids=() if settings.ignore_eos else settings.stop_token_ids,
+        )
+        texts = [self.codec.decode(o.output_token_ids) for o in outputs]
+        results: list[RewardResult] = []
+        if texts:
+            scoring_started = time.monotonic()
+            results = await self.scorer.score([reward_request(record, t) for t in texts])
+            stats.reward_wait_s += time.monotonic() - scoring_started
+        samples = [
+            Sample(
+                prompt_id=record.prompt_id,
+                group_id=group_id(index),
+                prompt_token_ids=prompt_ids,
+                output_token_ids=o.output_token_ids,
+                behaviour_logprobs=o.behaviour_logprobs,
+                token_versions=o.token_versions,
+                reward=r.reward,
+                finish_reason=o.finish_reason,
+                submit_time=o.timings.submitted_at,
+                finish_time=o.timings.finished_at,
+                task=record.task,
+            )
+            for o, r in zip(outputs, results, strict=True)
+        ]
+        for output, result in zip(outputs, results, strict=True):
+            stats.count_sample(record.task, len(output.output_token_ids), result.reward, result.reason)
+        return samples
+
+
+class AgentEpisodes:
+    """The user's episodes (``rollout.episode``): n runs of its function through the
+    recording endpoint (:mod:`asyncrl.tasks.agent.runner`), kept by ``on_failure``, scored
+    by the row's reward where the episode left its reward open."""
+
+    def __init__(self, runner: EpisodeRunner, scorer: RewardScorer, n_samples: int) -> None:
+        self.runner = runner
+        self.scorer = scorer
+        self.n_samples = n_samples
+
+    async def produce(self, index: int, record: PromptRecord, stats: ControllerStats) -> list[Sample]:
+        """The group's kept episodes as masked rows; the others counted by reason in
+        ``episodes_left_out``, and each failure logged."""
+        outcomes = await self.runner.run_group(record, self.n_samples)
+        chosen = kept_outcomes(outcomes, self.runner.config.on_failure)
+        for reason, count in chosen.left_out.items():
+            stats.episodes_left_out[reason] = stats.episodes_left_out.get(reason, 0) + count
+        for outcome in outcomes:
+            if outcome.failure is not None:
+                LOG.warning("group %s: episode failed: %s", group_id(index), outcome.failure)
+        scoring_started = time.monotonic()
+        scored = await score_outcomes(record, chosen.kept, self.scorer)
+        stats.reward_wait_s += time.monotonic() - scoring_started
+        samples = []
+        for outcome, (reward, reason) in zip(chosen.kept, scored, strict=True):
+            sample = episode_sample(record, group_id(index), outcome, reward)
+            generated = sample.model_token_count
+            stats.count_sample(record.task, generated, reward, reason)
+            stats.context_tokens += len(sample.output_token_ids) - generated
+            samples.append(sample)
+        return samples
