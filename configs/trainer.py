@@ -60,6 +60,11 @@ class TrainerConfig(StrictModel):
     the sample (:mod:`asyncrl.tasks.algo.corrections` has the formulas)."""
     advantage: Literal["grpo", "drgrpo", "rloo"] = Field("grpo", description="Group advantage estimator.")
     micro_batch_tokens: int = Field(4096, ge=1, description="Token budget of one micro-batch (dynamic micro-batching).")
+    logit_chunk_tokens: int | None = Field(
+        1024,
+        ge=1,
+        description="Positions whose logits are computed at once for log-probs and the loss (recomputed in backward); None: a whole micro-batch at once.",
+    )
     packer: Literal["ffd"] = Field("ffd", description="How sequences are packed into micro-batches (first-fit decreasing).")
     zero_stage: Literal[0, 1, 2] = Field(
         1, description="DeepSpeed ZeRO stage (3 is not supported: publishing reads full parameters)."

@@ -21,7 +21,7 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.reward.service_registry import TOKEN_ENV
 from asyncrl.tasks.launch.components import scheduler_component
 from asyncrl.tasks.launch.context import prepare_run
-from asyncrl.flows.prefect_api.prefect_reporting import kill_run_processes, outcome_state, report_event
+from asyncrl.flows.prefect_api.prefect_reporting import event_reporter, kill_run_processes, outcome_state
 from asyncrl.tasks.launch.rl import RunStop, restart_policy
 from asyncrl.tasks.launch.supervisor import ComponentOutcome, supervise
 
@@ -41,7 +41,7 @@ def scheduler(
         stop = RunStop()
         token = os.environ.get(TOKEN_ENV, "")  # the token of the reward service that runs elsewhere
         component = scheduler_component(config, paths, drain, reward_token=token)
-        outcome = supervise(component, stop.event, restart_policy(config), report_event)
+        outcome = supervise(component, stop.event, restart_policy(config), event_reporter(config.name))
     else:
         outcome = work()
     return outcome_state(outcome, stop)

@@ -39,7 +39,7 @@ from asyncrl.tasks.launch.rl import (
 from asyncrl.tasks.launch.progress import StageProgress
 from asyncrl.tasks.tracking.run_report import log_run_report
 from asyncrl.tasks.launch.stages import eval_results_to_json
-from asyncrl.flows.prefect_api.prefect_reporting import kill_run_processes, outcome_state, report_event
+from asyncrl.flows.prefect_api.prefect_reporting import event_reporter, kill_run_processes, outcome_state
 from asyncrl.tasks.launch.supervisor import ComponentOutcome
 
 
@@ -80,7 +80,7 @@ def run_train(
     runner = PrefectRunner(config)
     settings = RLRunSettings(restart_policy(config), remote=remote_components(context.paths))
     try:
-        return run_rl(config, context.paths, settings, runner, context=context, on_event=report_event, progress=progress,
+        return run_rl(config, context.paths, settings, runner, context=context, on_event=event_reporter(config.name), progress=progress,
                       on_canary=prefect_alarm(config.name), run_logger=get_run_logger())  # fmt: skip
     finally:
         wait(runner.futures)

@@ -4,6 +4,7 @@ or crashed run's process groups."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,17 +19,26 @@ from asyncrl.tasks.launch.rl import RunStop, kill_recorded_groups
 from asyncrl.tasks.launch.supervisor import ComponentEvent, ComponentOutcome
 
 
-def report_event(event: ComponentEvent) -> None:
+def event_reporter(run_name: str) -> Callable[[ComponentEvent], None]:
     """A Prefect log line and an event (``asyncrl.component.restarting`` / ``.failed``) per
-    restart and failure, for the UI and automations."""
-    if event.kind not in ("restarting", "failed"):
-        return
-    get_run_logger().warning("%s %s: %s", event.component, event.kind, event.detail)
-    emit_event(
-        event=f"asyncrl.component.{event.kind}",
-        resource={"prefect.resource.id": f"asyncrl.component.{event.component}"},
-        payload={"detail": event.detail, "restarts": event.restarts},
-    )
+    restart and failure of run ``run_name``'s components, for the UI and automations: the
+    resource is ``asyncrl.component.<component>`` labelled ``asyncrl.run``, with the run's
+    resource ``asyncrl.run.<run name>`` (the canary's) related as role ``run``, so an
+    automation can match one run's components or every run's."""
+
+    def report(event: ComponentEvent) -> None:
+        if event.kind not in ("restarting", "failed"):
+            return
+        get_run_logger().warning("%s %s: %s", event.component, event.kind, event.detail)
+        emit_event(
+            event=f"asyncrl.component.{event.kind}",
+            resource={"prefect.resource.id": f"asyncrl.component.{event.component}", "asyncrl.run": run_name},
+            related=[{"prefect.resource.id": f"asyncrl.run.{run_name}", "prefect.resource.role": "run",
+                      "prefect.resource.name": run_name}],  # fmt: skip
+            payload={"detail": event.detail, "restarts": event.restarts},
+        )
+
+    return report
 
 
 def outcome_state(outcome: ComponentOutcome, stop: RunStop | None) -> Any:  # noqa: ANN401 - a dict or a State

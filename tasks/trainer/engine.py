@@ -56,6 +56,8 @@ class EngineSettings:
     seed: int = 0
     total_updates: int | None = None
     """Optimizer updates the run will make (for a decaying learning rate)."""
+    logit_chunk_tokens: int | None = None
+    """Positions whose logits are computed at once (:func:`asyncrl.tasks.trainer.logprobs.micro_batch_logprobs`)."""
 
 
 @dataclass
@@ -67,6 +69,8 @@ class TrainEngine:
     vocab_size: int
     model_dir: Path
     """Directory the weights were first loaded from (its tokenizer is re-published)."""
+    logit_chunk_tokens: int | None = None
+    """Positions whose logits are computed at once for log-probs (None: a micro-batch at once)."""
 
     @property
     def module(self) -> torch.nn.Module:
@@ -222,7 +226,13 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         config=deepspeed_config(settings, torch_adam=on_cpu_accelerator()),
         lr_scheduler=scheduler,
     )
-    return TrainEngine(ds=engine, tokenizer=tokenizer, vocab_size=vocab_size, model_dir=model_dir)
+    return TrainEngine(
+        ds=engine,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        model_dir=model_dir,
+        logit_chunk_tokens=settings.logit_chunk_tokens,
+    )
 
 
 def save_hf_weights(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str] | None = None) -> Path:

@@ -1,4 +1,6 @@
-"""Per-token log-probabilities of a causal LM over a micro-batch."""
+"""Per-token log-probabilities of a causal LM over a micro-batch, with the logits computed
+in chunks of positions so that a packed micro-batch's (tokens x vocabulary) logits are never
+held whole (at a 151,936-token vocabulary they are 0.6 MB per token in float32)."""
 
 from __future__ import annotations
 
@@ -13,36 +15,84 @@ if TYPE_CHECKING:
 ModelCall = Callable[..., object]
 
 
-def micro_batch_logprobs(model: ModelCall, batch: MicroBatch) -> torch.Tensor:
+# Causal LMs whose logits are exactly lm_head(last hidden state): no soft-capping or scale,
+# so the decoder and the head can be called apart. Others take the whole-logits path.
+PLAIN_HEAD_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+
+
+def micro_batch_logprobs(model: ModelCall, batch: MicroBatch, chunk_tokens: int | None = None) -> torch.Tensor:
     """log pi(target_j | tokens <= j of the same sequence) at every position j, shape (R*S,).
 
-        logp_j = log_softmax(logits_j)[targets_j] = -cross_entropy(logits_j, targets_j)
+        logp_j = log_softmax(z_j)[targets_j] = -cross_entropy(z_j, targets_j),  z_j = W h_j
 
     computed in float32 from the raw logits (no temperature: the rollout reports log-probs
     of the raw model distribution). Positions outside ``loss_mask`` hold meaningless
     values. ``model`` is an HF causal LM or a DeepSpeed engine wrapping one; gradients
-    flow if autograd is enabled.
+    flow if autograd is enabled. With ``chunk_tokens`` (and a model in
+    PLAIN_HEAD_MODEL_TYPES) the decoder runs once and z is computed ``chunk_tokens``
+    positions at a time (:func:`chunked_token_logprobs`); otherwise in one piece.
     """
+    device = _device_of(model)
+    batch = batch.to(device)
+    inputs = {
+        "input_ids": batch.input_ids,
+        "position_ids": batch.position_ids,
+        "attention_mask": batch.attention_mask,
+        "use_cache": False,  # with a cache, transformers ignores the packed position_ids
+    }
+    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
+    if chunk_tokens is not None and getattr(getattr(module, "config", None), "model_type", None) in PLAIN_HEAD_MODEL_TYPES:
+        hidden = module.get_decoder()(**inputs).last_hidden_state  # (R, S, H)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return chunked_token_logprobs(flat, module.get_output_embeddings(), batch.targets, chunk_tokens)
+    logits = model(**inputs).logits  # (R, S, V)
+    return _logprobs_of_logits(logits.reshape(-1, logits.shape[-1]), batch.targets)  # (R*S,)
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor:
+    """log_softmax(head(h_j))[targets_j] for each row j of ``hidden`` (N, H), shape (N,).
+
+    Rows are taken ``chunk_tokens`` at a time; under autograd each chunk is checkpointed
+    (its logits recomputed in backward), so at most one chunk's (chunk_tokens, V) logits,
+    with their float32 copy, is alive at once: peak memory O(chunk_tokens * V) instead of
+    O(N * V), for one extra head matmul in backward. Each row's value is the same
+    computation as the unchunked one, so the two agree to rounding.
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        rows, rows_targets = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
+        if torch.is_grad_enabled() and rows.requires_grad:
+            pieces.append(checkpoint(_head_logprobs, head, rows, rows_targets, use_reentrant=False))
+        else:
+            pieces.append(_head_logprobs(head, rows, rows_targets))
+    return torch.cat(pieces) if pieces else hidden.new_zeros((0,), dtype=torch.float32)
+
+
+def _head_logprobs(head: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return _logprobs_of_logits(head(rows), targets)
+
+
+def _logprobs_of_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-cross_entropy in at least float32 (float64 logits stay float64)."""
     import torch
     import torch.nn.functional as F
 
-    device = _device_of(model)
-    batch = batch.to(device)
-    output = model(
-        input_ids=batch.input_ids,
-        position_ids=batch.position_ids,
-        attention_mask=batch.attention_mask,
-        use_cache=False,  # with a cache, transformers ignores the packed position_ids
-    )
-    logits = output.logits  # (R, S, V)
-    vocab = logits.shape[-1]
-    return -F.cross_entropy(
-        logits.reshape(-1, vocab).to(torch.float32), batch.targets, reduction="none"
-    )  # (R*S,)
+    wide = logits if logits.dtype == torch.float64 else logits.to(torch.float32)
+    return -F.cross_entropy(wide, targets, reduction="none")
 
 
 def sequence_logprobs(
-    model: ModelCall, sequences: Sequence[TokenSequence], groups: Sequence[Sequence[int]]
+    model: ModelCall,
+    sequences: Sequence[TokenSequence],
+    groups: Sequence[Sequence[int]],
+    chunk_tokens: int | None = None,
 ) -> list[torch.Tensor]:
     """Trained-token log-probs of each sequence (no grad), computed over packed micro-batches ``groups``.
 
@@ -55,7 +105,7 @@ def sequence_logprobs(
     result: list[torch.Tensor | None] = [None] * len(sequences)
     with torch.no_grad():
         for batch in build_micro_batches(sequences, groups, "packed"):
-            per_sample = batch.split(micro_batch_logprobs(model, batch).cpu())
+            per_sample = batch.split(micro_batch_logprobs(model, batch, chunk_tokens).cpu())
             for index, values in zip(batch.sample_ids, per_sample):
                 result[index] = values
     missing = [i for i, value in enumerate(result) if value is None]

@@ -105,6 +105,7 @@ def _engine(config: RunConfig, model_dir: Path, total_updates: int, optimizer: O
         dtype=config.model.dtype,
         seed=config.seed,
         total_updates=total_updates,
+        logit_chunk_tokens=config.trainer.logit_chunk_tokens,
     )
     return build_engine(model_dir, settings)
 

@@ -135,7 +135,7 @@ def sft_loss(engine: TrainEngine, sequences: Sequence[TokenSequence], settings: 
     total = 0.0
     with torch.no_grad():
         for batch in batches:
-            logp = micro_batch_logprobs(engine.ds, batch)
+            logp = micro_batch_logprobs(engine.ds, batch, engine.logit_chunk_tokens)
             total += float(_batch_loss(logp, batch.loss_mask.to(logp.device), normaliser).item())
     return all_reduce_floats([total], "sum")[0]
 
@@ -155,11 +155,11 @@ def sft_update(engine: TrainEngine, sequences: Sequence[TokenSequence], settings
     total = 0.0
     for k in range(rounds):
         if k < len(batches):
-            logp = micro_batch_logprobs(engine.ds, batches[k])
+            logp = micro_batch_logprobs(engine.ds, batches[k], engine.logit_chunk_tokens)
             loss = _batch_loss(logp, batches[k].loss_mask.to(logp.device), normaliser)
             total += float(loss.item())
         else:
-            loss = micro_batch_logprobs(engine.ds, filler_micro_batch(sequences[0])).sum() * 0.0
+            loss = micro_batch_logprobs(engine.ds, filler_micro_batch(sequences[0]), engine.logit_chunk_tokens).sum() * 0.0
         engine.ds.backward(loss * world)
     engine.ds.step()
     return all_reduce_floats([total], "sum")[0]

@@ -160,7 +160,7 @@ def compute_proximal(
     sequences = [items[i].sequence for i in indices]
     groups = get_packer(settings.packer)([len(s) for s in sequences], settings.micro_batch_tokens)
     engine.module.eval()
-    values = sequence_logprobs(engine.ds, sequences, groups)
+    values = sequence_logprobs(engine.ds, sequences, groups, engine.logit_chunk_tokens)
     return dict(zip(indices, values))
 
 
@@ -237,7 +237,7 @@ def ppo_update(
     for k in range(rounds):
         if k < len(batches):
             batch = batches[k]
-            logp_theta = micro_batch_logprobs(engine.ds, batch)  # (R*S,)
+            logp_theta = micro_batch_logprobs(engine.ds, batch, engine.logit_chunk_tokens)  # (R*S,)
             chosen = [items[i] for i in batch.sample_ids]
             device = logp_theta.device
             behav = batch.expand([item.logp_behav for item in chosen]).to(device)
@@ -269,7 +269,8 @@ def ppo_update(
         else:
             # This rank has fewer micro-batches than another: a zero-weighted forward over two
             # tokens keeps the gradient reductions of backward (ZeRO 2) in lockstep.
-            loss = micro_batch_logprobs(engine.ds, filler_micro_batch(items[0].sequence)).sum() * 0.0
+            filler = filler_micro_batch(items[0].sequence)
+            loss = micro_batch_logprobs(engine.ds, filler, engine.logit_chunk_tokens).sum() * 0.0
             stats.fillers += 1
         # Gradient of sum_r world * loss_r, averaged over the W ranks by DeepSpeed: the
         # gradient of the whole mini-batch's loss.

@@ -54,7 +54,9 @@ class SharedEngine:
 def shared_engine(trainer_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> SharedEngine:
     from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
 
-    settings = EngineSettings(optimizer=OptimizerConfig(lr=TEST_LR, grad_clip=1.0), zero_stage=1)
+    # Logits in chunks of 64 positions (a run's default is 1024): the steps the trainer tests
+    # take go through the chunked path with several chunks per micro-batch.
+    settings = EngineSettings(optimizer=OptimizerConfig(lr=TEST_LR, grad_clip=1.0), zero_stage=1, logit_chunk_tokens=64)
     engine = build_engine(trainer_model_dir, settings)
     initial_dir = tmp_path_factory.mktemp("initial-ckpt")
     engine.ds.save_checkpoint(str(initial_dir), tag="initial", save_latest=False)

@@ -149,6 +149,10 @@ def read_events(event: str, resource_id: str, since: datetime, expected: int) ->
         time.sleep(0.5)
 
 
+def scheduler_events(since: datetime) -> list[Any]:
+    return read_events("asyncrl.component.restarting", "asyncrl.component.scheduler", since, 2)
+
+
 def related_flow_runs(event: Any) -> set[str]:  # noqa: ANN401 - a prefect Event
     return {r.id for r in event.related if r.id.startswith("prefect.flow-run.")}
 
@@ -202,6 +206,10 @@ def test_restarts_reach_prefect_as_events_and_mlflow_as_metrics_and_the_canary_t
     assert [e.payload["restarts"] for e in trainer] == [1], trainer
     assert "restart 1 of 3 after: exited with status 3" in trainer[0].payload["detail"]
     assert train_run in related_flow_runs(trainer[0])  # emitted from the trainer's task run in this flow run
+    # The run is named on every restart event: a label and the run's resource, role "run".
+    for event in trainer + scheduler_events(since):
+        assert event.resource.get("asyncrl.run") == name
+        assert [r.id for r in event.related if r.role == "run"] == [f"asyncrl.run.{name}"]
     scheduler = read_events("asyncrl.component.restarting", "asyncrl.component.scheduler", since, 2)
     assert [e.payload["restarts"] for e in scheduler] == [1, 2], scheduler
     assert all("exited with status 1" in e.payload["detail"] for e in scheduler)
