@@ -26,6 +26,7 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.errors import StorageOperationError
 from asyncrl.bench.ablation import add_ablation_bench
 from asyncrl.bench.e2e import add_e2e_bench
+from asyncrl.bench.scale import add_scale_bench
 from asyncrl.bench.storage import add_storage_bench
 from asyncrl.bench.weight_sync import add_weight_sync_bench
 from asyncrl.cli.chaos import add_chaos_command
@@ -201,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ablation_bench(bench_commands)
     add_storage_bench(bench_commands)
     add_weight_sync_bench(bench_commands)
+    add_scale_bench(bench_commands)
     return parser
 
 

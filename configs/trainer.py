@@ -63,12 +63,20 @@ class TrainerConfig(StrictModel):
     logit_chunk_tokens: int | None = Field(
         1024,
         ge=1,
-        description="Positions whose logits are computed at once for log-probs and the loss (recomputed in backward); None: a whole micro-batch at once.",
+        description="Positions whose logits are computed at once (recomputed in backward); None: a micro-batch at once.",
     )
     packer: Literal["ffd"] = Field("ffd", description="How sequences are packed into micro-batches (first-fit decreasing).")
-    zero_stage: Literal[0, 1, 2] = Field(
-        1, description="DeepSpeed ZeRO stage (3 is not supported: publishing reads full parameters)."
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        1,
+        description="DeepSpeed ZeRO stage; 3 also partitions the parameters (logits then computed a micro-batch at once).",
     )
+    """Stage 1 partitions the optimizer state over the data-parallel ranks, 2 the gradients
+    too, 3 the parameters too: the model is built partitioned, every forward pass gathers
+    each layer's parameters from all ranks, and a publish gathers one parameter at a time,
+    so no rank holds the whole model. Under stage 3 ``logit_chunk_tokens`` is ignored (a
+    micro-batch's logits are computed whole: its chunk count would differ between ranks);
+    size ``micro_batch_tokens`` for its (tokens x vocabulary) logits. Checkpoints of every
+    stage resume at another world size (re-partitioned on load)."""
     checkpoint_every: int = Field(5, ge=1, description="Save a trainer checkpoint every this many steps.")
     keep_versions: int = Field(0, ge=0, description="Weight versions kept in the store beyond those the run still needs.")
     """Those the run needs: the current one, those within max_staleness + 1 updates of it,

@@ -7,7 +7,8 @@ that differs (manifests of format 1, without sha256, are checked by size). A che
 interrupted save and is ignored. Files go through the node's local ``work_dir``; with
 several ranks each node's leader uploads its node's files and rank 0 writes the manifest.
 The manifest records the data-parallel world size; a checkpoint loads at another one after
-its ZeRO optimizer files are re-partitioned (:mod:`asyncrl.tasks.trainer.zero_reshard`).
+its ZeRO optimizer files are re-partitioned (:mod:`asyncrl.tasks.trainer.zero_reshard`, and
+:mod:`asyncrl.tasks.trainer.zero3_reshard` for ZeRO stage 3).
 Multi-node details: ``docs/internals/trainer.md``.
 """
 
@@ -26,6 +27,7 @@ from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.local_files import file_sha256
 from asyncrl.tasks.trainer.data_parallel import all_gather_objects, barrier, is_node_leader, run_and_agree
 from asyncrl.tasks.trainer.engine import TrainEngine
+from asyncrl.tasks.trainer.zero3_reshard import reshard_zero3_checkpoint_dir
 from asyncrl.tasks.trainer.zero_reshard import ReshardError, engine_partition_sizes, reshard_checkpoint_dir, zero_world_size
 
 CHECKPOINT_COMPLETE = "_COMPLETE"
@@ -209,7 +211,8 @@ def load_checkpoint(root: RunRoot, engine: TrainEngine, step: int, work_dir: Pat
         saved = saved_world_size(manifest)
         if saved is not None and saved != engine.world_size:
             try:
-                reshard_checkpoint_dir(local / tag, engine.world_size, engine_partition_sizes(engine.ds))
+                reshard = reshard_zero3_checkpoint_dir if engine.parameters_partitioned else reshard_checkpoint_dir
+                reshard(local / tag, engine.world_size, engine_partition_sizes(engine.ds))
             except ReshardError as exc:
                 raise CheckpointError(
                     f"{source} was saved by {saved} data-parallel ranks and cannot be loaded by "

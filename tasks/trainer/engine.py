@@ -4,7 +4,9 @@ One :class:`TrainEngine` holds the DeepSpeed engine of the policy and the facts 
 rest of the trainer needs (vocabulary size, tokenizer). Gradient accumulation is
 *unmanaged* (``managed_gradient_accumulation: false``): every ``backward`` adds to the
 gradients and every ``step`` is an optimizer update, so a mini-batch may have any
-number of dynamic micro-batches.
+number of dynamic micro-batches. ZeRO stage 3 partitions the parameters too: the model
+is built partitioned and published by gathering one parameter at a time
+(:mod:`asyncrl.tasks.trainer.zero3`), and every forward pass is a collective.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from asyncrl.configs.trainer import OptimizerConfig
+from asyncrl.tasks.trainer.zero3 import (
+    WEIGHTS_FILE,
+    build_partitioned_model,
+    full_shape,
+    parameters_partitioned,
+    write_gathered_safetensors,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +35,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Dtype = Literal["float32", "bfloat16", "float16"]
-SUPPORTED_ZERO_STAGES = (0, 1, 2)
+SUPPORTED_ZERO_STAGES = (0, 1, 2, 3)
 # Copied byte for byte from the source model directory: re-serialising a tokenizer through
 # transformers can rewrite its files (e.g. add a pre-tokenizer), which vLLM would then load.
 TOKENIZER_FILES = (
@@ -58,6 +67,10 @@ class EngineSettings:
     """Optimizer updates the run will make (for a decaying learning rate)."""
     logit_chunk_tokens: int | None = None
     """Positions whose logits are computed at once (:func:`asyncrl.tasks.trainer.logprobs.micro_batch_logprobs`)."""
+    zero3_persistence_threshold: int | None = None
+    """ZeRO 3: parameters of at most this many elements stay whole on every rank
+    (``stage3_param_persistence_threshold``); None: DeepSpeed's default, 1e5. 0 partitions
+    every parameter (the tests' tiny model has none above 1e5)."""
 
 
 @dataclass
@@ -83,6 +96,11 @@ class TrainEngine:
     @property
     def world_size(self) -> int:
         return int(self.ds.world_size)
+
+    @property
+    def parameters_partitioned(self) -> bool:
+        """Whether ZeRO stage 3 partitions the parameters (forward passes are collective)."""
+        return parameters_partitioned(self.module)
 
     def learning_rate(self) -> float:
         return float(self.ds.get_lr()[0])
@@ -155,12 +173,26 @@ def deepspeed_config(settings: EngineSettings, *, torch_adam: bool = False) -> d
             "params": adam_params,
         },
         "gradient_clipping": opt.grad_clip or 0.0,
-        "zero_optimization": {"stage": settings.zero_stage},
+        "zero_optimization": _zero_config(settings),
         "bf16": {"enabled": settings.dtype == "bfloat16"},
         "fp16": {"enabled": settings.dtype == "float16"},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+
+
+def _zero_config(settings: EngineSettings) -> dict[str, Any]:
+    """The ``zero_optimization`` section: the stage, and for stage 3 the persistence threshold.
+
+    Stage 3 keeps DeepSpeed's ``memory_efficient_linear`` (on): its ``zero.Init`` then
+    replaces ``torch.nn.functional.linear`` for the rest of the process with a version
+    whose autograd saves the parameter, not the gathered weight, so backward re-gathers it
+    instead of every layer's full weight staying alive from forward to backward. Checkpoint
+    saves keep the parameters partitioned (no ``gather_16bit_weights_on_model_save``)."""
+    zero: dict[str, Any] = {"stage": settings.zero_stage}
+    if settings.zero_stage == 3 and settings.zero3_persistence_threshold is not None:
+        zero["stage3_param_persistence_threshold"] = settings.zero3_persistence_threshold
+    return zero
 
 
 def lr_factor(update: int, optimizer: OptimizerConfig, total_updates: int | None) -> float:
@@ -197,8 +229,9 @@ def _lr_scheduler(optimizer_config: OptimizerConfig, total_updates: int | None) 
 def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
     """Load the HF causal LM in ``model_dir`` and wrap it in a DeepSpeed engine.
 
-    ZeRO stage 3 is refused (``ValueError``): the HF export here reads full parameters
-    from the module, which stage 3 partitions.
+    ZeRO stage 3 builds the model partitioned (no rank ever holds all of it:
+    :func:`~asyncrl.tasks.trainer.zero3.build_partitioned_model`); collective with several
+    ranks. ``ValueError`` for a stage outside SUPPORTED_ZERO_STAGES.
     """
     if settings.zero_stage not in SUPPORTED_ZERO_STAGES:
         raise ValueError(
@@ -207,23 +240,28 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         )
     import deepspeed
     import torch
+    import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     init_distributed()
     torch.manual_seed(settings.seed)
     model_dir = Path(model_dir)
+    config = deepspeed_config(settings, torch_adam=on_cpu_accelerator())
     dtype = getattr(torch, settings.dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=settings.attn_implementation)
+    if settings.zero_stage == 3:
+        model = build_partitioned_model(model_dir, config, dtype, settings.attn_implementation, dist.get_rank())
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=settings.attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    vocab_size = int(model.get_input_embeddings().weight.shape[0])
+    vocab_size = full_shape(model.get_input_embeddings().weight)[0]
     opt = settings.optimizer
     scheduled = opt.warmup_steps > 0 or (opt.decay != "constant" and settings.total_updates is not None)
     scheduler = _lr_scheduler(opt, settings.total_updates) if scheduled else None
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=deepspeed_config(settings, torch_adam=on_cpu_accelerator()),
+        config=config,
         lr_scheduler=scheduler,
     )
     return TrainEngine(
@@ -238,22 +276,42 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
 def save_hf_weights(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str] | None = None) -> Path:
     """Write the current policy as an HF model directory: safetensors, config, tokenizer.
 
-    Tokenizer files are copied unchanged from ``engine.model_dir`` (see TOKENIZER_FILES;
-    saved through transformers only if the directory has none). ``extra_files`` maps file
-    names to text written alongside (e.g. lineage JSON). Loadable by
-    ``AutoModelForCausalLM.from_pretrained`` and by vLLM.
+    Collective: every rank calls it; rank 0 writes, the others only take part in the
+    gathers of ZeRO stage 3 (stages 0-2 keep full parameters in every rank's module: they
+    return at once). Under stage 3 the weights are gathered one parameter at a time into
+    one ``model.safetensors`` (:func:`~asyncrl.tasks.trainer.zero3.write_gathered_safetensors`),
+    with the names, shapes and dtypes ``save_pretrained`` writes at stages 0-2 (tied
+    copies dropped alike). Tokenizer files are copied unchanged from ``engine.model_dir``
+    (see TOKENIZER_FILES; saved through transformers only if the directory has none).
+    ``extra_files`` maps file names to text written alongside (e.g. lineage JSON).
+    Loadable by ``AutoModelForCausalLM.from_pretrained`` and by vLLM.
     """
+    out_dir = Path(out_dir)
+    writer = engine.rank == 0
+    partitioned = engine.parameters_partitioned
+    if not writer and not partitioned:
+        return out_dir
+    if writer:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if partitioned:  # an empty state dict: config.json and generation_config.json only
+            engine.module.save_pretrained(out_dir, state_dict={})
+        else:  # full parameters in the module; save_pretrained drops tied copies
+            engine.module.save_pretrained(out_dir, safe_serialization=True)
+    if partitioned:
+        write_gathered_safetensors(engine.module, out_dir / WEIGHTS_FILE if writer else None)
+    if writer:
+        _write_side_files(engine, out_dir, extra_files or {})
+    return out_dir
+
+
+def _write_side_files(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str]) -> None:
+    """The tokenizer files (copied from ``engine.model_dir``) and ``extra_files`` into ``out_dir``."""
     import shutil
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # ZeRO stages 0-2 keep full parameters in the module; save_pretrained drops tied copies.
-    engine.module.save_pretrained(out_dir, safe_serialization=True)
     copied = [name for name in TOKENIZER_FILES if (engine.model_dir / name).is_file()]
     for name in copied:
         shutil.copyfile(engine.model_dir / name, out_dir / name)
     if not copied:
         engine.tokenizer.save_pretrained(out_dir)
-    for name, text in (extra_files or {}).items():
+    for name, text in extra_files.items():
         (out_dir / name).write_text(text)
-    return out_dir

@@ -1,13 +1,27 @@
 """Per-token log-probabilities of a causal LM over a micro-batch, with the logits computed
 in chunks of positions so that a packed micro-batch's (tokens x vocabulary) logits are never
-held whole (at a 151,936-token vocabulary they are 0.6 MB per token in float32)."""
+held whole (at a 151,936-token vocabulary they are 0.6 MB per token in float32).
+
+Under ZeRO stage 3 a forward pass is a collective: every module all-gathers its parameters
+as it runs, so every rank must run the same modules in the same order. The chunked path
+calls the output head once per chunk (and again per chunk in backward, recomputing it), a
+count that depends on the rank's own token count: ranks with different micro-batches would
+pair one rank's gather of the head with another's gather of a different parameter (seen:
+gloo's "Received data size doesn't match expected size"). It also calls the decoder and
+the head outside the DeepSpeed engine's forward, whose hook starts each pass of ZeRO-3's
+module trace. So under stage 3 every micro-batch takes the whole-logits path through the
+engine (:func:`micro_batch_logprobs`), and passes over a rank's own micro-batches are
+padded to the same count on every rank (:func:`lockstep_passes`, :func:`filler_passes`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches
+from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch
+from asyncrl.tasks.trainer.data_parallel import all_reduce_floats
+from asyncrl.tasks.trainer.zero3 import parameters_partitioned
 
 if TYPE_CHECKING:
     import torch
@@ -29,8 +43,9 @@ def micro_batch_logprobs(model: ModelCall, batch: MicroBatch, chunk_tokens: int 
     of the raw model distribution). Positions outside ``loss_mask`` hold meaningless
     values. ``model`` is an HF causal LM or a DeepSpeed engine wrapping one; gradients
     flow if autograd is enabled. With ``chunk_tokens`` (and a model in
-    PLAIN_HEAD_MODEL_TYPES) the decoder runs once and z is computed ``chunk_tokens``
-    positions at a time (:func:`chunked_token_logprobs`); otherwise in one piece.
+    PLAIN_HEAD_MODEL_TYPES, its parameters not partitioned by ZeRO stage 3: see the module
+    docstring) the decoder runs once and z is computed ``chunk_tokens`` positions at a
+    time (:func:`chunked_token_logprobs`); otherwise in one piece, through ``model``.
     """
     device = _device_of(model)
     batch = batch.to(device)
@@ -41,7 +56,8 @@ def micro_batch_logprobs(model: ModelCall, batch: MicroBatch, chunk_tokens: int 
         "use_cache": False,  # with a cache, transformers ignores the packed position_ids
     }
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
-    if chunk_tokens is not None and getattr(getattr(module, "config", None), "model_type", None) in PLAIN_HEAD_MODEL_TYPES:
+    plain_head = getattr(getattr(module, "config", None), "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+    if chunk_tokens is not None and plain_head and not parameters_partitioned(module):
         hidden = module.get_decoder()(**inputs).last_hidden_state  # (R, S, H)
         flat = hidden.reshape(-1, hidden.shape[-1])
         return chunked_token_logprobs(flat, module.get_output_embeddings(), batch.targets, chunk_tokens)
@@ -112,6 +128,28 @@ def sequence_logprobs(
     if missing:
         raise ValueError(f"sequences {missing} are in no micro-batch")
     return [value for value in result if value is not None]
+
+
+def lockstep_passes(model: ModelCall, passes: int) -> int:
+    """Forward passes to run for ``passes`` micro-batches of this rank's own: under ZeRO
+    stage 3 (a forward is a collective) the most any rank has, max over ranks (collective:
+    every rank calls it, before any of those passes); ``passes`` otherwise, without
+    communicating."""
+    if not parameters_partitioned(getattr(model, "module", model)):
+        return passes
+    (most,) = all_reduce_floats([float(passes)], "max")
+    return int(most)
+
+
+def filler_passes(model: ModelCall, sequence: TokenSequence, count: int, chunk_tokens: int | None = None) -> None:
+    """``count`` forward passes without gradient over the two-token filler micro-batch of
+    ``sequence``, values discarded: a ZeRO-3 rank's part in the collective passes of
+    ranks with more micro-batches (:func:`lockstep_passes`)."""
+    import torch
+
+    with torch.no_grad():
+        for _ in range(count):
+            micro_batch_logprobs(model, filler_micro_batch(sequence), chunk_tokens)
 
 
 def _device_of(model: ModelCall) -> torch.device:

@@ -135,15 +135,23 @@ class StartReport:
 def publish_weights(
     store: WeightStore, engine: TrainEngine, version: int, lineage: dict[str, object], work_dir: Path
 ) -> None:
-    """Write the engine's weights as an HF directory and publish it as ``version``."""
+    """Write the engine's weights as an HF directory and publish it as ``version``.
+
+    Collective: every rank calls it (under ZeRO 3 the weights are gathered from all ranks,
+    :func:`~asyncrl.tasks.trainer.engine.save_hf_weights`); rank 0 alone touches the
+    staging directory and the store."""
+    writer = engine.rank == 0
     staging = Path(work_dir) / "publish" / f"v{version}"
-    shutil.rmtree(staging, ignore_errors=True)
+    if writer:
+        shutil.rmtree(staging, ignore_errors=True)
     try:
         save_hf_weights(engine, staging, {LINEAGE_FILE: json.dumps({"version": version, **lineage}, indent=1)})
-        store.publish(version, staging)
-        prune_after_publish(store, version)
+        if writer:
+            store.publish(version, staging)
+            prune_after_publish(store, version)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if writer:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 class RLTrainer:
@@ -199,8 +207,7 @@ class RLTrainer:
             latest = self._store.newest_complete()
             barrier()
             if latest is None:
-                if writer:
-                    publish_weights(self._store, self._engine, 0, {"parent_version": None, "step": 0}, self._work_dir)
+                publish_weights(self._store, self._engine, 0, {"parent_version": None, "step": 0}, self._work_dir)
                 published_initial, latest = True, 0
             state = TrainerState(0, latest)
             save_checkpoint(self._root, self._engine, CheckpointState(0, latest), self._work_dir)
@@ -257,8 +264,8 @@ class RLTrainer:
         # The step's figures travel with its weights: a run whose trainer is on another
         # machine logs them from here (asyncrl.tasks.tracking.lineage_recorder).
         lineage = step_lineage(state, self._run_id, step_input.shards, figures)
+        publish_weights(self._store, self._engine, version, lineage, self._work_dir)
         if writer:
-            publish_weights(self._store, self._engine, version, lineage, self._work_dir)
             self._weights_bell.ring()  # the scheduler loads it at once
         barrier()
         self._state = TrainerState(step, version)

@@ -3,7 +3,8 @@
 One process on CPU (gloo; missing rendezvous variables filled in) or one per device under
 ``deepspeed``/``torchrun`` (data parallel, see :mod:`asyncrl.tasks.trainer.step`). The
 config is parsed before torch is imported, so a bad config fails at once; rank 0 alone
-publishes, logs metrics and prints the ``{"event": ...}`` lines. Modes: ``rl`` (default)
+writes the published weights (every rank takes part in ZeRO 3's gathers), logs metrics and
+prints the ``{"event": ...}`` lines. Modes: ``rl`` (default)
 resumes or starts the loop of :mod:`asyncrl.tasks.trainer.loop` to ``trainer.max_steps``;
 ``sft`` fine-tunes on reference answers and publishes the warm start as the next version.
 Exit status: 0 done, 2 bad config or arguments, 3 bad trajectory input (nothing consumed),
@@ -188,8 +189,8 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
     losses = run_sft(engine, sequences, settings, sink)
     version = 0 if parent is None else parent + 1
     lineage = {"parent_version": parent, "stage": "sft", "steps": settings.steps, "data": sft_path}
+    publish_weights(WeightStore(root), engine, version, lineage, work_dir)
     if writer:
-        publish_weights(WeightStore(root), engine, version, lineage, work_dir)
         print(json.dumps({"event": "done", "mode": "sft", "version": version, "final_loss": losses[-1]}), flush=True)
     barrier()
     return EXIT_OK

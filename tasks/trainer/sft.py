@@ -26,7 +26,7 @@ from asyncrl.tasks.data.synthetic import format_final_answer
 from asyncrl.tasks.trainer.batch import MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch
 from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_partition
 from asyncrl.tasks.trainer.engine import TrainEngine
-from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs
+from asyncrl.tasks.trainer.logprobs import filler_passes, lockstep_passes, micro_batch_logprobs
 from asyncrl.tasks.trainer.metrics import MetricsSink
 from asyncrl.tasks.algo.packing import get_packer
 
@@ -126,17 +126,22 @@ def _rank_share(engine: TrainEngine, sequences: Sequence[TokenSequence]) -> list
 
 def sft_loss(engine: TrainEngine, sequences: Sequence[TokenSequence], settings: SFTSettings) -> float:
     """The SFT loss of ``sequences`` (formula in the module docstring), without gradient
-    (collective with several ranks: each computes its share, the parts are summed)."""
+    (collective with several ranks: each computes its share, the parts are summed; under
+    ZeRO 3 a rank with fewer micro-batches runs filler passes, as forward passes are
+    collectives there)."""
     import torch
 
     batches = _micro_batches(_rank_share(engine, sequences), settings)
     (normaliser,) = all_reduce_floats([float(sum(b.output_tokens for b in batches))], "sum")
+    passes = lockstep_passes(engine.ds, len(batches))
     engine.module.eval()
     total = 0.0
     with torch.no_grad():
         for batch in batches:
             logp = micro_batch_logprobs(engine.ds, batch, engine.logit_chunk_tokens)
             total += float(_batch_loss(logp, batch.loss_mask.to(logp.device), normaliser).item())
+    if sequences:
+        filler_passes(engine.ds, sequences[0], passes - len(batches), engine.logit_chunk_tokens)
     return all_reduce_floats([total], "sum")[0]
 
 

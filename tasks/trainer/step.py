@@ -25,7 +25,7 @@ from asyncrl.tasks.algo.advantages import group_advantages
 from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch
 from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_partition
 from asyncrl.tasks.trainer.engine import TrainEngine
-from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs, sequence_logprobs
+from asyncrl.tasks.trainer.logprobs import filler_passes, lockstep_passes, micro_batch_logprobs, sequence_logprobs
 from asyncrl.tasks.algo.corrections import sequence_index
 from asyncrl.tasks.algo.loss import decoupled_ppo_loss
 from asyncrl.tasks.algo.packing import get_packer
@@ -152,15 +152,19 @@ def compute_proximal(
     """log pi_prox of every trained token of ``items[i] for i in indices`` (shape
     (trained_count,) each: environment tokens are context of the forward pass, not values)
     with the current parameters, without gradient; keyed by item index. The packer sees
-    full sequence lengths. Data parallel: each rank passes the
-    items it trains (its shares), as forward passes need no collective; every rank holds
-    the full parameters (ZeRO stages 0-2), so each gets the one-rank values."""
-    if not indices:
-        return {}
+    full sequence lengths. Data parallel: each rank passes the items it trains (its
+    shares) and gets the one-rank values. At ZeRO stages 0-2 (full parameters on every
+    rank) this needs no communication; under ZeRO 3, whose forward passes are collectives,
+    every rank calls it and one with fewer micro-batches runs filler passes
+    (:func:`~asyncrl.tasks.trainer.logprobs.lockstep_passes`)."""
     sequences = [items[i].sequence for i in indices]
-    groups = get_packer(settings.packer)([len(s) for s in sequences], settings.micro_batch_tokens)
+    groups = get_packer(settings.packer)([len(s) for s in sequences], settings.micro_batch_tokens) if sequences else []
+    passes = lockstep_passes(engine.ds, len(groups))
+    if not passes:
+        return {}
     engine.module.eval()
-    values = sequence_logprobs(engine.ds, sequences, groups, engine.logit_chunk_tokens)
+    values = sequence_logprobs(engine.ds, sequences, groups, engine.logit_chunk_tokens) if sequences else []
+    filler_passes(engine.ds, items[0].sequence, passes - len(groups), engine.logit_chunk_tokens)
     return dict(zip(indices, values))
 
 

@@ -46,12 +46,13 @@ def zero_world_size(file_names: Sequence[str]) -> int | None:
 
 
 def engine_partition_sizes(ds_engine: Any) -> list[int]:
-    """P'_g: elements of each parameter group's partition in a ZeRO stage 1/2 engine."""
+    """P'_g: elements of each parameter group's partition in a ZeRO stage 1/2 engine (of
+    each fp32 sub-group, ``fp32_partitioned_groups_flat``, in a stage 3 one)."""
     groups = getattr(ds_engine.optimizer, SINGLE_PARTITION_OF_FP32_GROUPS, None)
     if groups is None:
-        raise ReshardError(
-            f"the engine's optimizer ({type(ds_engine.optimizer).__name__}) is not a ZeRO stage 1/2 optimizer"
-        )
+        groups = getattr(ds_engine.optimizer, "fp32_partitioned_groups_flat", None)
+    if groups is None:
+        raise ReshardError(f"the engine's optimizer ({type(ds_engine.optimizer).__name__}) is not a ZeRO optimizer")
     return [int(group.numel()) for group in groups]
 
 
@@ -145,7 +146,7 @@ def _reshard_optimizer_group(
                 part[: piece.numel()] = piece
                 entry[name] = part
         else:
-            if not all(_same(v, value) for v in values):
+            if not all(same_value(v, value) for v in values):
                 raise ReshardError(f"group {g}: optimizer state {name!r} differs between ranks and is not per element")
             for entry in new_entries:
                 entry[name] = value.clone() if torch.is_tensor(value) else value
@@ -153,7 +154,8 @@ def _reshard_optimizer_group(
         new[BASE_OPTIMIZER_STATE]["state"][key] = entry
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two state entries are equal (tensors: same shape and values)."""
     import torch
 
     if torch.is_tensor(a) and torch.is_tensor(b):

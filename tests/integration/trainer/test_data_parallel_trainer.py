@@ -50,12 +50,15 @@ def _config(writer: Callable[..., Path], tmp_path: Path, model: Path, **trainer:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("zero_stage", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_two_processes_under_torchrun_then_resume_in_one(
-    tiny_model_dir: Path, tmp_path: Path, trajectories: Any, run_config_writer: Callable[..., Path]
+    zero_stage: int, tiny_model_dir: Path, tmp_path: Path, trajectories: Any, run_config_writer: Callable[..., Path]
 ) -> None:
+    """ZeRO 3: every rank takes part in each publish (the weights are gathered), and the
+    checkpoint of two ranks is re-partitioned for one."""
     root = open_root(str(tmp_path / "store"))
     shards = _shards(root, trajectories, 0, 3)
-    config = _config(run_config_writer, tmp_path, tiny_model_dir, max_steps=3, checkpoint_every=2)
+    config = _config(run_config_writer, tmp_path, tiny_model_dir, max_steps=3, checkpoint_every=2, zero_stage=zero_stage)
     common = {"work_dir": tmp_path / "work", "metrics_file": tmp_path / "metrics.jsonl", "wait_timeout_s": 60.0}
 
     log = tmp_path / "two.log"

@@ -1,0 +1,272 @@
+"""``asyncrl bench scale``: how the costs of the RL loop grow with the model.
+
+For Qwen2 shapes from ~5 M to 0.5 B parameters (:data:`SIZE_SPECS`, Qwen2.5's real
+vocabulary, random weights written locally), each size runs a few real RL steps through the
+real run (:func:`~asyncrl.tasks.launch.rl.train_run`: vLLM server, reward service, DeepSpeed
+trainer, weight publish and in-place load, built as ``asyncrl bench e2e`` builds its runs)
+while every component's memory is sampled, then times ``asyncrl bench weight-sync``'s
+publish, fetch and load of fresh versions into a server of the same launch. Reported per
+size: parameters, trainer step and tokens/s, publish / fetch / load and GB/s, update stall,
+peak RSS of each component, checkpoint bytes; across sizes the exponent k of each cost
+(cost ~ params^k). Figures: ``bench/scale_figures.py``; definitions: ``docs/internals/bench.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.bench.e2e import (
+    bench_run_config,
+    parse_int_list,
+    prepare_workload,
+    standalone_server_config,
+)
+from asyncrl.bench.e2e_settings import E2EBenchSettings, Workload, split_cores
+from asyncrl.bench.scale_figures import (
+    memory_figures,
+    scaling_exponents,
+    stall_figures,
+    trainer_figures,
+    weight_sync_figures,
+)
+from asyncrl.bench.scale_report import format_tables, plot_curves
+from asyncrl.bench.scale_settings import (
+    MODEL_DTYPE,
+    SIZE_SPECS,
+    ScaleBenchSettings,
+    parse_sizes,
+)
+
+if TYPE_CHECKING:
+    from asyncrl.configs.run_config import RunConfig
+    from asyncrl.storage.fs import RunRoot
+    from asyncrl.tasks.model.tiny import TinyModelSpec
+
+
+def ensure_model(model_dir: Path, spec: TinyModelSpec, seed: int) -> Path:
+    """The size's checkpoint (:func:`~asyncrl.tasks.model.tiny.write_qwen2_model`, random,
+    :data:`MODEL_DTYPE`): written once; kept when a reused ``--work-dir`` already holds one of
+    the same shape (writing 0.5 B takes minutes), rewritten otherwise."""
+    from asyncrl.tasks.model.tiny import write_qwen2_model
+
+    config_file = model_dir / "config.json"
+    if config_file.is_file():
+        found = json.loads(config_file.read_text())
+        wanted = {"hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+                  "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+                  "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size}  # fmt: skip
+        if all(found.get(key) == value for key, value in wanted.items()) and found.get("dtype") == MODEL_DTYPE:
+            return model_dir
+    return write_qwen2_model(model_dir, spec, seed=seed, dtype=MODEL_DTYPE, overwrite=True)
+
+
+def scale_run_config(e2e: E2EBenchSettings, workload: Workload, size_dir: Path, size: str, eta: int) -> RunConfig:
+    """``asyncrl bench e2e``'s run config of this workload (:func:`bench_run_config`), named
+    for the size, with one checkpoint at the last step (its bytes and seconds are reported)."""
+    from asyncrl.configs.loading import config_from_dict
+
+    raw = bench_run_config(e2e, workload, size_dir, eta, e2e.modes[0]).model_dump(mode="json", exclude_unset=True)
+    raw["name"] = f"bench-scale-{size}"
+    raw["storage"]["root"] = str(size_dir / "runs" / raw["name"] / "store")
+    raw["trainer"]["checkpoint_every"] = e2e.steps
+    raw["tracking"]["experiment"] = "bench-scale"
+    return config_from_dict(raw, source=f"bench scale ({size})")
+
+
+def checkpoint_bytes(root: RunRoot) -> int | None:
+    """Bytes of the newest complete checkpoint (the sizes its manifest lists); None without one."""
+    from asyncrl.tasks.trainer.checkpoint import complete_checkpoints, read_manifest
+
+    steps = complete_checkpoints(root)
+    return sum(int(size) for size in read_manifest(root, steps[-1])["files"].values()) if steps else None
+
+
+def measure_weight_sync(
+    e2e: E2EBenchSettings, workload: Workload, size_dir: Path, repeats: int, seed: int, dtype: str
+) -> dict[str, Any]:
+    """``asyncrl bench weight-sync``'s phases (:func:`~asyncrl.bench.weight_sync.bench_backend`)
+    for ``repeats`` fresh versions of the size's checkpoint, on a local store, into a rollout
+    server launched as the run's is (:func:`standalone_server_config`)."""
+    from asyncrl.bench.weight_sync import (
+        WeightSyncBenchSettings,
+        bench_backend,
+        local_backend,
+    )
+    from asyncrl.tasks.inference.server import RolloutServer
+
+    work = size_dir / "weight-sync"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    server = replace(standalone_server_config(e2e, workload, size_dir), log_path=work / "server.log")
+    # bench_backend reads the versions' count, seed and the server's dtype of these settings.
+    settings = WeightSyncBenchSettings(repeats=repeats, seed=seed, server_dtype=dtype)
+    with RolloutServer(server) as running:
+        seconds, loads, version_bytes, zero_copy = bench_backend(
+            local_backend(work), running.handle, workload.model_dir, work, settings, first_version=1
+        )
+    return {
+        "seconds": seconds,
+        "version_bytes": version_bytes,
+        "zero_copy_fetch": zero_copy,
+        "hashes_verified": bool(loads) and all(load["hashes_verified"] for load in loads),
+    }
+
+
+def measure_size(size: str, settings: ScaleBenchSettings, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """One size: its model and workload, the RL run under the memory sampler, then the
+    weight-sync phases; the figures (``bench/scale_figures.py``) and what they came from."""
+    from asyncrl.bench.process_memory import MemorySampler
+    from asyncrl.tasks.launch.rl import PROCESS_GROUPS_FILE, train_run
+    from asyncrl.tasks.system.run_paths import run_paths
+
+    spec = SIZE_SPECS[size]
+    size_dir = work / size
+    e2e = settings.e2e_settings()
+    started = time.perf_counter()
+    ensure_model(size_dir / "model", spec, settings.seed)
+    workload = prepare_workload(size_dir, e2e)
+    timing = {"prepare_s": time.perf_counter() - started}
+    say(f"{size}: model and workload ready in {timing['prepare_s']:.0f} s; the RL run")
+    config = scale_run_config(e2e, workload, size_dir, size, settings.eta)
+    shutil.rmtree(size_dir / "runs", ignore_errors=True)  # a finished run left here would train nothing
+    paths = run_paths(config)
+    with MemorySampler(paths.work_dir / PROCESS_GROUPS_FILE, settings.sample_s) as sampler:
+        train = train_run(config)
+    timing["run_s"] = train.wall_s
+    if len(train.step_metrics) < settings.steps:
+        raise RuntimeError(f"the run trained {len(train.step_metrics)} of {settings.steps} steps (see {paths.work_dir})")
+    say(f"{size}: RL run done in {train.wall_s:.0f} s; publish, fetch and load of {settings.repeats} versions")
+    started = time.perf_counter()
+    sync = measure_weight_sync(e2e, workload, size_dir, settings.repeats, settings.seed, config.model.dtype)
+    timing["weight_sync_s"] = time.perf_counter() - started
+    parameters = spec.num_parameters()
+    figures: dict[str, float | None] = {
+        **trainer_figures(train.step_metrics),
+        **stall_figures(train.scheduler),
+        **weight_sync_figures(sync["seconds"], sync["version_bytes"]),
+    }
+    saved = checkpoint_bytes(paths.root)
+    figures["checkpoint_bytes"] = None if saved is None else float(saved)
+    figures.update(memory_figures(sampler.peaks(), parameters, config.model.dtype, float(figures["micro_batch_tokens"] or 0)))
+    return {
+        "figures": figures,
+        "memory": sampler.peaks(),
+        "memory_samples": sampler.samples,
+        "logit_chunk_tokens": config.trainer.logit_chunk_tokens,
+        "weight_sync": sync,
+        "hashes_verified": sync["hashes_verified"],
+        "restarts": train.restarts,
+        "timing": timing,
+        "run_dir": str(paths.work_dir),
+    }
+
+
+def run_scale_bench(settings: ScaleBenchSettings, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every size of ``settings.sizes``, smallest first, then the exponents; returns the result
+    (see :func:`format_tables`), written to ``settings.json_path`` after each size. A size that
+    fails is recorded with its ``error`` and the others still run."""
+    from asyncrl.tasks.trainer.jit_ops import ensure_jit_ops_built
+
+    say = progress or (lambda line: None)
+    work = settings.work_dir or Path(tempfile.mkdtemp(prefix="asyncrl-bench-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    say(ensure_jit_ops_built())
+    result: dict[str, Any] = {
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
+        "work_dir": str(work),
+        "dtype": MODEL_DTYPE,
+        "sizes": [],
+        "exponents": {},
+    }
+    for index, size in enumerate(settings.sizes, start=1):
+        spec = SIZE_SPECS[size]
+        entry: dict[str, Any] = {"size": size, "parameters": spec.num_parameters(), "shape": asdict(spec)}
+        started = time.perf_counter()
+        try:
+            entry.update(measure_size(size, settings, work, say))
+        except Exception as exc:  # noqa: BLE001 - recorded; the other sizes still run
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        entry["wall_s"] = time.perf_counter() - started
+        result["sizes"].append(entry)
+        result["exponents"] = scaling_exponents([e for e in result["sizes"] if "error" not in e])
+        if settings.json_path is not None:
+            settings.json_path.write_text(json.dumps(result, indent=1))
+        say(f"[{index}/{len(settings.sizes)}] {size}: " + (entry.get("error") or f"done in {entry['wall_s']:.0f} s"))
+    return result
+
+
+# ----- the command line -----
+
+
+def settings_from_args(args: argparse.Namespace) -> ScaleBenchSettings:
+    """The settings of ``asyncrl bench scale``; ``ValueError`` naming the option when one is wrong."""
+    rollout, trainer = split_cores()
+    return ScaleBenchSettings(
+        sizes=parse_sizes(args.sizes),
+        steps=args.steps,
+        repeats=args.repeats,
+        eta=args.eta,
+        batch_groups=args.batch_groups,
+        n_samples=args.n_samples,
+        max_new_tokens=args.max_new_tokens,
+        micro_batch_tokens=args.micro_batch_tokens,
+        seed=args.seed,
+        rollout_cores=rollout if args.gpus is None else None,  # on GPUs no CPU is pinned, as in bench e2e
+        trainer_cores=trainer if args.gpus is None else None,
+        gpus=args.gpus,
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        json_path=Path(args.json) if args.json else None,
+        png_path=Path(args.png) if args.png else None,
+    )
+
+
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"bench scale: {exc}", file=sys.stderr)
+        return 2
+    result = run_scale_bench(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_tables(result))
+    print(json.dumps(result))
+    if settings.png_path is not None:
+        print(f"curves: {plot_curves(result, settings.png_path)}", file=sys.stderr)
+    failed = [e["size"] for e in result["sizes"] if "error" in e or not e.get("hashes_verified")]
+    return 1 if failed else 0
+
+
+def add_scale_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register ``scale`` on the ``bench`` sub-command."""
+    parser = subparsers.add_parser(
+        "scale", help="RL step, publish, fetch, load, stall and peak memory from 5M to 0.5B parameters, and their exponents"
+    )
+    defaults = ScaleBenchSettings()
+    parser.add_argument("--sizes", default=",".join(SIZE_SPECS),
+                        help=f"comma-separated sizes of {', '.join(SIZE_SPECS)} (default all, run smallest first)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=defaults.steps,
+                        help=f"RL steps per size (default {defaults.steps}); figures average the steps after the first")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=defaults.repeats, help=f"fresh versions published, fetched and loaded per size (default {defaults.repeats})")
+    parser.add_argument("--eta", type=int, default=defaults.eta, help="rollout.eta of the runs (default 0: the same samples at every size)")
+    parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help=f"prompt groups per step (B, default {defaults.batch_groups})")
+    parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help=f"samples per prompt (n, default {defaults.n_samples})")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"budget of the longest reference solution (default {defaults.max_new_tokens})")
+    parser.add_argument("--micro-batch-tokens", type=int, default=defaults.micro_batch_tokens, help=f"trainer.micro_batch_tokens (default {defaults.micro_batch_tokens})")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--gpus", type=parse_int_list, default=None,
+                        help="GPU ids: one, shared by the rollout server and the trainer, or server,trainer "
+                             "(default: none; the CPUs are split between them)")  # fmt: skip
+    parser.add_argument("--work-dir", default=None,
+                        help="models, prompts, runs and logs, one directory per size (a size's model is reused)")  # fmt: skip
+    parser.add_argument("--json", default=None, help="also write the result as JSON here (after every size)")
+    parser.add_argument("--png", default=None, help="also plot each cost against parameters (log-log) to this PNG")
+    parser.set_defaults(handler=cmd_bench_scale)
+    return parser
