@@ -46,7 +46,7 @@ from asyncrl.storage.weights import WeightStore
 # their definitions rather than restating them.
 from asyncrl.tasks.scheduler.filtered import filtered_groups
 from asyncrl.tasks.scheduler.gate_state import load_gate_state
-from asyncrl.tasks.scheduler.group_schedule import group_id, group_index
+from asyncrl.tasks.scheduler.group_schedule import group_id, scheduler_group_index
 from asyncrl.tasks.trainer.staleness import sample_staleness
 
 
@@ -196,13 +196,6 @@ def read_shards(root: RunRoot, run_id: str, violations: list[str]) -> dict[str, 
     return contents
 
 
-def _parse_group_index(gid: str) -> int | None:
-    try:
-        return group_index(gid)
-    except ValueError:
-        return None
-
-
 @dataclass(frozen=True)
 class _Regeneration:
     quarantined_holders: dict[str, list[str]]
@@ -273,7 +266,7 @@ def audit_production(
         for gid in content.groups if content else ():
             holders.setdefault(gid, []).append(name)
     for gid, shards in sorted(holders.items()):
-        index = _parse_group_index(gid)
+        index = scheduler_group_index(gid)
         if len(shards) > 1:
             violations.append(f"(a) group {gid} was produced {len(shards)} times: in shards {', '.join(shards)}")
         if index is None:
@@ -291,7 +284,7 @@ def audit_production(
     left_out = set(filtered)
     quarantined = quarantined or {}
     for gid, shards in sorted(quarantined.items()):
-        index = _parse_group_index(gid)
+        index = scheduler_group_index(gid)
         if index is not None and index >= admitted and gid not in holders:
             violations.append(
                 f"(a) group {gid} (in quarantined {shards[0]}) was never admitted: the scheduler admitted {admitted} groups"

@@ -21,6 +21,15 @@ def group_index(gid: str) -> int:
     return int(gid[1:])
 
 
+def scheduler_group_index(gid: str) -> int | None:
+    """:func:`group_index` of a scheduler group id, None for any other id (a filler's, a
+    hand-written shard's)."""
+    try:
+        return group_index(gid)
+    except ValueError:
+        return None
+
+
 class PromptSchedule:
     """Group k -> prompt: epoch e = k // N visits all N prompts in a permutation seeded
     by (seed, e), so the order is reproducible and each epoch sees every prompt once."""

@@ -17,7 +17,7 @@ from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardInfo, ShardReader, quarantined_shard, quarantined_shard_names, read_claims
-from asyncrl.tasks.scheduler.group_schedule import group_index
+from asyncrl.tasks.scheduler.group_schedule import group_index, scheduler_group_index
 
 
 LOG = logging.getLogger("asyncrl.scheduler")
@@ -226,7 +226,7 @@ def learn_quarantines(root: RunRoot, written: WrittenGroups) -> list[int]:
     found: list[int] = []
     for name, copies in new.items():
         shard = quarantined_shard(root, name, copies)
-        indices = [k for k in map(_scheduler_index, shard.group_ids or ()) if k is not None]
+        indices = [k for k in map(scheduler_group_index, shard.group_ids or ()) if k is not None]
         if name in trained or not indices:
             why = "a ledger entry names it (trained before it was quarantined)" if name in trained else (
                 "its claim names no scheduler groups")
@@ -238,13 +238,6 @@ def learn_quarantines(root: RunRoot, written: WrittenGroups) -> list[int]:
                     ", ".join(root.display(c) for c in copies), len(regenerated))  # fmt: skip
         found.extend(regenerated)
     return found
-
-
-def _scheduler_index(gid: str) -> int | None:
-    try:
-        return group_index(gid)
-    except ValueError:
-        return None
 
 
 def written_group_indices(root: RunRoot, run_id: str) -> WrittenGroups:

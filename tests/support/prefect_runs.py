@@ -129,3 +129,12 @@ def train_config(tmp_path: Path, model_dir: Path, name: str, max_steps: int) -> 
         "storage": {"root": str(tmp_path / "store")},
         "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": name},
     }  # fmt: skip
+
+
+def result_error(state: Any) -> BaseException | None:  # noqa: ANN401 - a Prefect State
+    """The exception a final state's ``result()`` raises (a failed run's error), or None."""
+    try:
+        state.result()
+    except BaseException as exc:  # noqa: BLE001 - the tests read its message
+        return exc
+    return None

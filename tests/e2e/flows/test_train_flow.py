@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from prefect_runs import run_tree
+from prefect_runs import result_error, run_tree
 from process_scan import processes_with_env, wait_gone
 
 from asyncrl.configs.run_config import RunConfig
@@ -127,7 +125,7 @@ def test_a_component_crashing_past_its_budget_fails_the_run_naming_it(
     killer.done.set()
     assert state.is_failed()
     assert len(killer.killed) == 2 and killer.killed[0][1] != killer.killed[1][1]  # the restarted trainer
-    message = str(state.message) + repr(_exception(lambda: state.result()))
+    message = str(state.message) + repr(result_error(state))
     assert "trainer failed after 1 restart(s): exited with status -9" in message, message
     tree = run_tree(state.state_details.flow_run_id)
     assert tree["trainer"] == "Failed", tree
@@ -135,14 +133,6 @@ def test_a_component_crashing_past_its_budget_fails_the_run_naming_it(
     assert tree["scheduler"] == "Cancelled" and tree[f"flow:{config.name}-scheduler"] == "Cancelled", tree
     left = wait_gone(processes_with_env(MARKER, process_marker), timeout_s=30.0)
     assert not left, f"processes left behind: {[p.cmdline[:120] for p in left]}"
-
-
-def _exception(call: Callable[[], Any]) -> BaseException | None:
-    try:
-        call()
-    except BaseException as exc:  # noqa: BLE001 - the test reads its message
-        return exc
-    return None
 
 
 def test_the_scheduler_flow_runs_on_its_own_against_a_run_root(

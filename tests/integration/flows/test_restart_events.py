@@ -21,12 +21,12 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prefect_runs import result_error
 from process_scan import processes_with_env, wait_gone
 
 from asyncrl.configs.run_config import RunConfig
@@ -252,7 +252,7 @@ def test_a_component_past_its_budget_emits_failed_and_its_restarts_still_reach_m
     state = train_module.train(config, return_state=True)
 
     assert state.is_failed()
-    assert "trainer failed after 1 restart(s): exited with status 3" in str(_exception(state.result))
+    assert "trainer failed after 1 restart(s): exited with status 3" in str(result_error(state))
     restarting = read_events("asyncrl.component.restarting", "asyncrl.component.trainer", since, 1)
     assert [e.payload["restarts"] for e in restarting] == [1], restarting
     failed = read_events("asyncrl.component.failed", "asyncrl.component.trainer", since, 1)
@@ -265,11 +265,3 @@ def test_a_component_past_its_budget_emits_failed_and_its_restarts_still_reach_m
     assert metric_history(config, run_id, "restarts/trainer") == [(2, 1.0)]
     assert metric_history(config, run_id, "restarts/scheduler") == [(2, 0.0)]
     no_process_left(process_marker)
-
-
-def _exception(call: Callable[[], Any]) -> BaseException | None:
-    try:
-        call()
-    except BaseException as exc:  # noqa: BLE001 - the test reads its message
-        return exc
-    return None
