@@ -69,15 +69,19 @@ def ensure_model(model_dir: Path, spec: TinyModelSpec, seed: int) -> Path:
     return write_qwen2_model(model_dir, spec, seed=seed, dtype=MODEL_DTYPE, overwrite=True)
 
 
-def scale_run_config(e2e: E2EBenchSettings, workload: Workload, size_dir: Path, size: str, eta: int) -> RunConfig:
+def scale_run_config(settings: ScaleBenchSettings, workload: Workload, size_dir: Path, size: str) -> RunConfig:
     """``asyncrl bench e2e``'s run config of this workload (:func:`bench_run_config`), named
-    for the size, with one checkpoint at the last step (its bytes and seconds are reported)."""
+    for the size, with the bench's logit chunk and activation checkpointing, and one
+    checkpoint at the last step (its bytes and seconds are reported)."""
     from asyncrl.configs.loading import config_from_dict
 
-    raw = bench_run_config(e2e, workload, size_dir, eta, e2e.modes[0]).model_dump(mode="json", exclude_unset=True)
+    e2e = settings.e2e_settings()
+    raw = bench_run_config(e2e, workload, size_dir, settings.eta, e2e.modes[0]).model_dump(mode="json", exclude_unset=True)
     raw["name"] = f"bench-scale-{size}"
     raw["storage"]["root"] = str(size_dir / "runs" / raw["name"] / "store")
     raw["trainer"]["checkpoint_every"] = e2e.steps
+    raw["trainer"]["logit_chunk_tokens"] = settings.logit_chunk_tokens
+    raw["trainer"]["activation_checkpointing"] = settings.activation_checkpointing
     raw["tracking"]["experiment"] = "bench-scale"
     return config_from_dict(raw, source=f"bench scale ({size})")
 
@@ -136,7 +140,7 @@ def measure_size(size: str, settings: ScaleBenchSettings, work: Path, say: Calla
     workload = prepare_workload(size_dir, e2e)
     timing = {"prepare_s": time.perf_counter() - started}
     say(f"{size}: model and workload ready in {timing['prepare_s']:.0f} s; the RL run")
-    config = scale_run_config(e2e, workload, size_dir, size, settings.eta)
+    config = scale_run_config(settings, workload, size_dir, size)
     shutil.rmtree(size_dir / "runs", ignore_errors=True)  # a finished run left here would train nothing
     paths = run_paths(config)
     with MemorySampler(paths.work_dir / PROCESS_GROUPS_FILE, settings.sample_s) as sampler:
@@ -219,6 +223,8 @@ def settings_from_args(args: argparse.Namespace) -> ScaleBenchSettings:
         n_samples=args.n_samples,
         max_new_tokens=args.max_new_tokens,
         micro_batch_tokens=args.micro_batch_tokens,
+        logit_chunk_tokens=args.logit_chunk_tokens,
+        activation_checkpointing=args.activation_checkpointing,
         seed=args.seed,
         rollout_cores=rollout if args.gpus is None else None,  # on GPUs no CPU is pinned, as in bench e2e
         trainer_cores=trainer if args.gpus is None else None,
@@ -260,6 +266,8 @@ def add_scale_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help=f"samples per prompt (n, default {defaults.n_samples})")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"budget of the longest reference solution (default {defaults.max_new_tokens})")
     parser.add_argument("--micro-batch-tokens", type=int, default=defaults.micro_batch_tokens, help=f"trainer.micro_batch_tokens (default {defaults.micro_batch_tokens})")
+    parser.add_argument("--logit-chunk-tokens", type=int, default=defaults.logit_chunk_tokens, help=f"trainer.logit_chunk_tokens (default {defaults.logit_chunk_tokens})")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="trainer.activation_checkpointing: recompute decoder layers in backward")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--gpus", type=parse_int_list, default=None,
                         help="GPU ids: one, shared by the rollout server and the trainer, or server,trainer "

@@ -71,6 +71,10 @@ class ScaleBenchSettings:
     micro_batch_tokens: int = 4096
     """``trainer.micro_batch_tokens``: a step's samples fit in one micro-batch, longer than
     one logit chunk (``trainer.logit_chunk_tokens``)."""
+    logit_chunk_tokens: int = 1024
+    """``trainer.logit_chunk_tokens``: positions whose (tokens x 151,936) logits exist at once."""
+    activation_checkpointing: bool = False
+    """``trainer.activation_checkpointing``: decoder layers recomputed in backward."""
     seed: int = 0
     sample_s: float = 0.5
     """Interval of the memory sampler (:class:`~asyncrl.bench.process_memory.MemorySampler`)."""
@@ -86,7 +90,7 @@ class ScaleBenchSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", parse_sizes(",".join(self.sizes)))
         for name, low in (("steps", 1), ("repeats", 1), ("eta", 0), ("batch_groups", 1), ("n_samples", 1),
-                          ("max_new_tokens", 1), ("micro_batch_tokens", 1), ("seed", 0)):  # fmt: skip
+                          ("max_new_tokens", 1), ("micro_batch_tokens", 1), ("logit_chunk_tokens", 1), ("seed", 0)):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"--{name.replace('_', '-')}: must be an int >= {low}, got {value!r}")
@@ -95,6 +99,8 @@ class ScaleBenchSettings:
                 f"--micro-batch-tokens: {self.micro_batch_tokens} is below the longest sequence, "
                 f"{MAX_PROMPT_TOKENS} prompt + {self.max_new_tokens} (--max-new-tokens) output tokens"
             )
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ValueError(f"--activation-checkpointing: must be a bool, got {self.activation_checkpointing!r}")
         if isinstance(self.sample_s, bool) or not isinstance(self.sample_s, int | float) or not self.sample_s > 0:
             raise ValueError(f"sample_s: must be > 0, got {self.sample_s!r}")
         for option, path in (("--json", self.json_path), ("--png", self.png_path)):

@@ -65,6 +65,12 @@ class TrainerConfig(StrictModel):
         ge=1,
         description="Positions whose logits are computed at once (recomputed in backward); None: a micro-batch at once.",
     )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in backward instead of keeping them."
+    )
+    """Transformers' gradient checkpointing (non-reentrant): a micro-batch keeps each layer's
+    input (tokens x hidden) instead of all its intermediate activations, for one more forward
+    pass of the decoder in backward; gradients are unchanged."""
     packer: Literal["ffd"] = Field("ffd", description="How sequences are packed into micro-batches (first-fit decreasing).")
     zero_stage: Literal[0, 1, 2, 3] = Field(
         1,

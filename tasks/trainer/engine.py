@@ -67,6 +67,8 @@ class EngineSettings:
     """Optimizer updates the run will make (for a decaying learning rate)."""
     logit_chunk_tokens: int | None = None
     """Positions whose logits are computed at once (:func:`asyncrl.tasks.trainer.logprobs.micro_batch_logprobs`)."""
+    activation_checkpointing: bool = False
+    """Recompute decoder layers' activations in backward (:func:`enable_activation_checkpointing`)."""
     zero3_persistence_threshold: int | None = None
     """ZeRO 3: parameters of at most this many elements stay whole on every rank
     (``stage3_param_persistence_threshold``); None: DeepSpeed's default, 1e5. 0 partitions
@@ -253,6 +255,8 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         model = build_partitioned_model(model_dir, config, dtype, settings.attn_implementation, dist.get_rank())
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=settings.attn_implementation)
+    if settings.activation_checkpointing:
+        enable_activation_checkpointing(model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab_size = full_shape(model.get_input_embeddings().weight)[0]
     opt = settings.optimizer
@@ -271,6 +275,18 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         model_dir=model_dir,
         logit_chunk_tokens=settings.logit_chunk_tokens,
     )
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Have ``model`` (an HF causal LM) recompute each decoder layer in backward: autograd
+    then keeps a layer's input, not its attention and MLP intermediates, so activation
+    memory per token falls from ~L x (one layer's intermediates) to ~L x hidden + one
+    layer's intermediates, for one more decoder forward per backward. Non-reentrant
+    checkpointing, so gradients equal the plain ones and the chunked head
+    (:func:`~asyncrl.tasks.trainer.logprobs.chunked_token_logprobs`) nests inside it. It acts
+    in training mode only (the no-grad log-prob passes are unchanged)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
 
 
 def save_hf_weights(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str] | None = None) -> Path:

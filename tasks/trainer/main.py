@@ -107,6 +107,7 @@ def _engine(config: RunConfig, model_dir: Path, total_updates: int, optimizer: O
         seed=config.seed,
         total_updates=total_updates,
         logit_chunk_tokens=config.trainer.logit_chunk_tokens,
+        activation_checkpointing=config.trainer.activation_checkpointing,
     )
     return build_engine(model_dir, settings)
 

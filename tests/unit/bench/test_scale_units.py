@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,8 @@ def test_parse_sizes_orders_smallest_first_and_names_the_option() -> None:
         ("max_new_tokens", 0, "--max-new-tokens: must be an int >= 1"),
         ("micro_batch_tokens", 300, ("--micro-batch-tokens: 300 is below the longest sequence, 64 prompt "
                                      r"\+ 256 \(--max-new-tokens\) output tokens")),
+        ("logit_chunk_tokens", 0, "--logit-chunk-tokens: must be an int >= 1, got 0"),
+        ("activation_checkpointing", 1, "--activation-checkpointing: must be a bool, got 1"),
         ("sample_s", 0, "sample_s: must be > 0, got 0"),
         ("sizes", ("7b",), "--sizes: unknown size '7b'"),
         ("png_path", Path("curves.jpg"), "--png: curves.jpg must end with .png"),
@@ -125,6 +128,9 @@ def test_the_command_line_builds_the_settings_and_refuses_bad_options(capsys: py
     assert on_gpus.sizes == ("5m",) and on_gpus.gpus == (0,) and on_gpus.rollout_cores is on_gpus.trainer_cores is None
     e2e = on_gpus.e2e_settings()
     assert (e2e.steps, e2e.max_new_tokens, e2e.micro_batch_tokens, e2e.etas) == (2, 256, 4096, (0,))
+    lean = settings_from_args(parser.parse_args(["bench", "scale", "--logit-chunk-tokens", "256", "--activation-checkpointing"]))
+    assert (lean.logit_chunk_tokens, lean.activation_checkpointing) == (256, True)
+    assert (settings.logit_chunk_tokens, settings.activation_checkpointing) == (1024, False)
     for argv, message in (
         (["--steps", "0"], "bench scale: --steps: must be an int >= 1, got 0"),
         (["--sizes", "1b"], "bench scale: --sizes: unknown size '1b'"),
@@ -137,15 +143,19 @@ def test_the_command_line_builds_the_settings_and_refuses_bad_options(capsys: py
 
 
 def test_the_run_config_is_e2e_s_with_a_name_a_store_and_one_checkpoint(tmp_path: Path) -> None:
-    settings = ScaleBenchSettings(sizes=("5m",), steps=2, rollout_cores=None, trainer_cores=None).e2e_settings()
+    scale = ScaleBenchSettings(sizes=("5m",), steps=2, rollout_cores=None, trainer_cores=None)
+    settings = scale.e2e_settings()
     workload = Workload(tmp_path / "model", tmp_path / "train.parquet", prompts=(), budgets=())
-    config = scale_run_config(settings, workload, tmp_path / "5m", "5m", eta=0)
+    config = scale_run_config(scale, workload, tmp_path / "5m", "5m")
     e2e = bench_run_config(settings, workload, tmp_path / "5m", 0, "recompute")
     assert config.name == "bench-scale-5m" and config.storage.root == str(tmp_path / "5m" / "runs" / config.name / "store")
     assert config.trainer.checkpoint_every == config.trainer.max_steps == 2
     assert config.tracking.experiment == "bench-scale"
     assert config.rollout == e2e.rollout and config.model == e2e.model and config.data == e2e.data
     assert config.trainer.micro_batch_tokens == 4096 and config.model.dtype == "float32"
+    assert config.trainer.logit_chunk_tokens == 1024 and not config.trainer.activation_checkpointing
+    lean = scale_run_config(replace(scale, logit_chunk_tokens=256, activation_checkpointing=True), workload, tmp_path / "5m", "5m")
+    assert lean.trainer.logit_chunk_tokens == 256 and lean.trainer.activation_checkpointing
 
 
 # ----- the figures -----
