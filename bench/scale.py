@@ -71,7 +71,7 @@ def ensure_model(model_dir: Path, spec: TinyModelSpec, seed: int) -> Path:
 
 def scale_run_config(settings: ScaleBenchSettings, workload: Workload, size_dir: Path, size: str) -> RunConfig:
     """``asyncrl bench e2e``'s run config of this workload (:func:`bench_run_config`), named
-    for the size, with the bench's logit chunk and activation checkpointing, and one
+    for the size, with the bench's logit chunk, activation checkpointing and ZeRO stage, and one
     checkpoint at the last step (its bytes and seconds are reported)."""
     from asyncrl.configs.loading import config_from_dict
 
@@ -82,6 +82,7 @@ def scale_run_config(settings: ScaleBenchSettings, workload: Workload, size_dir:
     raw["trainer"]["checkpoint_every"] = e2e.steps
     raw["trainer"]["logit_chunk_tokens"] = settings.logit_chunk_tokens
     raw["trainer"]["activation_checkpointing"] = settings.activation_checkpointing
+    raw["trainer"]["zero_stage"] = settings.zero_stage
     raw["tracking"]["experiment"] = "bench-scale"
     return config_from_dict(raw, source=f"bench scale ({size})")
 
@@ -225,6 +226,7 @@ def settings_from_args(args: argparse.Namespace) -> ScaleBenchSettings:
         micro_batch_tokens=args.micro_batch_tokens,
         logit_chunk_tokens=args.logit_chunk_tokens,
         activation_checkpointing=args.activation_checkpointing,
+        zero_stage=args.zero_stage,
         seed=args.seed,
         rollout_cores=rollout if args.gpus is None else None,  # on GPUs no CPU is pinned, as in bench e2e
         trainer_cores=trainer if args.gpus is None else None,
@@ -268,6 +270,7 @@ def add_scale_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     parser.add_argument("--micro-batch-tokens", type=int, default=defaults.micro_batch_tokens, help=f"trainer.micro_batch_tokens (default {defaults.micro_batch_tokens})")
     parser.add_argument("--logit-chunk-tokens", type=int, default=defaults.logit_chunk_tokens, help=f"trainer.logit_chunk_tokens (default {defaults.logit_chunk_tokens})")
     parser.add_argument("--activation-checkpointing", action="store_true", help="trainer.activation_checkpointing: recompute decoder layers in backward")
+    parser.add_argument("--zero-stage", type=int, default=defaults.zero_stage, help=f"trainer.zero_stage of the one trainer process (default {defaults.zero_stage})")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--gpus", type=parse_int_list, default=None,
                         help="GPU ids: one, shared by the rollout server and the trainer, or server,trainer "

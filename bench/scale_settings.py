@@ -75,6 +75,9 @@ class ScaleBenchSettings:
     """``trainer.logit_chunk_tokens``: positions whose (tokens x 151,936) logits exist at once."""
     activation_checkpointing: bool = False
     """``trainer.activation_checkpointing``: decoder layers recomputed in backward."""
+    zero_stage: int = 0
+    """``trainer.zero_stage`` of the one trainer process: 0, since on one rank ZeRO partitions
+    nothing and its stage 1-2 optimizer keeps a second float32 copy of the parameters."""
     seed: int = 0
     sample_s: float = 0.5
     """Interval of the memory sampler (:class:`~asyncrl.bench.process_memory.MemorySampler`)."""
@@ -99,6 +102,8 @@ class ScaleBenchSettings:
                 f"--micro-batch-tokens: {self.micro_batch_tokens} is below the longest sequence, "
                 f"{MAX_PROMPT_TOKENS} prompt + {self.max_new_tokens} (--max-new-tokens) output tokens"
             )
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise ValueError(f"--zero-stage: must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if not isinstance(self.activation_checkpointing, bool):
             raise ValueError(f"--activation-checkpointing: must be a bool, got {self.activation_checkpointing!r}")
         if isinstance(self.sample_s, bool) or not isinstance(self.sample_s, int | float) or not self.sample_s > 0:

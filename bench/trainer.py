@@ -229,7 +229,7 @@ def add_trainer_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.add_argument("--fixed-count", type=int, default=defaults.fixed_count, help="sequences per fixed micro-batch")
     parser.add_argument("--repeats", type=int, default=defaults.repeats)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2))
+    parser.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3), help="trainer.zero_stage (default 1)")
     parser.add_argument("--json", default=None, help="also write the result as JSON here")
     parser.set_defaults(handler=cmd_bench_trainer)
     return parser

@@ -268,6 +268,7 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         config=config,
         lr_scheduler=scheduler,
     )
+    skip_single_rank_allreduce(engine)
     return TrainEngine(
         ds=engine,
         tokenizer=tokenizer,
@@ -275,6 +276,15 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         model_dir=model_dir,
         logit_chunk_tokens=settings.logit_chunk_tokens,
     )
+
+
+def skip_single_rank_allreduce(engine: DeepSpeedEngine) -> None:
+    """Turn off the gradient all-reduce of a one-rank engine without ZeRO: DeepSpeed would
+    still copy every gradient into flat buckets (of up to 5e8 elements), "reduce" them over
+    one rank (x 1 / world size = x 1) and copy them back, a transient second copy of all
+    gradients for no change in any value. Stages 1-3 reduce through their own optimizer."""
+    if engine.world_size == 1 and engine.zero_optimization_stage() == 0:
+        engine.enable_backward_allreduce = False
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

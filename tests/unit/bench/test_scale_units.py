@@ -102,6 +102,7 @@ def test_parse_sizes_orders_smallest_first_and_names_the_option() -> None:
                                      r"\+ 256 \(--max-new-tokens\) output tokens")),
         ("logit_chunk_tokens", 0, "--logit-chunk-tokens: must be an int >= 1, got 0"),
         ("activation_checkpointing", 1, "--activation-checkpointing: must be a bool, got 1"),
+        ("zero_stage", 4, "--zero-stage: must be 0, 1, 2 or 3, got 4"),
         ("sample_s", 0, "sample_s: must be > 0, got 0"),
         ("sizes", ("7b",), "--sizes: unknown size '7b'"),
         ("png_path", Path("curves.jpg"), "--png: curves.jpg must end with .png"),
@@ -154,8 +155,11 @@ def test_the_run_config_is_e2e_s_with_a_name_a_store_and_one_checkpoint(tmp_path
     assert config.rollout == e2e.rollout and config.model == e2e.model and config.data == e2e.data
     assert config.trainer.micro_batch_tokens == 4096 and config.model.dtype == "float32"
     assert config.trainer.logit_chunk_tokens == 1024 and not config.trainer.activation_checkpointing
-    lean = scale_run_config(replace(scale, logit_chunk_tokens=256, activation_checkpointing=True), workload, tmp_path / "5m", "5m")
+    assert config.trainer.zero_stage == 0 and config.trainer.processes == 1
+    lean = scale_run_config(replace(scale, logit_chunk_tokens=256, activation_checkpointing=True, zero_stage=1),
+                            workload, tmp_path / "5m", "5m")  # fmt: skip
     assert lean.trainer.logit_chunk_tokens == 256 and lean.trainer.activation_checkpointing
+    assert lean.trainer.zero_stage == 1
 
 
 # ----- the figures -----
