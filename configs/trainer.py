@@ -25,6 +25,26 @@ class OptimizerConfig(StrictModel):
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Final learning rate of the cosine decay, as a share of lr.")
 
 
+LORA_TARGETS_QWEN2 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(StrictModel):
+    """Low-rank adapters (``trainer.lora``): each target linear W (d_out x d_in) becomes
+
+        W x + (alpha / rank) * B A x,   A: rank x d_in,  B: d_out x rank,  B = 0 at the start
+
+    so the first version equals the base model. Only A and B train (the optimizer holds
+    nothing else) and a weight version is the adapter alone; rollout servers keep the base
+    model and load each version as a vLLM LoRA adapter."""
+
+    rank: int = Field(16, ge=1, le=512, description="r: rank of each adapter (vLLM serves ranks up to 512).")
+    alpha: float = Field(32.0, gt=0.0, description="Scale numerator: the update is (alpha / rank) * B A.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input in training.")
+    target_modules: tuple[str, ...] = Field(
+        LORA_TARGETS_QWEN2, min_length=1, description="Names of the linear modules adapted (Qwen2's attention and MLP)."
+    )
+
+
 class TrainerConfig(StrictModel):
     batch_groups: int = Field(8, ge=1, description="B: prompt groups per training step.")
     mini_batches: int = Field(
@@ -71,6 +91,7 @@ class TrainerConfig(StrictModel):
     """Transformers' gradient checkpointing (non-reentrant): a micro-batch keeps each layer's
     input (tokens x hidden) instead of all its intermediate activations, for one more forward
     pass of the decoder in backward; gradients are unchanged."""
+    lora: LoraConfig | None = Field(None, description="Train low-rank adapters instead of every weight; None: full fine-tuning.")
     packer: Literal["ffd"] = Field("ffd", description="How sequences are packed into micro-batches (first-fit decreasing).")
     zero_stage: Literal[0, 1, 2, 3] = Field(
         1,
