@@ -103,7 +103,9 @@ class TrainerConfig(StrictModel):
     so no rank holds the whole model. Under stage 3 ``logit_chunk_tokens`` is ignored (a
     micro-batch's logits are computed whole: its chunk count would differ between ranks);
     size ``micro_batch_tokens`` for its (tokens x vocabulary) logits. Checkpoints of every
-    stage resume at another world size (re-partitioned on load)."""
+    stage resume at another world size (re-partitioned on load). With one process, stage 0
+    holds the least: there is nothing to partition, and the stage 1-2 optimizer keeps its own
+    float32 copy of the parameters beside the model's."""
     checkpoint_every: int = Field(5, ge=1, description="Save a trainer checkpoint every this many steps.")
     keep_versions: int = Field(0, ge=0, description="Weight versions kept in the store beyond those the run still needs.")
     """Those the run needs: the current one, those within max_staleness + 1 updates of it,
@@ -149,6 +151,14 @@ class TrainerConfig(StrictModel):
                 f"trainer.behav_weight_floor: {self.behav_weight_floor} needs trainer.behav_weight_cap "
                 "(bounds are an upper bound or two-sided [floor, cap])"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_stage(self) -> TrainerConfig:
+        # ZeRO 3 partitions the base weights; publishing an adapter or merging one would
+        # need gathers the LoRA path does not do (stages 0-2 hold whole weights on every rank).
+        if self.lora is not None and self.zero_stage == 3:
+            raise ValueError("trainer.lora: not supported with trainer.zero_stage 3; use 0-2")
         return self
 
     @model_validator(mode="after")

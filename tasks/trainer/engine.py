@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from asyncrl.configs.trainer import OptimizerConfig
+from asyncrl.configs.trainer import LoraConfig, OptimizerConfig
 from asyncrl.tasks.trainer.zero3 import (
     WEIGHTS_FILE,
     build_partitioned_model,
@@ -73,6 +73,15 @@ class EngineSettings:
     """ZeRO 3: parameters of at most this many elements stay whole on every rank
     (``stage3_param_persistence_threshold``); None: DeepSpeed's default, 1e5. 0 partitions
     every parameter (the tests' tiny model has none above 1e5)."""
+    lora: LoraConfig | None = None
+    """Train low-rank adapters on the frozen model (:mod:`asyncrl.tasks.trainer.lora`);
+    None: every weight trains. ZeRO stages 0-2 only."""
+    initial_adapter: Path | None = None
+    """With ``lora``: a published adapter directory whose A and B the adapters start from
+    (a LoRA run's latest version); None: fresh adapters (B = 0)."""
+    base_model_reference: str | None = None
+    """With ``lora``: what published adapters name as their base model
+    (``base_model_name_or_path``, the run's ``model.path``); None: the directory loaded."""
 
 
 @dataclass
@@ -86,6 +95,9 @@ class TrainEngine:
     """Directory the weights were first loaded from (its tokenizer is re-published)."""
     logit_chunk_tokens: int | None = None
     """Positions whose logits are computed at once for log-probs (None: a micro-batch at once)."""
+    lora: LoraConfig | None = None
+    """The adapters trained (``module`` is then a PEFT model over the frozen base in
+    ``model_dir``; a weight version is the adapter alone); None: full fine-tuning."""
 
     @property
     def module(self) -> torch.nn.Module:
@@ -159,13 +171,15 @@ def deepspeed_config(settings: EngineSettings, *, torch_adam: bool = False) -> d
 
     ``torch_adam`` selects ``torch.optim.AdamW`` instead of DeepSpeed's fused Adam. The
     CPU accelerator's fused Adam is a C++ op compiled on first use (about a minute on two
-    cores, once per environment); for the small models a CPU trains, torch's AdamW steps
-    about as fast.
+    cores, once per environment); torch's own fused CPU kernel (``fused=True``) needs no
+    build and updates each parameter in place, where its default per-tensor path allocates
+    two temporaries the size of the largest parameter (the 151,936-row embedding of a Qwen
+    model) at every step.
     """
     opt = settings.optimizer
     adam_params: dict[str, Any] = {"lr": opt.lr, "betas": list(opt.betas), "weight_decay": opt.weight_decay, "eps": 1e-8}
     if torch_adam:
-        adam_params["torch_adam"] = True
+        adam_params.update(torch_adam=True, fused=True)
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -233,13 +247,18 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
 
     ZeRO stage 3 builds the model partitioned (no rank ever holds all of it:
     :func:`~asyncrl.tasks.trainer.zero3.build_partitioned_model`); collective with several
-    ranks. ``ValueError`` for a stage outside SUPPORTED_ZERO_STAGES.
+    ranks. With ``settings.lora`` the model is wrapped with LoRA adapters first
+    (:func:`~asyncrl.tasks.trainer.lora.apply_lora`): the base is frozen and the optimizer
+    holds the adapters alone. ``ValueError`` for a stage outside SUPPORTED_ZERO_STAGES, or
+    LoRA with stage 3.
     """
     if settings.zero_stage not in SUPPORTED_ZERO_STAGES:
         raise ValueError(
             f"trainer.zero_stage: {settings.zero_stage} is not supported by this trainer; "
             f"use one of {list(SUPPORTED_ZERO_STAGES)}"
         )
+    if settings.lora is not None and settings.zero_stage == 3:
+        raise ValueError("trainer.lora: not supported with trainer.zero_stage 3; use 0-2")
     import deepspeed
     import torch
     import torch.distributed as dist
@@ -259,6 +278,15 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         enable_activation_checkpointing(model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab_size = full_shape(model.get_input_embeddings().weight)[0]
+    if settings.lora is not None:
+        from asyncrl.tasks.trainer.lora import apply_lora
+
+        model = apply_lora(
+            model,
+            settings.lora,
+            base_model_reference=settings.base_model_reference,
+            initial_adapter=settings.initial_adapter,
+        )
     opt = settings.optimizer
     scheduled = opt.warmup_steps > 0 or (opt.decay != "constant" and settings.total_updates is not None)
     scheduler = _lr_scheduler(opt, settings.total_updates) if scheduled else None
@@ -275,6 +303,7 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
         vocab_size=vocab_size,
         model_dir=model_dir,
         logit_chunk_tokens=settings.logit_chunk_tokens,
+        lora=settings.lora,
     )
 
 
@@ -300,7 +329,9 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
 
 
 def save_hf_weights(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str] | None = None) -> Path:
-    """Write the current policy as an HF model directory: safetensors, config, tokenizer.
+    """Write the current policy as a weight version: an HF model directory (safetensors,
+    config, tokenizer), or for a LoRA engine (``engine.lora``) the adapter alone, a PEFT
+    adapter directory (:func:`~asyncrl.tasks.trainer.lora.save_adapter`).
 
     Collective: every rank calls it; rank 0 writes, the others only take part in the
     gathers of ZeRO stage 3 (stages 0-2 keep full parameters in every rank's module: they
@@ -310,8 +341,13 @@ def save_hf_weights(engine: TrainEngine, out_dir: Path, extra_files: dict[str, s
     copies dropped alike). Tokenizer files are copied unchanged from ``engine.model_dir``
     (see TOKENIZER_FILES; saved through transformers only if the directory has none).
     ``extra_files`` maps file names to text written alongside (e.g. lineage JSON).
-    Loadable by ``AutoModelForCausalLM.from_pretrained`` and by vLLM.
+    Loadable by ``AutoModelForCausalLM.from_pretrained`` and by vLLM (an adapter: by
+    ``peft.PeftModel.from_pretrained`` and vLLM's LoRA loader).
     """
+    if engine.lora is not None:
+        from asyncrl.tasks.trainer.lora import save_adapter
+
+        return save_adapter(engine, Path(out_dir), extra_files)
     out_dir = Path(out_dir)
     writer = engine.rank == 0
     partitioned = engine.parameters_partitioned
@@ -326,11 +362,11 @@ def save_hf_weights(engine: TrainEngine, out_dir: Path, extra_files: dict[str, s
     if partitioned:
         write_gathered_safetensors(engine.module, out_dir / WEIGHTS_FILE if writer else None)
     if writer:
-        _write_side_files(engine, out_dir, extra_files or {})
+        write_side_files(engine, out_dir, extra_files or {})
     return out_dir
 
 
-def _write_side_files(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str]) -> None:
+def write_side_files(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str]) -> None:
     """The tokenizer files (copied from ``engine.model_dir``) and ``extra_files`` into ``out_dir``."""
     import shutil
 

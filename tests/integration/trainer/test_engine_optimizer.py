@@ -13,7 +13,7 @@ def test_torch_adam_is_asked_for_only_when_requested() -> None:
     fused = deepspeed_config(settings)["optimizer"]
     plain = deepspeed_config(settings, torch_adam=True)["optimizer"]
     assert fused["type"] == plain["type"] == "AdamW" and "torch_adam" not in fused["params"]
-    assert plain["params"] == {**fused["params"], "torch_adam": True}
+    assert plain["params"] == {**fused["params"], "torch_adam": True, "fused": True}
     assert fused["params"] == {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}
 
 
@@ -23,4 +23,5 @@ def test_cpu_engine_uses_torch_adamw(shared_engine: Any) -> None:
     optimizer = shared_engine.engine.ds.optimizer
     base = getattr(optimizer, "optimizer", optimizer)  # ZeRO wraps the base optimizer
     assert type(base) is torch.optim.AdamW
+    assert base.defaults["fused"] is True  # in place: no per-step temporaries of the largest parameter
     assert base.defaults["lr"] > 0 and base.defaults["weight_decay"] == 0.0
