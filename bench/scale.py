@@ -40,6 +40,7 @@ from asyncrl.bench.scale_figures import (
 )
 from asyncrl.bench.scale_report import format_tables, plot_curves
 from asyncrl.bench.scale_settings import (
+    DEFAULT_SIZES,
     MODEL_DTYPE,
     SIZE_SPECS,
     ScaleBenchSettings,
@@ -258,8 +259,9 @@ def add_scale_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "scale", help="RL step, publish, fetch, load, stall and peak memory from 5M to 0.5B parameters, and their exponents"
     )
     defaults = ScaleBenchSettings()
-    parser.add_argument("--sizes", default=",".join(SIZE_SPECS),
-                        help=f"comma-separated sizes of {', '.join(SIZE_SPECS)} (default all, run smallest first)")  # fmt: skip
+    parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
+                        help=f"comma-separated sizes of {', '.join(SIZE_SPECS)}, run smallest first "
+                             f"(default {','.join(DEFAULT_SIZES)})")  # fmt: skip
     parser.add_argument("--steps", type=int, default=defaults.steps,
                         help=f"RL steps per size (default {defaults.steps}); figures average the steps after the first")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=defaults.repeats, help=f"fresh versions published, fetched and loaded per size (default {defaults.repeats})")

@@ -23,10 +23,14 @@ SIZE_SPECS: types.MappingProxyType[str, TinyModelSpec] = types.MappingProxyType(
     "30m": replace(QWEN25_05B_SPEC, hidden_size=192, num_layers=4, num_heads=3, num_kv_heads=1, intermediate_size=1024),
     "125m": replace(QWEN25_05B_SPEC, hidden_size=512, num_layers=10, num_heads=8, num_kv_heads=2, intermediate_size=2816),
     "0.5b": QWEN25_05B_SPEC,
+    "1.5b": replace(QWEN25_05B_SPEC, hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960),
 })  # fmt: skip
 """The sizes, smallest first: Qwen2 shapes with Qwen2.5-0.5B's vocabulary, positions and RoPE
 base. Parameters (:meth:`TinyModelSpec.num_parameters`): 4,904,288; 31,927,232; 127,617,024;
-494,032,768 (Qwen2.5-0.5B itself)."""
+494,032,768 (Qwen2.5-0.5B itself); 1,543,714,304 (Qwen2.5-1.5B's shape, for GPUs: its
+float32 trainer states alone are ~25 GB)."""
+DEFAULT_SIZES = ("5m", "30m", "125m", "0.5b")
+"""What ``--sizes`` runs by default: the sizes a 24 GB CPU machine holds."""
 MODEL_DTYPE = "float32"
 """dtype of each size's checkpoint: the run's ``model.dtype`` (its default, as on CPU), in
 which the trainer publishes, so the base checkpoint and every version have the same bytes."""
@@ -57,7 +61,7 @@ class ScaleBenchSettings:
     is the option of the same name (``--batch-groups`` for ``batch_groups``), which its
     errors name."""
 
-    sizes: tuple[str, ...] = tuple(SIZE_SPECS)
+    sizes: tuple[str, ...] = DEFAULT_SIZES
     steps: int = 3
     """RL steps per size; the figures are the mean of the steps after the first (which also
     allocates the optimizer's states), or of the one step."""

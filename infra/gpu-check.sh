@@ -20,23 +20,26 @@
 # What it does, each step under a time limit, all of them even when one fails:
 #   1. nvidia-smi, then torch / CUDA / vLLM / DeepSpeed / transformers versions, CUDA
 #      availability, vLLM's platform and DeepSpeed's accelerator (both must be cuda);
-#   2. `asyncrl bench rollout` on GPU 0: one vLLM server on the repo's tiny model (written by
-#      tasks/model/tiny.py, as `make demo` does), generation tokens/s by concurrency and the
-#      stall of in-place weight updates in both interrupt modes;
-#   3. `asyncrl bench weight-sync --size 0.5b` on GPU 0: publish, fetch and in-place load of a
-#      Qwen2.5-0.5B-shaped version into a vLLM server on the GPU; then `asyncrl bench e2e --gpus 0`:
-#      the synchronous run and eta 4 (keep) on the tiny model, server and trainer sharing GPU 0
-#      (each run's efficiency against its limit, its fill and its weight-sync stall fraction);
-#   4. `asyncrl run configs/gpu-check.yaml`: data, a 60-step SFT warm start, 8 asynchronous RL
-#      steps with the vLLM server and the DeepSpeed trainer sharing GPU 0 (inference.devices
-#      [[0]], trainer.devices [0], placement.share_devices), evaluation and registration;
-#   5. the figures (seconds, tokens/s, GPU memory) as a Markdown table for the README.
+#   2. `asyncrl bench weight-sync --size 0.5b` on GPU 0: publish, fetch and in-place load of a
+#      Qwen2.5-0.5B-shaped version into a vLLM server on the GPU;
+#   3. `asyncrl bench e2e --gpus 0`: the synchronous run and eta 4 (keep) on the tiny model,
+#      server and trainer sharing GPU 0 (each run's efficiency against its limit, its fill and
+#      its weight-sync stall fraction);
+#   4. `asyncrl bench scale --gpus 0 --sizes 125m,0.5b,1.5b`: two RL steps per Qwen2.5 shape
+#      (random weights, written locally) through the real stack, publish / fetch / load of a
+#      fresh version, peak memory, and the exponents of each cost against parameters;
+#   5. `asyncrl run configs/gpu-check.yaml` on the 0.5B checkpoint step 4 wrote: data in
+#      GSM8K's format, a 10-update SFT warm start, 20 asynchronous RL steps with the vLLM
+#      server and the DeepSpeed trainer sharing GPU 0, evaluation and registration;
+#   6. the figures (seconds, tokens/s, GPU memory) as a Markdown table for the README.
 # The GPU's memory and utilisation are sampled every 2 s throughout (gpu-samples.txt), and
 # the processes holding GPU memory with their command lines (gpu-apps.txt).
-# It exits 0 when every step passed, 1 otherwise (2 for a usage error). About 6-9 minutes on
-# an H200 before the e2e bench was added (steps 2-4 each start vLLM: 30-60 s apiece; the e2e
-# bench starts it three times), so allow 15. Output under --out (default
-# runs/gpu-check/<UTC time>): one log per step, the benches' JSON, the run's work folder.
+# It exits 0 when every step passed, 1 otherwise (2 for a usage error). Steps 2-5 each start
+# vLLM (30-60 s apiece on a GPU; step 3 three times, step 4 twice per size): their limits
+# add up to 15.5 minutes, the target is under 9 (not yet measured: no GPU has run it). Output
+# under --out (default runs/gpu-check/<UTC time>): one log per step, the benches' JSON, the
+# run's work folder. `asyncrl bench rollout` (generation tokens/s by concurrency) is not a
+# step: run it by hand when wanted.
 #
 # --dry-run prints the commands instead of running them and checks only what needs no GPU:
 # the venv's CLI and that configs/gpu-check.yaml validates with the overrides used.
@@ -69,7 +72,10 @@ case "$OUT" in /*) ;; *) OUT=$REPO/$OUT ;; esac
 CONFIG=configs/gpu-check.yaml
 GPU0=${CUDA_VISIBLE_DEVICES:-0}
 GPU0=${GPU0%%,*}  # the benches' server: the first GPU this process sees
-RUN_OVERRIDES=(work_dir="$OUT/work" storage.root="$OUT/store" tracking.mlflow_uri="sqlite:///$OUT/mlflow.db")
+SCALE_DIR=$OUT/scale  # the scale bench's models; the run trains its 0.5B one
+RUN_OVERRIDES=(work_dir="$OUT/work" storage.root="$OUT/store" tracking.mlflow_uri="sqlite:///$OUT/mlflow.db"
+               model.path="$SCALE_DIR/0.5b/model" data.train_path="$OUT/data/train.parquet"
+               data.eval_path="$OUT/data/heldout.parquet" data.sft_path="$OUT/data/sft.parquet")
 
 export PREFECT_SERVER_ANALYTICS_ENABLED=false VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -177,6 +183,23 @@ if e2e:
                             f"efficiency {'n/a' if efficiency is None else f'{efficiency:.2f}'}, first batch "
                             f"{r['first_batch_wait_s']:.1f} s, stall fraction {r['weight_sync_stall_fraction']:.3f} "
                             f"({r['weight_updates']} updates)"))
+scale = load("bench-scale.json")
+if scale:
+    for entry in scale.get("sizes", []):
+        label = f"bench scale {entry['size']} ({entry['parameters'] / 1e6:,.0f}M parameters)"
+        if "error" in entry:
+            rows.append((label, "failed: " + entry["error"].splitlines()[0][:120]))
+            continue
+        f = entry["figures"]
+
+        def seconds(key):
+            return "n/a" if f.get(key) is None else f"{f[key]:.2f} s"
+        rss = f.get("trainer_rss_over_states")
+        rows.append((label, f"step {seconds('step_s')}, publish {seconds('publish_s')}, fetch {seconds('fetch_s')}, "
+                            f"load {seconds('load_s')}, stall {seconds('stall_s')}, trainer peak RSS / model states "
+                            f"{'n/a' if rss is None else f'{rss:.2f}'}"))
+    for cost, fit in sorted(scale.get("exponents", {}).items()):
+        rows.append((f"bench scale exponent k of {cost} ~ params^k", f"{fit['overall']:.2f}"))
 summary = load("store/summary.json")
 if summary:
     def pct(value):
@@ -288,19 +311,20 @@ sys.exit(1 if problems else 0)
 PY
 step ds-report 120 bash -c "\"$VENV/bin/ds_report\" 2>&1 | grep -Ei 'fused_adam|torch version|torch cuda version|nvcc version|deepspeed info|shared memory' || true"
 
-# --- 2-3. vLLM on GPU 0: generation, weight updates, in-place loads -------------------------------
+# --- 2-4. the benches on GPU 0 -----------------------------------------------------------------
 if [ "$SKIP_BENCHES" = 0 ]; then
-  step bench-rollout 300 env CUDA_VISIBLE_DEVICES="$GPU0" "$ASYNCRL" bench rollout \
-    --concurrency 1 16 64 --requests 64 --max-tokens 256 --updates 2 --json "$OUT/bench-rollout.json"
-  step bench-weight-sync 360 env CUDA_VISIBLE_DEVICES="$GPU0" "$ASYNCRL" bench weight-sync \
+  step bench-weight-sync 150 env CUDA_VISIBLE_DEVICES="$GPU0" "$ASYNCRL" bench weight-sync \
     --size 0.5b --repeats 2 --probe-mib 256 --work-dir "$OUT/weight-sync" --json "$OUT/bench-weight-sync.json"
   # GPU 0 of what this process sees, shared by the server and the trainer (as the run below).
-  step bench-e2e 480 "$ASYNCRL" bench e2e --gpus 0 --etas 0,4 --modes keep --steps 16 \
+  step bench-e2e 240 "$ASYNCRL" bench e2e --gpus 0 --etas 0,4 --modes keep --steps 8 \
     --work-dir "$OUT/e2e" --json "$OUT/bench-e2e.json"
 fi
+# The scale bench also writes the 0.5B checkpoint the run trains, so --skip-benches keeps it.
+step bench-scale 300 "$ASYNCRL" bench scale --gpus 0 --sizes 125m,0.5b,1.5b --steps 2 --repeats 1 \
+  --activation-checkpointing --work-dir "$SCALE_DIR" --json "$OUT/bench-scale.json"
 
-# --- 4. the pipeline: SFT and async RL with vLLM and DeepSpeed sharing GPU 0 --------------------
-step run 540 "$ASYNCRL" run "$CONFIG" "${RUN_OVERRIDES[@]}"
+# --- 5. the pipeline at 0.5B: SFT and async RL with vLLM and DeepSpeed sharing GPU 0 ------------
+step run 240 "$ASYNCRL" run "$CONFIG" "${RUN_OVERRIDES[@]}"
 
 if [ "$DRY_RUN" = 1 ]; then
   echo "[dry-run] then: the figures from $OUT (bench JSON, summary.json, trainer metrics, GPU samples)"
@@ -308,7 +332,7 @@ if [ "$DRY_RUN" = 1 ]; then
 fi
 stop_sampler
 
-# --- 5. figures ------------------------------------------------------------------------------------
+# --- 6. figures ------------------------------------------------------------------------------------
 {
   for name in "${!START_OF[@]}"; do echo "window $name ${START_OF[$name]} ${END_OF[$name]} ${SECONDS_OF[$name]}"; done
 } >"$OUT/step-windows.txt"

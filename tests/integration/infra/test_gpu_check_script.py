@@ -39,18 +39,35 @@ def test_dry_run_prints_the_commands_and_validates_the_config(tmp_path: Path) ->
     done = run_script("--dry-run", "--out", str(tmp_path / "check"))
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert f"configs/gpu-check.yaml validates with: work_dir={tmp_path}/check/work" in out
+    check = tmp_path / "check"
+    assert f"configs/gpu-check.yaml validates with: work_dir={check}/work" in out
     lines = {line.split(" (limit")[0].removeprefix("[dry-run] "): line for line in out.splitlines() if "(limit" in line}
-    assert list(lines) == ["nvidia-smi", "versions", "ds-report", "bench-rollout", "bench-weight-sync", "bench-e2e", "run"]
-    assert "CUDA_VISIBLE_DEVICES=0" in lines["bench-rollout"] and "bench rollout" in lines["bench-rollout"]
-    assert "bench weight-sync --size 0.5b" in lines["bench-weight-sync"]
+    assert list(lines) == ["nvidia-smi", "versions", "ds-report", "bench-weight-sync", "bench-e2e", "bench-scale", "run"]
+    assert "CUDA_VISIBLE_DEVICES=0" in lines["bench-weight-sync"] and "bench weight-sync --size 0.5b" in lines["bench-weight-sync"]
     assert "bench e2e --gpus 0 --etas 0,4" in lines["bench-e2e"] and "CUDA_VISIBLE_DEVICES" not in lines["bench-e2e"]
-    assert f"run configs/gpu-check.yaml work_dir={tmp_path}/check/work storage.root={tmp_path}/check/store" in lines["run"]
-    assert not (tmp_path / "check").exists()  # a dry run writes nothing
-    skipped = run_script("--dry-run", "--skip-benches", "--out", str(tmp_path / "check"))
-    assert "bench-rollout" not in skipped.stdout and "[dry-run] run (limit" in skipped.stdout
+    assert "bench scale --gpus 0 --sizes 125m,0.5b,1.5b" in lines["bench-scale"]
+    assert f"--work-dir {check}/scale " in lines["bench-scale"]
+    # the run trains the 0.5B checkpoint the scale bench wrote
+    assert f"run configs/gpu-check.yaml work_dir={check}/work storage.root={check}/store" in lines["run"]
+    assert f"model.path={check}/scale/0.5b/model" in lines["run"]
+    limits = [int(line.split("(limit ")[1].split("s)")[0]) for name, line in lines.items() if name.startswith(("bench", "run"))]
+    assert sum(limits) <= 15.5 * 60  # what the script's help promises
+    assert not check.exists()  # a dry run writes nothing
+    skipped = run_script("--dry-run", "--skip-benches", "--out", str(check))
+    assert "bench-e2e" not in skipped.stdout and "[dry-run] run (limit" in skipped.stdout
+    assert "[dry-run] bench-scale (limit" in skipped.stdout  # it writes the run's model
     # the benches' server is the first GPU the caller's CUDA_VISIBLE_DEVICES shows
     assert "CUDA_VISIBLE_DEVICES=5 " in run_script("--dry-run", env={"CUDA_VISIBLE_DEVICES": "5,6"}).stdout
+
+
+def test_the_run_config_is_the_0_5b_shape_the_scale_bench_writes() -> None:
+    from asyncrl.bench.scale_settings import SIZE_SPECS
+    from asyncrl.configs.loading import load_config
+
+    config = load_config(REPO / "configs" / "gpu-check.yaml")
+    assert config.model.path.endswith("/0.5b/model") and not config.pipeline.init_tiny_model
+    assert SIZE_SPECS["0.5b"].num_parameters() == 494_032_768
+    assert config.trainer.max_steps == 20 and config.pipeline.synthetic_data is not None
 
 
 def test_usage_errors_and_help() -> None:
@@ -96,6 +113,14 @@ def test_figures_of_an_output_folder(tmp_path: Path) -> None:
     steps = [{"step": i, "time": 1.0 * i, "step_time_s": 9.0 if i == 1 else 2.0, "tokens_per_s": 100.0 * i} for i in (1, 2, 3)]
     (work / "trainer-metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
 
+    figures = {"step_s": 1.5, "tokens_per_s": 900.0, "publish_s": 0.25, "fetch_s": 0.125, "load_s": 0.5, "stall_s": None,
+               "trainer_rss_over_states": 1.25}  # fmt: skip
+    scale = {
+        "sizes": [{"size": "0.5b", "parameters": 494_032_768, "figures": figures},
+                  {"size": "1.5b", "parameters": 1_543_714_304, "error": "ComponentFailed: trainer failed\ntail"}],
+        "exponents": {"step_s": {"pairs": [], "overall": 0.95}},
+    }  # fmt: skip
+    (tmp_path / "bench-scale.json").write_text(json.dumps(scale))
     done = run_script("--figures", str(tmp_path))
     assert done.returncode == 0, done.stderr
     rows = dict(line.strip("|").split(" | ", 1) for line in done.stdout.splitlines()[2:])
@@ -114,6 +139,11 @@ def test_figures_of_an_output_folder(tmp_path: Path) -> None:
     assert rows["RL step (DeepSpeed), step_time_s: mean of steps 2-3"] == "2.000 s"
     assert rows["RL step (DeepSpeed), tokens_per_s: mean of steps 2-3"] == "250.000 tokens/s"
     assert rows["trainer process seen holding GPU memory"] == "yes"
+    assert rows["bench scale 0.5b (494M parameters)"] == (
+        "step 1.50 s, publish 0.25 s, fetch 0.12 s, load 0.50 s, stall n/a, trainer peak RSS / model states 1.25"
+    )
+    assert rows["bench scale 1.5b (1,544M parameters)"] == "failed: ComponentFailed: trainer failed"
+    assert rows["bench scale exponent k of step_s ~ params^k"] == "0.95"
     empty = run_script("--figures", str(tmp_path / "nothing"))
     assert empty.returncode == 0 and empty.stdout.splitlines() == ["| figure | value |", "| --- | --- |"]
 
@@ -150,9 +180,9 @@ def test_every_step_runs_and_a_failure_fails_the_check(tmp_path: Path) -> None:
                                               "CUDA_VISIBLE_DEVICES": "3"})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "gpu-check: run FAILED (status 3" in done.stderr and "FAILED steps: run " in done.stderr
-    for name in ("nvidia-smi", "versions", "ds-report", "bench-rollout", "bench-weight-sync", "bench-e2e"):
+    for name in ("nvidia-smi", "versions", "ds-report", "bench-weight-sync", "bench-e2e", "bench-scale"):
         assert f"gpu-check: {name} passed" in done.stdout
-    assert "asyncrl bench rollout --concurrency 1 16 64" in (out / "bench-rollout.log").read_text()
+    assert "asyncrl bench scale --gpus 0 --sizes 125m,0.5b,1.5b" in (out / "bench-scale.log").read_text()
     assert "GPU 0: Fake GPU" in (out / "nvidia-smi.log").read_text()
     figures = (out / "figures.md").read_text()
     assert "| step run | " in figures and "GPU: peak 2.0 GiB, mean utilisation 7%" in figures

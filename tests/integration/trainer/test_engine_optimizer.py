@@ -25,3 +25,23 @@ def test_cpu_engine_uses_torch_adamw(shared_engine: Any) -> None:
     assert type(base) is torch.optim.AdamW
     assert base.defaults["fused"] is True  # in place: no per-step temporaries of the largest parameter
     assert base.defaults["lr"] > 0 and base.defaults["weight_decay"] == 0.0
+
+
+def test_a_one_rank_stage_0_engine_skips_the_all_reduce_and_keeps_the_plain_gradients(trainer_model_dir: Any) -> None:
+    """One rank without ZeRO: no flat-bucket copy of the gradients ("reduced" over one rank),
+    and the gradients are exactly those of the same model outside DeepSpeed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.tasks.trainer.engine import build_engine
+
+    engine = build_engine(trainer_model_dir, EngineSettings(optimizer=OptimizerConfig(lr=1e-3), zero_stage=0))
+    assert engine.world_size == 1 and engine.ds.enable_backward_allreduce is False
+    tokens = torch.tensor([[3, 5, 7, 9, 11, 13, 2, 4]])
+    engine.ds.backward(engine.ds(tokens, labels=tokens).loss)
+    reference = AutoModelForCausalLM.from_pretrained(trainer_model_dir)
+    reference(tokens, labels=tokens).loss.backward()
+    pairs = list(zip(engine.module.named_parameters(), reference.parameters(), strict=True))
+    assert all(p.grad is not None for (_, p), _ in pairs)
+    for (name, mine), theirs in pairs:
+        assert torch.allclose(mine.grad, theirs.grad, atol=1e-6), name
