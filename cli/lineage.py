@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
 
 
@@ -48,7 +49,13 @@ def cmd_register(args: argparse.Namespace) -> int:
 
     store = _run_store(args)
     model_id = logged_model_id(store.lineage, args.version)
-    number = register_version(store.root, store.lineage, args.version, model_id, args.name, args.alias)
+    base = args.base_model
+    if base is None and args.config:  # a LoRA run's adapters apply to its model.path
+        from asyncrl.configs.loading import load_config
+
+        base = load_config(args.config).model.path
+    base_dir = None if base is None else Path(base)
+    number = register_version(store.root, store.lineage, args.version, model_id, args.name, args.alias, base_model_dir=base_dir)
     aliases = "".join(f", models:/{args.name}@{alias}" for alias in args.alias)
     print(f"weight version {args.version} (LoggedModel {model_id}) registered as models:/{args.name}/{number}{aliases}")
     return 0
@@ -74,6 +81,9 @@ def add_lineage_commands(commands: Any, add_debug_flag: Any) -> None:  # noqa: A
     register.add_argument("version", type=int, help="weight version number")
     register.add_argument("--name", required=True, help="registered model name")
     register.add_argument("--alias", action="append", default=[], help="alias to point at it (repeatable)")
+    register.add_argument(
+        "--base-model", help="a LoRA run's base model directory (default: the --config's model.path), merged with the adapter"
+    )
     _run_arguments(register)
     register.set_defaults(handler=cmd_register)
     add_debug_flag(register)

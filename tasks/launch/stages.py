@@ -401,5 +401,8 @@ def register_best(
     if model_id is None:
         return best.version, None
     root = open_root(config.storage.root, config.storage.options)
-    registered = register_version(root, lineage, best.version, model_id, config.pipeline.registered_model, ["best", "current"])
+    base = Path(config.model.path) if config.trainer.lora is not None else None
+    registered = register_version(
+        root, lineage, best.version, model_id, config.pipeline.registered_model, ["best", "current"], base_model_dir=base
+    )
     return best.version, registered

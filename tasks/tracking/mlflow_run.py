@@ -40,6 +40,8 @@ MANIFEST_ARTIFACT = "lineage/manifest.json"
 """Path, in a version's LoggedModel artifacts, of its lineage manifest (step, parent version,
 the shards it was trained on, the prompt datasets)."""
 HF_FLAVOR_TAG = "asyncrl.hf_flavor"
+BASE_MODEL_TAG = "asyncrl.base_model"
+"""Tag of a LoRA version's LoggedModel: the base model its adapter applies to."""
 """Set on a LoggedModel once its HF weights are logged in the transformers flavor."""
 TEXT_GENERATION = "text-generation"
 
@@ -252,6 +254,20 @@ class RunLineage:
             self.client.log_model_artifacts(model_id, str(local))
         self.client.set_logged_model_tags(model_id, {HF_FLAVOR_TAG: "transformers"})
         return True
+
+    def log_adapter(self, model_id: str, adapter_dir: Path) -> None:
+        """Put a LoRA adapter's files under ``adapter/`` of the LoggedModel's artifacts and tag
+        the model with the base model its ``adapter_config.json`` names
+        (:data:`BASE_MODEL_TAG`)."""
+        import shutil
+
+        config = json.loads((adapter_dir / "adapter_config.json").read_text())
+        with tempfile.TemporaryDirectory(prefix="asyncrl-adapter-") as tmp:
+            shutil.copytree(adapter_dir, Path(tmp) / "adapter")
+            self.client.log_model_artifacts(model_id, tmp)
+        self.client.set_logged_model_tags(
+            model_id, {BASE_MODEL_TAG: str(config.get("base_model_name_or_path") or ""), "asyncrl.lora_rank": str(config.get("r"))}
+        )
 
     def has_hf_model(self, model_id: str) -> bool:
         """The LoggedModel holds its HF weights in the transformers flavor (:meth:`log_hf_model`)."""

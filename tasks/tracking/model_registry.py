@@ -13,8 +13,9 @@ from mlflow import MlflowClient
 from pathlib import Path
 
 from asyncrl.storage.fs import RunRoot
-from asyncrl.tasks.tracking.mlflow_run import RunLineage
 from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.model.lora_adapter import is_adapter_dir, merge_adapter
+from asyncrl.tasks.tracking.mlflow_run import RunLineage
 
 
 class UnknownLoggedVersionError(ValueError):
@@ -36,17 +37,37 @@ def logged_model_id(lineage: RunLineage, version: int) -> str:
 
 
 def register_version(
-    root: RunRoot, lineage: RunLineage, version: int, model_id: str, name: str, aliases: Sequence[str]
+    root: RunRoot,
+    lineage: RunLineage,
+    version: int,
+    model_id: str,
+    name: str,
+    aliases: Sequence[str],
+    base_model_dir: Path | None = None,
 ) -> str:
     """Pin weight ``version`` in the store, log its HF files (downloaded from the store and
     checked against its manifest) into LoggedModel ``model_id`` in the transformers flavor
     unless it holds them already, and register it as ``name`` with ``aliases``; the registered
-    version number (the existing one when the model is registered under ``name`` already)."""
+    version number (the existing one when the model is registered under ``name`` already).
+
+    A LoRA run's version is an adapter: the LoggedModel then holds the adapter itself under
+    ``adapter/`` (its ``adapter_config.json`` names the base model) and, in the transformers
+    flavor, the merged model (:func:`~asyncrl.tasks.model.lora_adapter.merge_adapter` of it
+    into ``base_model_dir``, the run's ``model.path``), so it loads as any other version.
+    ``ValueError`` for an adapter without ``base_model_dir``, before anything is logged."""
     store = WeightStore(root)
     store.pin(version)
     if not lineage.has_hf_model(model_id):
         with tempfile.TemporaryDirectory(prefix="asyncrl-register-") as tmp:
-            lineage.log_hf_model(model_id, store.download(version, Path(tmp) / f"v{version}"))
+            files = store.download(version, Path(tmp) / f"v{version}")
+            if is_adapter_dir(files):
+                if base_model_dir is None:
+                    raise ValueError(
+                        f"weight version {version} is a LoRA adapter: registering it needs its base model (model.path)"
+                    )
+                lineage.log_adapter(model_id, files)
+                files = merge_adapter(base_model_dir, files, Path(tmp) / "merged")
+            lineage.log_hf_model(model_id, files)
     return lineage.register(model_id, name, aliases)
 
 

@@ -8,7 +8,9 @@ interrupted save and is ignored. Files go through the node's local ``work_dir``;
 several ranks each node's leader uploads its node's files and rank 0 writes the manifest.
 The manifest records the data-parallel world size; a checkpoint loads at another one after
 its ZeRO optimizer files are re-partitioned (:mod:`asyncrl.tasks.trainer.zero_reshard`, and
-:mod:`asyncrl.tasks.trainer.zero3_reshard` for ZeRO stage 3).
+:mod:`asyncrl.tasks.trainer.zero3_reshard` for ZeRO stage 3). A LoRA engine's checkpoint
+holds the trainable parameters only (the adapters, DeepSpeed's ``exclude_frozen_parameters``)
+and its optimizer state: the frozen base is the one the engine was built on.
 Multi-node details: ``docs/internals/trainer.md``.
 """
 
@@ -18,6 +20,7 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,7 +130,13 @@ def save_checkpoint(root: RunRoot, engine: TrainEngine, state: CheckpointState, 
     if leader:
         shutil.rmtree(local, ignore_errors=True)
     barrier()
-    engine.ds.save_checkpoint(str(local), tag=tag, client_state={"asyncrl": vars(state)}, save_latest=False)
+    engine.ds.save_checkpoint(
+        str(local),
+        tag=tag,
+        client_state={"asyncrl": vars(state)},
+        save_latest=False,
+        exclude_frozen_parameters=engine.lora is not None,
+    )
     barrier()
     tag_dir = local / tag
     listed = all_gather_objects(_local_files(tag_dir) if leader else {})
@@ -221,7 +230,11 @@ def load_checkpoint(root: RunRoot, engine: TrainEngine, step: int, work_dir: Pat
 
     run_and_agree(fetch, f"fetching checkpoint {source}")
     load_path, _ = engine.ds.load_checkpoint(
-        str(local), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        str(local),
+        tag=tag,
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+        custom_load_fn=_load_trainable_only(source) if engine.lora is not None else None,
     )
     barrier()
     if leader:
@@ -229,6 +242,25 @@ def load_checkpoint(root: RunRoot, engine: TrainEngine, step: int, work_dir: Pat
     if load_path is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {source}")
     return CheckpointState(step=int(manifest["step"]), version=int(manifest["version"]))
+
+
+def _load_trainable_only(source: str) -> Callable[..., None]:
+    """DeepSpeed's module loader for a checkpoint saved without frozen parameters (a LoRA
+    engine's): every trainable parameter must be in it, and nothing the module lacks; the
+    frozen ones keep the values the engine was built with. :class:`CheckpointError` names
+    ``source`` and the keys otherwise."""
+
+    def load(src: dict[str, Any], dst: Any) -> None:
+        result = dst.load_state_dict(src, strict=False)
+        frozen = {name for name, p in dst.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        missing = sorted(set(result.missing_keys) - frozen)
+        if missing or result.unexpected_keys:
+            raise CheckpointError(
+                f"{source}: module state does not match the LoRA model: missing {missing[:4]}, "
+                f"unexpected {sorted(result.unexpected_keys)[:4]} (saved by a run with other trainer.lora settings?)"
+            )
+
+    return load
 
 
 def prune_checkpoints(root: RunRoot, keep: int) -> list[int]:

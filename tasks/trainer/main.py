@@ -57,15 +57,18 @@ class LogSink:
         logger.info("step %d %s", step, shown)
 
 
-def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path, *, fetch: bool = True) -> tuple[Path, int | None]:
+def initial_model_dir(
+    root: RunRoot, model_path: str, work_dir: Path, *, fetch: bool = True, base: bool = False
+) -> tuple[Path, int | None]:
     """The weights the engine starts from: the store's latest version, else ``model.path``
     (:func:`~asyncrl.tasks.model.weight_fetch.model_weights`, cached in ``work_dir/weights-cache``,
     older versions pruned). Returns (local directory, version or None). With ``fetch`` False
-    nothing is downloaded: the directory another process of the node fills."""
+    nothing is downloaded: the directory another process of the node fills. With ``base``
+    ``model.path`` whatever the store holds (a LoRA run's frozen base), version None."""
     from asyncrl.storage.weights import WeightStore
     from asyncrl.tasks.model.weight_fetch import model_weights, prune_weight_cache
 
-    latest = WeightStore(root).latest()
+    latest = None if base else WeightStore(root).latest()
     cache = work_dir / "weights-cache"
     model_dir = model_weights(root, model_path, latest, cache, fetch=fetch)
     if fetch and latest is not None:
@@ -73,7 +76,7 @@ def initial_model_dir(root: RunRoot, model_path: str, work_dir: Path, *, fetch: 
     return model_dir, latest
 
 
-def node_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[Path, int | None]:
+def node_model_dir(root: RunRoot, model_path: str, work_dir: Path, *, base: bool = False) -> tuple[Path, int | None]:
     """:func:`initial_model_dir` for every process of the trainer (collective): the node's
     leader fetches into the node's ``work_dir``, the others wait for it (one download per
     node, not per process); every rank checks it holds the version rank 0 chose."""
@@ -81,10 +84,10 @@ def node_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[Path
     from asyncrl.tasks.trainer.engine import init_distributed
 
     init_distributed()
-    chosen = broadcast_from_rank0(lambda: initial_model_dir(root, model_path, work_dir, fetch=False)[1])
+    chosen = broadcast_from_rank0(lambda: initial_model_dir(root, model_path, work_dir, fetch=False, base=base)[1])
 
     def fetch() -> tuple[Path, int | None]:
-        found = initial_model_dir(root, model_path, work_dir, fetch=is_node_leader())
+        found = initial_model_dir(root, model_path, work_dir, fetch=is_node_leader(), base=base)
         if found[1] != chosen:
             raise RuntimeError(
                 f"the weight store changed while the trainer started: rank 0 chose version {chosen}, this rank {found[1]}"
@@ -95,9 +98,38 @@ def node_model_dir(root: RunRoot, model_path: str, work_dir: Path) -> tuple[Path
     return run_and_agree(fetch, "fetching the initial weights")
 
 
-def _engine(config: RunConfig, model_dir: Path, total_updates: int, optimizer: OptimizerConfig):  # noqa: ANN202
+def lora_start(
+    root: RunRoot, config: RunConfig, model_dir: Path, version: int | None, work_dir: Path
+) -> tuple[Path, Path | None]:
+    """(base directory, initial adapter directory or None) of a LoRA run whose latest weights
+    are ``model_dir`` (version ``version``, :func:`node_model_dir`): the base is always
+    ``model.path`` (collective, like :func:`node_model_dir`); the adapters start from the
+    latest version when it is an adapter, fresh when nothing is published. A published version
+    with full weights (a run that started without ``trainer.lora``) is a :class:`ConfigError`."""
+    from asyncrl.tasks.model.lora_adapter import is_adapter_dir
+
+    base_dir, _ = node_model_dir(root, config.model.path, work_dir, base=True)
+    if is_adapter_dir(model_dir):
+        return base_dir, model_dir
+    if version is not None and Path(model_dir) != Path(base_dir):
+        raise ConfigError(
+            f"trainer.lora: the latest weight version {version} holds full weights, not a LoRA adapter "
+            "(a run trains adapters from its first version or not at all)"
+        )
+    return base_dir, None
+
+
+def _engine(  # noqa: ANN202
+    config: RunConfig,
+    model_dir: Path,
+    total_updates: int,
+    optimizer: OptimizerConfig,
+    initial_adapter: Path | None = None,
+):
     """The DeepSpeed engine (a TrainEngine, imported lazily) with ``optimizer``;
-    ``total_updates`` sets the length of a decaying learning-rate schedule."""
+    ``total_updates`` sets the length of a decaying learning-rate schedule. With
+    ``trainer.lora``, ``model_dir`` is the frozen base and ``initial_adapter`` the adapter
+    the run goes on from (:func:`lora_start`)."""
     from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
 
     settings = EngineSettings(
@@ -108,6 +140,9 @@ def _engine(config: RunConfig, model_dir: Path, total_updates: int, optimizer: O
         total_updates=total_updates,
         logit_chunk_tokens=config.trainer.logit_chunk_tokens,
         activation_checkpointing=config.trainer.activation_checkpointing,
+        lora=config.trainer.lora,
+        initial_adapter=initial_adapter,
+        base_model_reference=config.model.path,
     )
     return build_engine(model_dir, settings)
 
@@ -119,9 +154,12 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
     from asyncrl.tasks.trainer.rl_settings import RLSettings
 
     root = open_root(config.storage.root, config.storage.options)
-    model_dir, _ = node_model_dir(root, config.model.path, work_dir)
+    model_dir, latest = node_model_dir(root, config.model.path, work_dir)
+    adapter = None
+    if config.trainer.lora is not None:
+        model_dir, adapter = lora_start(root, config, model_dir, latest, work_dir)
     total_updates = config.trainer.max_steps * config.trainer.mini_batches
-    engine = _engine(config, model_dir, total_updates, config.trainer.optimizer)
+    engine = _engine(config, model_dir, total_updates, config.trainer.optimizer, adapter)
     loop = LoopSettings(
         batch_groups=config.trainer.batch_groups,
         max_steps=config.trainer.max_steps,
@@ -174,7 +212,10 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
         raise ConfigError(f"pipeline.sft_steps: SFT mode needs at least 1 step, got {steps} (or pass --sft-steps)")
     root = open_root(config.storage.root, config.storage.options)
     model_dir, parent = node_model_dir(root, config.model.path, work_dir)
-    engine = _engine(config, model_dir, steps, config.pipeline.sft_optimizer or config.trainer.optimizer)
+    adapter = None
+    if config.trainer.lora is not None:
+        model_dir, adapter = lora_start(root, config, model_dir, parent, work_dir)
+    engine = _engine(config, model_dir, steps, config.pipeline.sft_optimizer or config.trainer.optimizer, adapter)
     sft_path = config.data.sft_path or config.data.train_path
     records = load_prompts(sft_path, plugins=config.reward.plugins)
     sequences = sft_sequences(records, engine.tokenizer, config.data.prompt_format, config.reward.code.extract)

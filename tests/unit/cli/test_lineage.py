@@ -96,3 +96,43 @@ def test_lineage_refuses_bad_input_by_name(run: TinyRun, tmp_path: Path, capsys:
     assert not (tmp_path / "missing.db").exists()
     assert main(["lineage", "--root", store]) == 2
     assert "give a VERSION" in capsys.readouterr().err
+
+
+def test_a_lora_version_registers_its_adapter_and_the_merged_model_that_loads(
+    run: TinyRun, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A LoRA run's version is an adapter: registered with its base model, the LoggedModel
+    holds the adapter (``adapter/``, tagged with its base) and the merged model, which loads
+    through MLflow and computes the adapted model's logits; without the base it is refused."""
+    import json
+
+    import torch
+    from lora_adapter_builder import peft_model, write_adapter
+
+    from asyncrl.storage.weight_lineage import LINEAGE_FILE
+    from asyncrl.tasks.tracking.mlflow_run import BASE_MODEL_TAG
+
+    adapter = write_adapter(tiny_model_dir, tmp_path / "adapter-v3", seed=3, rank=4, alpha=8.0, b_std=0.3)
+    (adapter / LINEAGE_FILE).write_text(json.dumps({"version": 3, "parent_version": 2, "step": 3, "shards": []}))
+    WeightStore(run.root).publish(3, adapter)
+    run.recorder.poll()
+    store = str(run.root.path)
+    assert main(["register", "3", "--root", store, "--name", "lora-policy"]) == 2
+    assert "weight version 3 is a LoRA adapter: registering it needs its base model" in capsys.readouterr().err
+    assert main(["register", "3", "--root", store, "--name", "lora-policy", "--base-model", str(tiny_model_dir)]) == 0
+    model_id = run.recorder.logged_versions[3]
+    assert f"weight version 3 (LoggedModel {model_id}) registered as models:/lora-policy/1" in capsys.readouterr().out
+    files = {a.path for a in run.lineage.client.list_logged_model_artifacts(model_id)}
+    assert {"MLmodel", "adapter"} <= files
+    assert run.lineage.client.get_logged_model(model_id).tags[BASE_MODEL_TAG] == str(tiny_model_dir)
+
+    mlflow.set_tracking_uri(run.lineage.tracking_uri)
+    try:
+        merged = mlflow.transformers.load_model("models:/lora-policy/1").model
+    finally:
+        mlflow.set_tracking_uri(None)
+    tokens = torch.tensor([[3, 9, 4, 12, 7]])
+    with torch.no_grad():
+        adapted, base = peft_model(tiny_model_dir, adapter)(tokens).logits, peft_model(tiny_model_dir, None)(tokens).logits
+        loaded = merged.float()(tokens).logits
+    assert float((loaded - adapted).abs().max()) < 1e-4 < float((loaded - base).abs().max())

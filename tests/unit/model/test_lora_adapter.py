@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.tasks.model.adapter_merge import ADAPTER_CONFIG, AdapterMergeError, is_adapter_dir, merge_adapter
+from asyncrl.tasks.model.lora_adapter import ADAPTER_CONFIG, AdapterMergeError, is_adapter_dir, merge_adapter
 from asyncrl.tasks.model.tiny import write_tiny_model
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
