@@ -32,8 +32,7 @@ from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
 from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
-from asyncrl.tasks.model.weight_fetch import model_weights
-from asyncrl.tasks.placement.launch_settings import evaluator_server_config
+from asyncrl.tasks.placement.launch_settings import evaluator_server_config, server_start_dir
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.evaluator.held_out import EvalResult, HeldOutTask, held_out_task
 from asyncrl.storage.weights import final_step_published
@@ -92,8 +91,9 @@ class Evaluator:
         return None
 
     def model_dir(self, version: int) -> Path:
-        """A local directory of ``version``'s weights (:func:`model_weights`, into :attr:`cache_dir`)."""
-        return model_weights(self.paths.root, self.config.model.path, version, self.cache_dir)
+        """The directory its server starts from to serve ``version`` (:func:`server_start_dir`:
+        the version's weights, cached in :attr:`cache_dir`, or a LoRA run's base model)."""
+        return server_start_dir(self.config, self.paths, version, self.cache_dir)
 
     @property
     def cache_dir(self) -> Path:
@@ -108,8 +108,11 @@ class Evaluator:
         loaded in place, until the end or a stop."""
         storage = self.config.storage
         version: int | None = first
-        async with RolloutClient([handle], initial_version=first) as client:
-            with ServerWeightLoader(storage.root, storage.options, str(self.cache_dir)) as loader:
+        adapters = self.config.trainer.lora is not None  # the server started on the base model
+        with ServerWeightLoader(storage.root, storage.options, str(self.cache_dir), adapters=adapters) as loader:
+            if adapters:
+                await asyncio.to_thread(loader.load, handle, first)
+            async with RolloutClient([handle], initial_version=first, adapters=adapters) as client:
                 while version is not None:
                     started = time.monotonic()
                     if version != client.current_version:

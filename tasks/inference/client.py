@@ -9,8 +9,10 @@ in ``interrupt_mode`` ``recompute`` (abort and resubmit; the paper's) or ``keep`
 the KV cache and continue). Rejoin: a server out of rotation is looked at again with a doubling
 wait up to :data:`~asyncrl.tasks.inference.server_rotation.MAX_REJOIN_WAIT_S` and put back at
 the next weight update once it answers (the client's
-:class:`~asyncrl.tasks.inference.server_rotation.ServerRotation`). Modes, failures and rejoin
-in detail: ``docs/internals/inference.md``.
+:class:`~asyncrl.tasks.inference.server_rotation.ServerRotation`). LoRA (``adapters``): each
+version is an adapter on the servers' base model; a request names its server's current
+adapter, and its tokens carry that adapter's version. Modes, failures, rejoin and LoRA in
+detail: ``docs/internals/inference.md``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from asyncrl.tasks.inference.vllm_api import (
     SamplingOptions,
     check_generate_args,
     check_positive_int,
-    versions_from_spans,
+    segment_versions,
 )
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,16 @@ class RolloutClient:
 
     ``rejoin_probe_s``: the first wait before a server out of rotation is looked at again
     (module docstring, "Rejoin"); the client's :class:`ServerRotation` does the looking.
+
+    ``adapters``: the servers were started with LoRA (``RolloutServerConfig.max_lora_rank``)
+    and each weight version is a LoRA adapter (loaded by ``ServerWeightLoader(adapters=True)``).
+    Every segment's request then names, as ``model``, the adapter of its server's version at
+    submission (:func:`~asyncrl.tasks.inference.vllm_api.adapter_name`; none, i.e. the base
+    model, for a server still at version 0 without an adapter), and all its tokens carry that
+    version (:func:`~asyncrl.tasks.inference.vllm_api.segment_versions`). vLLM cannot switch a
+    running request's adapter: in ``recompute`` mode a cut segment is resubmitted under the new
+    adapter, as without LoRA; in ``keep`` mode a frozen request finishes on the adapter it
+    started with, and its tokens after the update keep the old version.
     """
 
     def __init__(
@@ -79,6 +91,7 @@ class RolloutClient:
         max_segments: int = 1000,
         stream_interval: int = 16,
         rejoin_probe_s: float = 10.0,
+        adapters: bool = False,
     ) -> None:
         if interrupt_mode not in INTERRUPT_MODES:
             raise ValueError(f"interrupt_mode: must be one of {list(INTERRUPT_MODES)}, got {interrupt_mode!r}")
@@ -95,6 +108,7 @@ class RolloutClient:
         self._pool = ServerPool(list(servers))
         self._mode: InterruptMode = interrupt_mode
         self._initial_version = initial_version
+        self._adapters = bool(adapters)
         self._max_segments = max_segments
         self._stream_interval = stream_interval
         # Read timeout = longest silence in one stream; a keep-mode pause is such a silence.
@@ -106,6 +120,7 @@ class RolloutClient:
             control_timeout=httpx.Timeout(control_timeout_s),
             request_timeout=self._request_timeout,
             rejoin_probe_s=float(rejoin_probe_s),
+            adapters=self._adapters,
         )
         self._active: dict[int, set[PartialSample]] = {s.index: set() for s in self._pool.servers}
         self._resumed = asyncio.Event()
@@ -158,6 +173,15 @@ class RolloutClient:
     @property
     def interrupt_mode(self) -> InterruptMode:
         return self._mode
+
+    @property
+    def adapters(self) -> bool:
+        """Whether weight versions are LoRA adapters (class docstring)."""
+        return self._adapters
+
+    def server_adapters(self) -> dict[str, str | None]:
+        """LoRA adapter each server in rotation is sampled with, by URL (None: the base model)."""
+        return {s.url: s.adapter for s in self._pool.live()}
 
     @property
     def current_version(self) -> int:
@@ -290,12 +314,14 @@ class RolloutClient:
     async def _stream_segment(self, server: ServerState, partial: PartialSample, options: SamplingOptions) -> Segment:
         """Stream one request; ``ServerFailure`` (with the keepable tokens) if the server fails."""
         http = self._client()
-        body = {
+        body: dict[str, object] = {
             "token_ids": partial.next_prompt(),
             "sampling_params": options.params(partial.remaining),
             "stream": True,
         }
         epoch, version = server.update_epoch, server.version
+        if server.adapter is not None:
+            body["model"] = server.adapter  # bound to the request for its whole life in vLLM
         token_ids: list[int] = []
         logprobs: list[float] = []
         finish_reason: str | None = None
@@ -337,7 +363,13 @@ class RolloutClient:
         if finish_reason not in ("stop", "length", "abort"):
             raise RuntimeError(f"{source}: unexpected finish reason {finish_reason!r}")
         logger.debug("%s: segment of %d tokens ended with %s, spans %s", source, len(token_ids), finish_reason, spans)
-        return Segment(token_ids, logprobs, versions_from_spans(spans, len(token_ids), source), finish_reason)
+        versions = segment_versions(spans, len(token_ids), source, version if self._adapters else None)
+        if self._adapters and isinstance(spans, list) and len(spans) > 1:
+            logger.debug(
+                "%s: segment ran across an update (spans %s) on the adapter of version %d; its tokens carry %d",
+                source, spans, version, version,
+            )  # fmt: skip
+        return Segment(token_ids, logprobs, versions, finish_reason)
 
     @staticmethod
     def _keepable(
@@ -416,7 +448,7 @@ class RolloutClient:
 
         async def set_version(server: ServerState) -> None:
             await self._rotation.control(server, "POST", "/update_weight_version", json={"new_version": str(version)})
-            server.version = version
+            self._rotation.served_version(server, version)
 
         mark = time.monotonic()
         servers = await self._phase(servers, set_version, f"setting weight version {version}", failed)

@@ -95,8 +95,9 @@ def inductor_cache_dir() -> str:
 
 
 def server_env(config: RolloutServerConfig) -> dict[str, str]:
-    """The server's environment: ours plus dev mode, KV cache size, (if set) the key and
-    (if set) ``CUDA_VISIBLE_DEVICES``; on CPU with ``worker_in_engine_process``,
+    """The server's environment: ours plus dev mode, KV cache size, (if set) the key,
+    (if set) ``CUDA_VISIBLE_DEVICES``, (with LoRA) ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``
+    (the adapter load and unload endpoints); on CPU with ``worker_in_engine_process``,
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (which lets vLLM keep its ``uni`` executor on CPU;
     the API server still runs the engine core in its own process), ``OMP_NUM_THREADS`` and
     with ``fork_engine_core`` :data:`~asyncrl.tasks.inference.vllm_platform.FORK_ENGINE_CORE_ENV`
@@ -132,6 +133,8 @@ def server_env(config: RolloutServerConfig) -> dict[str, str]:
         env["VLLM_API_KEY"] = config.api_key
     if config.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices
+    if config.max_lora_rank is not None:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     if config.worker_in_engine_process and config.tensor_parallel_size == 1 and vllm_is_cpu_build():
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if config.fork_engine_core:

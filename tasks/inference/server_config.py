@@ -12,6 +12,12 @@ from asyncrl.tasks.system.network import is_loopback
 from asyncrl.tasks.system.process_group import check_session_nice
 from asyncrl.configs.cpus import check_cpu_cores
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The only ``--max-lora-rank`` values vLLM 0.32 accepts (``vllm.config.lora.MaxLoRARanks``;
+a unit test checks the two agree)."""
+DEFAULT_MAX_LORAS = 4
+"""Adapters a LoRA server keeps resident by default (:attr:`RolloutServerConfig.max_loras`)."""
+
 
 @dataclass(frozen=True)
 class RolloutServerConfig:
@@ -88,6 +94,18 @@ class RolloutServerConfig:
     build): the API server forks its engine-core process instead of spawning it as vLLM's CPU
     platform asks (:mod:`asyncrl.tasks.inference.vllm_platform`), so the engine core does not
     import vLLM again, a large share of every start. False = vLLM's spawn."""
+    max_lora_rank: int | None = None
+    """LoRA: serve the base model with weight versions loaded as LoRA adapters (``--enable-lora``,
+    :mod:`asyncrl.tasks.inference.adapter_sync`); the largest adapter rank it must serve
+    (``trainer.lora.rank``). vLLM accepts only the ranks of :data:`VLLM_LORA_RANKS`: the
+    command passes the smallest one >= this (:func:`~asyncrl.tasks.inference.vllm_command.vllm_lora_rank`:
+    rank 4 -> 8, 100 -> 128), which only sizes vLLM's adapter buffers. None = no LoRA
+    (full-model weight sync)."""
+    max_loras: int = DEFAULT_MAX_LORAS
+    """With LoRA: adapters resident at once, in a batch (``--max-loras``) and in the worker's
+    memory (``--max-cpu-loras``): the newest ``max_loras`` versions stay loaded, so a request
+    still running on an older adapter (``keep`` mode, a version up to ``max_loras - 1`` behind)
+    finishes on it. Give the weight loader the same count (``ServerWeightLoader(keep_adapters=...)``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpu_cores", check_cpu_cores(self.cpu_cores, "RolloutServerConfig.cpu_cores"))
@@ -121,6 +139,14 @@ class RolloutServerConfig:
                 f"RolloutServerConfig: start_timeout_s must be > 0 and stop_grace_s >= 0, "
                 f"got {self.start_timeout_s} and {self.stop_grace_s}"
             )
+        rank = self.max_lora_rank
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= VLLM_LORA_RANKS[-1]):
+            raise ValueError(
+                f"RolloutServerConfig.max_lora_rank must be an int in [1, {VLLM_LORA_RANKS[-1]}] or None, got {rank!r}"
+            )
+        loras = self.max_loras
+        if isinstance(loras, bool) or not isinstance(loras, int) or loras < 1:
+            raise ValueError(f"RolloutServerConfig.max_loras must be an int >= 1, got {loras!r}")
         if self.api_key is not None and (not self.api_key or any(c.isspace() for c in self.api_key)):
             raise ValueError("RolloutServerConfig.api_key must be a non-empty string without whitespace")
         if self.api_key is None and not is_loopback(self.host):

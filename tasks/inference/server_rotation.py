@@ -18,7 +18,7 @@ import httpx
 
 from asyncrl.tasks.inference.routing import ServerPool, ServerState
 from asyncrl.tasks.inference.client_errors import RolloutSetupError, ServerFailure, misconfigured, raise_for_status
-from asyncrl.tasks.inference.vllm_api import GENERATE_PATH, PAUSE_PARAMS
+from asyncrl.tasks.inference.vllm_api import ADAPTER_PREFIX, GENERATE_PATH, PAUSE_PARAMS, adapter_name
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class ServerRotation:
 
     ``http`` returns the client's open connection pool (it raises if the client is not
     started); the pool's server states are shared with the client, which routes over them.
+    ``adapters``: the servers' versions are LoRA adapters (:meth:`served_version`).
     """
 
     def __init__(
@@ -64,7 +65,9 @@ class ServerRotation:
         control_timeout: httpx.Timeout,
         request_timeout: httpx.Timeout,
         rejoin_probe_s: float,
+        adapters: bool = False,
     ) -> None:
+        self._adapters = adapters
         self._pool = pool
         self._http = http
         self._control_timeout = control_timeout
@@ -93,6 +96,12 @@ class ServerRotation:
         raise_for_status(server, path, response)
         body = response.json()
         return body if isinstance(body, dict) else {"result": body}
+
+    def served_version(self, server: ServerState, version: int) -> None:
+        """Record that ``server`` now serves weight ``version`` (loaded and labelled); with
+        adapters, requests to it name that version's adapter from now on."""
+        server.version = version
+        server.adapter = adapter_name(version) if self._adapters else None
 
     async def release_failed(self, server: ServerState) -> None:
         """Best effort on a server leaving rotation mid-update: abort its requests (they move
@@ -172,7 +181,7 @@ class ServerRotation:
                 logger.warning("rollout server %s did not rejoin at weight version %d: %r", server.url, version, exc)
                 await self.release_failed(server)  # not left paused by the pause above
                 return
-            server.version = version
+            self.served_version(server, version)
             self._pool.readmit(server)
             logger.warning("rollout server %s back in rotation at weight version %d (it was out: %s)",
                            server.url, version, reason)  # fmt: skip
@@ -181,12 +190,31 @@ class ServerRotation:
 
     # ----- start-up checks -----
 
+    @staticmethod
+    def _check_adapter(server: ServerState, listing: dict[str, Any]) -> None:
+        """Adapters on: requests to ``server`` name its version's adapter if ``listing``
+        (``GET /v1/models``) holds it, else the base model, which is right only at version 0 (a LoRA run's version 0
+        is the base: B = 0). A later version without its adapter loaded (a server restarted
+        outside the client) is a failure: its tokens would be the base model's under that label."""
+        served = {str(item.get("id")) for item in listing.get("data") or [] if isinstance(item, dict)}
+        name = adapter_name(server.version)
+        if name in served:
+            server.adapter = name
+        elif server.version == 0:
+            server.adapter = None
+        else:
+            loaded = sorted(s for s in served if s.startswith(ADAPTER_PREFIX))
+            raise ServerFailure(
+                f"serves weight version {server.version} but not its LoRA adapter {name} (adapters loaded: {loaded})"
+            )
+
     async def probe(self, server: ServerState, initial_version: int) -> None:
         """Check the key (a guarded path), the dev endpoints (``/weight_info``) and the
         generate endpoint (one 1-token request); set the weight version to ``initial_version``
-        if it was never set, else adopt it. A server that fails a check is taken out."""
+        if it was never set, else adopt it; with adapters, find its version's adapter
+        (:meth:`_check_adapter`). A server that fails a check is taken out."""
         try:
-            await self.control(server, "GET", "/v1/models")
+            listing = await self.control(server, "GET", "/v1/models")
             info = await self.control(server, "GET", "/weight_info")
             raw = info.get("weight_version")
             if raw in (None, "default"):
@@ -197,6 +225,8 @@ class ServerRotation:
                 server.version = int(raw)
             else:
                 raise RolloutSetupError(f"rollout server {server.url} reports weight version {raw!r}, not an int")
+            if self._adapters:
+                self._check_adapter(server, listing)
             probe = {"token_ids": [0], "sampling_params": {"max_tokens": 1, "detokenize": False}, "stream": False}
             try:
                 response = await self._http().post(

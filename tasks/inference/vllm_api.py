@@ -1,7 +1,8 @@
 """The vLLM HTTP API as the rollout client speaks it: the generate path, the pause parameters
 of each interrupt mode, one segment's sampling parameters, the checks of a generation
-request's arguments, and the per-token weight versions read back from the final chunk.
-Pure functions and data, kept apart from the client's connection and retry logic.
+request's arguments, the per-token weight versions read back from the final chunk, and the
+served name of a weight version's LoRA adapter. Pure functions and data, kept apart from the
+client's connection and retry logic.
 """
 
 from __future__ import annotations
@@ -15,6 +16,25 @@ from asyncrl.tasks.inference.samples import InterruptMode
 
 
 GENERATE_PATH = "/inference/v1/generate"
+ADAPTER_PREFIX = "asyncrl-v"
+
+
+def adapter_name(version: int) -> str:
+    """The name weight version ``version`` is served under as a LoRA adapter (``asyncrl-v{version}``):
+    what :func:`~asyncrl.tasks.inference.adapter_sync.update_server_adapter` loads and a
+    request's ``model`` names to be sampled by that version."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"weight version must be a non-negative int, got {version!r}")
+    return f"{ADAPTER_PREFIX}{version}"
+
+
+def adapter_version(name: str) -> int | None:
+    """The weight version of an adapter named by :func:`adapter_name`; None for any other name."""
+    digits = name.removeprefix(ADAPTER_PREFIX)
+    if digits == name or not digits.isdigit() or adapter_name(int(digits)) != name:
+        return None
+    return int(digits)
+
 PAUSE_PARAMS: dict[InterruptMode, dict[str, str]] = {
     "recompute": {"mode": "abort", "clear_cache": "true"},
     # clear_cache=true would make vLLM preempt the frozen requests (reset_running_requests)
@@ -89,3 +109,23 @@ def versions_from_spans(spans: object, num_tokens: int, source: str) -> list[int
     if len(versions) != num_tokens:
         raise RuntimeError(f"{source}: weight_versions spans {spans} do not tile [0, {num_tokens})")
     return versions
+
+
+def segment_versions(spans: object, num_tokens: int, source: str, submitted_version: int | None) -> list[int]:
+    """One version per output token of a segment: the engine's spans
+    (:func:`versions_from_spans`, checked in every case), or, on a server whose versions are
+    LoRA adapters, ``submitted_version`` for every token: the server's version when the segment
+    was submitted, whose adapter its request named (or the base model, which is version 0,
+    before any adapter was loaded).
+
+    Why: vLLM binds a request to its LoRA adapter when it is submitted. A request frozen by a
+    ``keep`` pause resumes on the adapter it started with, while the engine's version label
+    (``/update_weight_version``) moves on, so its spans would call the later tokens the new
+    version; they were sampled by the old adapter. Under LoRA, ``keep`` means "finish on the
+    adapter it started with". In ``recompute`` mode the cut segment is resubmitted under the
+    new adapter, and the spans and this rule agree.
+    """
+    versions = versions_from_spans(spans, num_tokens, source)
+    if submitted_version is None:
+        return versions
+    return [submitted_version] * num_tokens

@@ -1,6 +1,6 @@
 """The vLLM api_server command line of a rollout server: the checked model directory, the
-flags its config asks for (worker extension, auth middleware, parallelism, memory), and the
-served model names unique to one start, by which a server is told from a foreign one.
+flags its config asks for (worker extension, auth middleware, parallelism, memory, LoRA), and
+the served model names unique to one start, by which a server is told from a foreign one.
 """
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ import json
 import sys
 from pathlib import Path
 
-from asyncrl.tasks.inference.server_config import RolloutServerConfig
+from asyncrl.tasks.inference.server_config import VLLM_LORA_RANKS, RolloutServerConfig
 
 
 WORKER_EXTENSION = "asyncrl.tasks.inference.weight_sync.WeightSyncExtension"
+ADAPTER_WORKER_EXTENSION = "asyncrl.tasks.inference.adapter_sync.AdapterSyncExtension"
+"""The worker extension of a LoRA server: :data:`WORKER_EXTENSION`'s methods plus the adapter ones."""
 AUTH_MIDDLEWARE = "asyncrl.tasks.inference.auth.BearerAuthMiddleware"
 
 
@@ -51,6 +53,28 @@ def check_model_dir(model_dir: Path) -> Path:
     return resolved
 
 
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as ``--max-lora-rank`` (:data:`VLLM_LORA_RANKS`) that is
+    >= ``rank``: 4 -> 8, 16 -> 16, 100 -> 128, 300 -> 320. ``ValueError`` above the largest."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above the largest vLLM serves ({VLLM_LORA_RANKS[-1]})")
+
+
+def lora_args(config: RolloutServerConfig) -> list[str]:
+    """``--enable-lora --max-lora-rank R --max-loras N --max-cpu-loras N`` for a LoRA server
+    (R = :func:`vllm_lora_rank` of ``max_lora_rank``, N = ``max_loras``); nothing without LoRA.
+    The server also needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` (:func:`~asyncrl.tasks.inference.server.server_env`)."""
+    if config.max_lora_rank is None:
+        return []
+    loras = str(config.max_loras)
+    return [
+        "--enable-lora", "--max-lora-rank", str(vllm_lora_rank(config.max_lora_rank)),
+        "--max-loras", loras, "--max-cpu-loras", loras,
+    ]  # fmt: skip
+
+
 def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> list[str]:
     """The api_server command line (no secrets: the key travels in the environment), less the
     served model names that :meth:`RolloutServer.start` appends (:func:`served_name_args`)."""
@@ -70,7 +94,8 @@ def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> l
         "--seed",
         str(config.seed),
         "--worker-extension-cls",
-        WORKER_EXTENSION,
+        WORKER_EXTENSION if config.max_lora_rank is None else ADAPTER_WORKER_EXTENSION,
+        *lora_args(config),
     ]
     if config.max_model_len is not None:
         command += ["--max-model-len", str(config.max_model_len)]

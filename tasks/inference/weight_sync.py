@@ -7,7 +7,9 @@ Two halves of one contract: :class:`WeightSyncExtension` is vLLM's ``--worker-ex
 worker fetches the version into a local cache, verified against the manifest
 (:func:`~asyncrl.tasks.model.weight_fetch.fetch_weight_version`, which also owns the cache's
 layout, leases and pruning), and reloads it with ``model_runner.reload_weights``. A load
-request carries a reference, never credentials (the worker uses its own).
+request carries a reference, never credentials (the worker uses its own). A server started
+with LoRA loads each version as an adapter instead (:mod:`~asyncrl.tasks.inference.adapter_sync`);
+:class:`ServerWeightLoader` serves both (its ``adapters`` flag).
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ import httpx
 from asyncrl.configs.secrets import is_secret_key, redact
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.weights import WEIGHT_SUFFIX
+from asyncrl.tasks.inference.server_config import DEFAULT_MAX_LORAS
 from asyncrl.tasks.model.weight_fetch import fetch_weight_version, prune_weight_cache, version_lease
 from asyncrl.tasks.system.network import is_loopback
 from asyncrl.tasks.system.http_errors import error_text as _error_text
 
 if TYPE_CHECKING:
     import torch
+    from asyncrl.tasks.inference.adapter_sync import AdapterUpdateReport
     from asyncrl.tasks.inference.routing import ServerAddress
     from asyncrl.tasks.inference.server import RolloutServerHandle
 
@@ -237,7 +241,7 @@ class WeightSyncExtension:
         }
 
 
-def _post(
+def post_control(
     handle: RolloutServerHandle, path: str, timeout_s: float, http: httpx.Client | None = None, **kwargs: Any
 ) -> httpx.Response:
     """POST to the server, on ``http``'s pooled connections when given. Without it each call
@@ -253,7 +257,7 @@ def set_server_weight_version(
     handle: RolloutServerHandle, version: int, timeout_s: float = 30.0, http: httpx.Client | None = None
 ) -> None:
     """Tell the server which version its weights are (``POST /update_weight_version``)."""
-    response = _post(handle, "/update_weight_version", timeout_s, http, json={"new_version": str(version)})
+    response = post_control(handle, "/update_weight_version", timeout_s, http, json={"new_version": str(version)})
     if response.status_code != 200:
         raise WeightSyncError(
             f"rollout server {handle.url}: setting weight version {version} failed "
@@ -321,7 +325,7 @@ def update_server_weights(
         raise ValueError(f"weight version must be a non-negative int, got {version!r}")
     started = time.monotonic()
     body = load_request_body(root_uri, storage_options, version, cache_dir, timeout_s)
-    response = _post(handle, "/collective_rpc", timeout_s + 30.0, http, json=body)
+    response = post_control(handle, "/collective_rpc", timeout_s + 30.0, http, json=body)
     if response.status_code != 200:
         raise WeightSyncError(
             f"rollout server {handle.url}: loading weight version {version} from {root_uri} failed "
@@ -334,7 +338,7 @@ def update_server_weights(
     wrong = [w.version for w in workers if w.version != version]
     if wrong:
         raise WeightSyncError(f"rollout server {handle.url}: workers loaded versions {wrong}, expected {version}")
-    reset = _post(handle, "/reset_prefix_cache", 60.0, http)
+    reset = post_control(handle, "/reset_prefix_cache", 60.0, http)
     prefix_cache_reset = reset.status_code == 200 and bool(reset.json().get("success"))
     set_server_weight_version(handle, version, http=http)
     return WeightUpdateReport(
@@ -349,21 +353,50 @@ class ServerWeightLoader:
     """Loads published versions of one store into servers (:func:`update_server_weights`)
     over one pooled HTTP client, for a component that updates its servers for a whole run.
 
+    ``adapters``: the servers were started with LoRA (``RolloutServerConfig.max_lora_rank``)
+    and each version is a LoRA adapter: a load is
+    :func:`~asyncrl.tasks.inference.adapter_sync.update_server_adapter` (no base weights
+    reloaded), which keeps the newest ``keep_adapters`` versions loaded (the servers'
+    ``max_loras``). Give the rollout client ``adapters=True`` too.
+
     ``loader.for_version(v)`` is the per-server callable :meth:`RolloutClient.update_weights`
     takes. Close it (or use it as a context manager) to drop its connections."""
 
-    def __init__(self, root_uri: str, storage_options: Mapping[str, Any] | None, cache_dir: str = "") -> None:
+    def __init__(
+        self,
+        root_uri: str,
+        storage_options: Mapping[str, Any] | None,
+        cache_dir: str = "",
+        *,
+        adapters: bool = False,
+        keep_adapters: int = DEFAULT_MAX_LORAS,
+    ) -> None:
+        if isinstance(keep_adapters, bool) or not isinstance(keep_adapters, int) or keep_adapters < 1:
+            raise ValueError(f"keep_adapters: must be an int >= 1, got {keep_adapters!r}")
         self._root_uri = root_uri
         self._options = dict(storage_options or {})
         self._cache_dir = cache_dir
+        self._adapters = bool(adapters)
+        self._keep_adapters = keep_adapters
         self._http = httpx.Client()
 
-    def load(self, handle: RolloutServerHandle, version: int) -> WeightUpdateReport:
+    @property
+    def adapters(self) -> bool:
+        return self._adapters
+
+    def load(self, handle: RolloutServerHandle, version: int) -> WeightUpdateReport | AdapterUpdateReport:
+        if self._adapters:
+            from asyncrl.tasks.inference.adapter_sync import update_server_adapter  # it imports this module
+
+            return update_server_adapter(
+                handle, self._root_uri, self._options, version, cache_dir=self._cache_dir,
+                keep=self._keep_adapters, http=self._http,
+            )  # fmt: skip
         return update_server_weights(
             handle, self._root_uri, self._options, version, cache_dir=self._cache_dir, http=self._http
         )
 
-    def for_version(self, version: int) -> Callable[[RolloutServerHandle], WeightUpdateReport]:
+    def for_version(self, version: int) -> Callable[[RolloutServerHandle], WeightUpdateReport | AdapterUpdateReport]:
         return lambda handle: self.load(handle, version)
 
     def prefetch(self, version: int, servers: Sequence[ServerAddress]) -> bool:

@@ -29,12 +29,12 @@ from asyncrl.tasks.reward.process import reward_service_command
 from asyncrl.tasks.inference.server_registry import register_server, unregister_server
 from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
 from asyncrl.tasks.inference.server_config import RolloutServerConfig
-from asyncrl.tasks.inference.weight_sync import set_server_weight_version
+from asyncrl.tasks.inference.weight_sync import ServerWeightLoader, set_server_weight_version
 from asyncrl.tasks.model.weight_fetch import VersionLease
 from asyncrl.tasks.placement.launch_settings import server_config, serving_weights
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.scheduler.process import scheduler_command
-from asyncrl.storage.weights import final_step_published
+from asyncrl.storage.weights import WeightStore, final_step_published
 from asyncrl.tasks.trainer.process import TrainerLaunch, start_trainer
 
 LOG_TAIL_LINES = 40
@@ -181,7 +181,9 @@ class RolloutComponent:
     and labelled with its weight version. ``launch`` gives, at each start, the server's
     config, the version of the weights it serves (None: no label) and the lease on their cached
     directory (None: not cached), held until the server is up (its weights loaded), so a
-    restarted server comes up on the newest published weights and no prune deletes them first."""
+    restarted server comes up on the newest published weights and no prune deletes them first.
+    ``load_version`` (a LoRA run's servers, which start on the base model) loads the version
+    into the server once it is up, in place of only labelling it."""
 
     def __init__(
         self,
@@ -190,7 +192,9 @@ class RolloutComponent:
         root: RunRoot,
         launch: Callable[[], tuple[RolloutServerConfig, int | None, VersionLease | None]],
         log_path: Path,
+        load_version: Callable[[RolloutServerHandle, int], object] | None = None,
     ) -> None:
+        self._load_version = load_version
         self.name = name
         self.registry_name = registry_name
         self.root = root
@@ -233,7 +237,10 @@ class RolloutComponent:
             return self.registered
         self._release_lease()  # up: its weights are in memory
         if self.version is not None:
-            set_server_weight_version(self.server.handle, self.version)
+            if self._load_version is not None:
+                self._load_version(self.server.handle, self.version)
+            else:
+                set_server_weight_version(self.server.handle, self.version)
         register_server(self.root, self.registry_name, self.server.handle)
         self.registered = True
         return True
@@ -279,8 +286,24 @@ def run_rollout_component(index: int, config: RunConfig, paths: RunPaths) -> Rol
             raise
 
     return RolloutComponent(
-        f"rollout-server-{index}", f"server-{index}", paths.root, launch, paths.log(f"rollout-{index}.log")
-    )
+        f"rollout-server-{index}", f"server-{index}", paths.root, launch, paths.log(f"rollout-{index}.log"),
+        load_version=None if config.trainer.lora is None else adapter_loader(config, paths),
+    )  # fmt: skip
+
+
+def adapter_loader(config: RunConfig, paths: RunPaths) -> Callable[[RolloutServerHandle, int], object]:
+    """How a LoRA run's rollout server, up on the base model, gets the version it serves: the
+    published adapter loaded (:class:`ServerWeightLoader`, the scheduler's cache), or before
+    anything is published the label only (the base model is version 0: its adapter has B = 0)."""
+
+    def load(handle: RolloutServerHandle, version: int) -> object:
+        if WeightStore(paths.root).latest() is None:
+            return set_server_weight_version(handle, version)
+        cache = str(paths.work_dir / "weights-cache")
+        with ServerWeightLoader(config.storage.root, config.storage.options, cache, adapters=True) as loader:
+            return loader.load(handle, version)
+
+    return load
 
 
 def log_tail(component: Component) -> str:

@@ -23,7 +23,7 @@ from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import dataset_files, load_prompts
 from asyncrl.tasks.data.prepared_stamp import file_state, write_stamp
-from asyncrl.tasks.placement.launch_settings import server_config
+from asyncrl.tasks.placement.launch_settings import server_config, server_start_dir
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.placement.devices import detect_machine, trainer_placement
 from asyncrl.tasks.evaluator.held_out import EvalResult, held_out_task
@@ -331,12 +331,11 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     from asyncrl.tasks.inference.client import RolloutClient
     from asyncrl.tasks.inference.server import RolloutServer
     from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
-    from asyncrl.tasks.model.weight_fetch import model_weights
-
     if not config.data.eval_path or not versions:
         return {}
     # A cache of its own: the loads below prune "weights-cache" under the server started from it.
-    first = model_weights(run_paths.root, config.model.path, versions[0], run_paths.work_dir / "eval-weights-cache")
+    first = server_start_dir(config, run_paths, versions[0], run_paths.work_dir / "eval-weights-cache")
+    adapters = config.trainer.lora is not None  # a LoRA run: the server starts on the base, loads each version
     task = held_out_task(config, first, config.pipeline.eval_prompts, config.pipeline.eval_samples)
     # Rollout server 0's devices, dtype and parallelism, on a port of its own.
     eval_server = replace(server_config(config, run_paths, first, 0), port=0, log_path=run_paths.log("eval-server.log"))
@@ -350,11 +349,13 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     results: dict[int, EvalResult] = {}
 
     async def run_all(server: RolloutServer) -> None:
-        async with RolloutClient([server.handle], initial_version=versions[0]) as client:
-            cache = str(run_paths.work_dir / "weights-cache")
-            with RewardPool(config.reward) as pool, ServerWeightLoader(
-                config.storage.root, config.storage.options, cache
-            ) as loader:
+        cache = str(run_paths.work_dir / "weights-cache")
+        with RewardPool(config.reward) as pool, ServerWeightLoader(
+            config.storage.root, config.storage.options, cache, adapters=adapters
+        ) as loader:
+            if adapters:
+                await asyncio.to_thread(loader.load, server.handle, versions[0])
+            async with RolloutClient([server.handle], initial_version=versions[0], adapters=adapters) as client:
                 for version in versions:
                     if version != client.current_version:
                         await client.update_weights(version, loader.for_version(version))

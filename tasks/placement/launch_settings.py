@@ -30,8 +30,12 @@ def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int, Vers
     """The weights the rollout servers start with (:func:`model_weights`): the newest published
     version (a resumed run, or the SFT warm start of the pipeline), else `model.path` as version 0.
     A cached version comes with its lease, taken before the fetch: the caller releases it once
-    the server has loaded the weights, so no other server's prune deletes them under it."""
+    the server has loaded the weights, so no other server's prune deletes them under it. A LoRA
+    run's servers start from `model.path` whatever is published (:func:`server_start_dir`):
+    the version, an adapter, is loaded once the server is up."""
     latest = WeightStore(paths.root).latest()
+    if config.trainer.lora is not None:
+        return Path(config.model.path), 0 if latest is None else latest, None
     cache_dir = paths.work_dir / "weights-cache"
     lease = None if latest is None else VersionLease.take(cache_dir, paths.root.uri, latest)
     try:
@@ -41,6 +45,16 @@ def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int, Vers
             lease.release()
         raise
     return model_dir, 0 if latest is None else latest, lease
+
+
+def server_start_dir(config: RunConfig, paths: RunPaths, version: int, cache_dir: Path) -> Path:
+    """The directory a vLLM server of the run starts from to serve ``version``: its weights
+    (:func:`model_weights`, cached under ``cache_dir``), or in a LoRA run (``trainer.lora``)
+    the base model, ``model.path``: every version there is an adapter, loaded into the running
+    server (``ServerWeightLoader(adapters=True)``)."""
+    if config.trainer.lora is not None:
+        return Path(config.model.path)
+    return model_weights(paths.root, config.model.path, version, cache_dir)
 
 
 def server_config(
@@ -116,6 +130,7 @@ def _vllm_launch(
         dtype=config.model.dtype,
         enforce_eager=not machine.has_gpus,
         session_nice=session_nice,
+        max_lora_rank=None if config.trainer.lora is None else config.trainer.lora.rank,
     )
 
 

@@ -43,7 +43,7 @@ from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.inference.server_registry import list_servers
 from asyncrl.tasks.inference.routing import NoLiveServerError
 from asyncrl.tasks.inference.server import RolloutServerHandle
-from asyncrl.tasks.inference.weight_sync import server_weight_version, update_server_weights
+from asyncrl.tasks.inference.weight_sync import ServerWeightLoader, server_weight_version
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
 logger = logging.getLogger("asyncrl.scheduler")
@@ -113,16 +113,18 @@ def align_server_versions(config: RunConfig, paths: RunPaths, handles: Sequence[
     latest = WeightStore(paths.root).latest()
     target = 0 if latest is None else latest
     cache = str(paths.work_dir / "weights-cache")
-    for handle in handles:
-        try:
-            label = server_weight_version(handle)
-            if latest is not None and (label is None or label < latest):
-                logger.info("rollout server %s: loading weight version %d (was %s)", handle.url, latest, label)
-                update_server_weights(handle, config.storage.root, dict(config.storage.options), latest, cache_dir=cache)
-            response = httpx.post(f"{handle.url}/resume", headers=handle.headers(), timeout=30.0)
-            response.raise_for_status()
-        except Exception as exc:  # noqa: BLE001 - the reason is logged; the probe takes the server out
-            logger.warning("rollout server %s could not be brought to version %d: %r", handle.url, target, exc)
+    adapters = config.trainer.lora is not None  # a LoRA run's versions are adapters
+    with ServerWeightLoader(config.storage.root, config.storage.options, cache, adapters=adapters) as loader:
+        for handle in handles:
+            try:
+                label = server_weight_version(handle)
+                if latest is not None and (label is None or label < latest):
+                    logger.info("rollout server %s: loading weight version %d (was %s)", handle.url, latest, label)
+                    loader.load(handle, latest)
+                response = httpx.post(f"{handle.url}/resume", headers=handle.headers(), timeout=30.0)
+                response.raise_for_status()
+            except Exception as exc:  # noqa: BLE001 - the reason is logged; the probe takes the server out
+                logger.warning("rollout server %s could not be brought to version %d: %r", handle.url, target, exc)
     return target
 
 

@@ -102,8 +102,9 @@ def run_scheduler(
     service, until `stop` is set (or, with `max_groups`, until that many groups are admitted
     and produced). ``codec``: the model's (:func:`load_codec`), loaded here if not given."""
     codec, stop_ids = codec or load_codec(config.model.path)
+    adapters = config.trainer.lora is not None  # a LoRA run: every version is an adapter
     weight_loader = ServerWeightLoader(
-        config.storage.root, config.storage.options, cache_dir=str(paths.work_dir / "weights-cache")
+        config.storage.root, config.storage.options, cache_dir=str(paths.work_dir / "weights-cache"), adapters=adapters
     )
 
     settings = controller_settings(config, stop_ids, max_groups=max_groups)
@@ -119,7 +120,7 @@ def run_scheduler(
         relay = asyncio.create_task(relay_stop())
         try:
             async with RolloutClient(
-                handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version
+                handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version, adapters=adapters
             ) as client, RemoteRewardScorer(paths.root) as scorer, group_episodes(
                 config, settings, client, codec, scorer
             ) as episodes:
