@@ -578,6 +578,8 @@ def cmd_bench_weight_sync(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bench weight-sync: {exc}", file=sys.stderr)
         return 2
+    if args.lora is not None:
+        return cmd_bench_lora_sync(settings, args)
     with tempfile.TemporaryDirectory(prefix="asyncrl-weight-sync-bench-") as scratch:
         work_dir = Path(args.work_dir) if args.work_dir else Path(scratch)
         result = run_weight_sync_bench(settings, work_dir, args.s3_endpoint, args.s3_bucket)
@@ -589,6 +591,22 @@ def cmd_bench_weight_sync(args: argparse.Namespace) -> int:
         print("bench weight-sync: a load reported other hashes than the version's", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_bench_lora_sync(settings: WeightSyncBenchSettings, args: argparse.Namespace) -> int:
+    """``--lora RANK``: :func:`~asyncrl.bench.lora_sync.run_lora_sync_bench` instead."""
+    from asyncrl.bench.lora_sync import format_lora_table, run_lora_sync_bench
+
+    if args.lora < 1:
+        print(f"bench weight-sync: --lora: the adapter rank must be >= 1, got {args.lora}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="asyncrl-lora-sync-bench-") as scratch:
+        result = run_lora_sync_bench(settings, args.lora, Path(args.work_dir) if args.work_dir else Path(scratch))
+    print(format_lora_table(result))
+    print(json.dumps(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0 if result["fingerprints_verified"] else 1
 
 
 def add_weight_sync_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -611,5 +629,7 @@ def add_weight_sync_bench(subparsers: argparse._SubParsersAction[argparse.Argume
     parser.add_argument("--s3-bucket", default="asyncrl-bench", help="bucket on --s3-endpoint (created if missing)")
     parser.add_argument("--work-dir", default=None, help="keep model, stores and caches here (default: a temporary dir)")
     parser.add_argument("--json", default=None, help="also write the JSON report here")
+    parser.add_argument("--lora", type=int, default=None, metavar="RANK",
+                        help="instead: publish and load rank-RANK LoRA adapters of the model into a LoRA server")  # fmt: skip
     parser.set_defaults(handler=cmd_bench_weight_sync)
     return parser

@@ -47,10 +47,12 @@ from asyncrl.tasks.inference.weight_sync import (
     DEFAULT_CACHE_DIR,
     WeightSyncError,
     WeightSyncExtension,
+    collective_rpc,
     post_control,
     public_storage_options,
     set_server_weight_version,
     tensor_fingerprint,
+    worker_report,
 )
 from asyncrl.tasks.model.weight_fetch import fetch_weight_version, prune_weight_cache, version_lease
 from asyncrl.tasks.system.http_errors import error_text
@@ -152,11 +154,7 @@ class AdapterLoadReport:
         """One worker's entries of the two ``/collective_rpc`` results; ``WeightSyncError`` if malformed."""
         if not isinstance(fetched, dict) or not isinstance(fingerprint, dict):
             raise WeightSyncError(f"worker answered {fetched!r}, {fingerprint!r} instead of adapter reports")
-        content = {**fetched, **fingerprint}
-        try:
-            return cls(**{name: content[name] for name in cls.__dataclass_fields__})
-        except KeyError as exc:
-            raise WeightSyncError(f"worker adapter report lacks field {exc}: {content!r}") from None
+        return worker_report(cls, {**fetched, **fingerprint}, "adapter report")
 
 
 @dataclass(frozen=True)
@@ -242,17 +240,8 @@ class AdapterSyncExtension(WeightSyncExtension):
 def _rpc(
     handle: RolloutServerHandle, method: str, args: list[Any], what: str, timeout_s: float, http: httpx.Client | None
 ) -> list[Any]:
-    """``/collective_rpc`` of ``method`` in every worker: the list of their results."""
-    body = {"method": method, "args": args, "timeout": timeout_s}
-    response = post_control(handle, "/collective_rpc", timeout_s + 30.0, http, json=body)
-    if response.status_code != 200:
-        raise WeightSyncError(
-            f"rollout server {handle.url}: {what} failed (HTTP {response.status_code}): {error_text(response)}"
-        )
-    results = response.json().get("results")
-    if not isinstance(results, list) or not results:
-        raise WeightSyncError(f"rollout server {handle.url}: /collective_rpc answered {response.text[:500]!r}")
-    return results
+    """``/collective_rpc`` of ``method`` in every worker (:func:`collective_rpc`)."""
+    return collective_rpc(handle, {"method": method, "args": args, "timeout": timeout_s}, what, timeout_s, http)
 
 
 def loaded_adapters(handle: RolloutServerHandle, timeout_s: float = 30.0, http: httpx.Client | None = None) -> list[str]:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from asyncrl.tasks.inference.server import RolloutServerHandle
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LOAD_METHOD = "load_weight_version"
 CHECKSUM_TENSOR = "model.embed_tokens.weight"
@@ -72,12 +73,34 @@ class WeightLoadReport:
     @classmethod
     def from_json(cls, content: Any) -> WeightLoadReport:
         """Parse one entry of the ``/collective_rpc`` results; ``WeightSyncError`` if malformed."""
-        if not isinstance(content, dict):
-            raise WeightSyncError(f"worker answered {content!r} instead of a load report")
-        try:
-            return cls(**{name: content[name] for name in cls.__dataclass_fields__})
-        except KeyError as exc:
-            raise WeightSyncError(f"worker load report lacks field {exc}: {content!r}") from None
+        return worker_report(cls, content, "load report")
+
+
+def worker_report(cls: type[T], content: Any, what: str) -> T:
+    """The dataclass ``cls`` from a worker's JSON answer (its fields by name, extra keys
+    ignored); ``WeightSyncError`` naming ``what`` if it is not a dict or lacks a field."""
+    if not isinstance(content, dict):
+        raise WeightSyncError(f"worker answered {content!r} instead of a {what}")
+    try:
+        return cls(**{name: content[name] for name in cls.__dataclass_fields__})  # type: ignore[attr-defined]
+    except KeyError as exc:
+        raise WeightSyncError(f"worker {what} lacks field {exc}: {content!r}") from None
+
+
+def collective_rpc(
+    handle: RolloutServerHandle, body: dict[str, Any], what: str, timeout_s: float, http: httpx.Client | None
+) -> list[Any]:
+    """``POST /collective_rpc`` (``body``: method, args, timeout) to every worker: the list of
+    their results; ``WeightSyncError`` naming ``what`` and the server's reason on failure."""
+    response = post_control(handle, "/collective_rpc", timeout_s + 30.0, http, json=body)
+    if response.status_code != 200:
+        raise WeightSyncError(
+            f"rollout server {handle.url}: {what} failed (HTTP {response.status_code}): {_error_text(response)}"
+        )
+    results = response.json().get("results")
+    if not isinstance(results, list) or not results:
+        raise WeightSyncError(f"rollout server {handle.url}: /collective_rpc answered {response.text[:500]!r}")
+    return results
 
 
 @dataclass(frozen=True)
@@ -325,15 +348,7 @@ def update_server_weights(
         raise ValueError(f"weight version must be a non-negative int, got {version!r}")
     started = time.monotonic()
     body = load_request_body(root_uri, storage_options, version, cache_dir, timeout_s)
-    response = post_control(handle, "/collective_rpc", timeout_s + 30.0, http, json=body)
-    if response.status_code != 200:
-        raise WeightSyncError(
-            f"rollout server {handle.url}: loading weight version {version} from {root_uri} failed "
-            f"(HTTP {response.status_code}): {_error_text(response)}"
-        )
-    results = response.json().get("results")
-    if not isinstance(results, list) or not results:
-        raise WeightSyncError(f"rollout server {handle.url}: /collective_rpc answered {response.text[:500]!r}")
+    results = collective_rpc(handle, body, f"loading weight version {version} from {root_uri}", timeout_s, http)
     workers = tuple(WeightLoadReport.from_json(entry) for entry in results)
     wrong = [w.version for w in workers if w.version != version]
     if wrong:

@@ -219,3 +219,48 @@ def test_a_local_fetch_links_the_store_files_and_verifies_them(tmp_path: Path) -
     with pytest.raises(WeightIntegrityError, match="model.safetensors: downloaded SHA-256"):
         fetch_weight_version(root_uri, {}, 2, tmp_path / "cache")
     assert [p.name for p in model_dir.parent.iterdir() if not p.name.endswith(".lock")] == ["v000001"]
+
+
+def test_a_lora_adapter_written_by_the_bench_is_what_peft_builds_and_loads(tmp_path: Path) -> None:
+    """The bench's adapter files (written without PEFT): PEFT's parameter count for the same
+    rank and targets, and PEFT loads them onto the base with every adapter tensor used."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.bench.lora_sync import adapter_parameters, write_adapter_version
+    from asyncrl.configs.trainer import LORA_TARGETS_QWEN2
+    from asyncrl.tasks.model.tiny import write_tiny_model
+
+    spec = model_spec("tiny")
+    base = write_tiny_model(tmp_path / "base", spec=spec)
+    built = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules=list(LORA_TARGETS_QWEN2)))
+    assert sum(p.numel() for p in built.parameters() if p.requires_grad) == adapter_parameters(spec, 4)
+    adapter = write_adapter_version(base, spec, tmp_path / "adapter", rank=4, seed=1)
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    with torch.no_grad():
+        plain = AutoModelForCausalLM.from_pretrained(base)(tokens).logits
+        adapted = loaded(tokens).logits
+    assert float((adapted - plain).abs().max()) > 1e-3
+
+
+def test_the_lora_bench_at_the_tiny_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--lora 8``: adapters published and loaded into a LoRA server, their bytes a small
+    share of the full version's, every load's fingerprint matching the published file."""
+    args = build_parser().parse_args(
+        ["bench", "weight-sync", "--size", "tiny", "--repeats", "2", "--lora", "8",
+         "--work-dir", str(tmp_path / "work"), "--json", str(tmp_path / "report.json")]
+    )  # fmt: skip
+    assert cmd_bench_weight_sync(args) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert result == json.loads((tmp_path / "report.json").read_text())
+    assert result["fingerprints_verified"] is True
+    assert 0 < result["adapter"]["bytes"] < result["model"]["version_bytes"] / 2
+    assert set(result["phases"]) == {"write", "publish", "load", "vllm load"}
+    assert all(figures["mean_s"] > 0 for figures in result["phases"].values())
+    assert any(line.startswith("LoRA rank 8 on tiny") for line in out)
+    bad = build_parser().parse_args(["bench", "weight-sync", "--size", "tiny", "--lora", "0"])
+    assert cmd_bench_weight_sync(bad) == 2
+    assert "--lora: the adapter rank must be >= 1, got 0" in capsys.readouterr().err
