@@ -281,3 +281,56 @@ def test_only_the_newest_max_loras_adapters_stay_loaded_and_cached(
     reference = _full(helpers, reference_model(last), samples[0].output_token_ids)
     assert samples[0].token_versions == [last] * 16
     assert _max_diff(reference, samples[0].behaviour_logprobs) < LOGPROB_TOLERANCE
+
+
+def _generate_as(server: RolloutServerHandle, name: str, tokens: int) -> tuple[list[int], list[float]]:
+    """One request naming adapter ``name``: its sampled token ids and their log-probs."""
+    body = {"model": name, "token_ids": PROMPT, "stream": False,
+            "sampling_params": {"max_tokens": tokens, "logprobs": 0, "ignore_eos": True, "temperature": 1.0}}  # fmt: skip
+    response = httpx.post(f"{server.url}/inference/v1/generate", json=body, headers=server.headers(), timeout=120)
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    return choice["token_ids"], [float(c["logprob"]) for c in choice["logprobs"]["content"]]
+
+
+def _lora_control(server: RolloutServerHandle, path: str, body: dict[str, str]) -> None:
+    response = httpx.post(f"{server.url}{path}", json=body, headers=server.headers(), timeout=120)
+    assert response.status_code == 200, response.text
+
+
+def test_an_adapter_that_never_arrives_trips_the_canary_and_the_trained_one_does_not(
+    lora_server: RolloutServerHandle, adapter_dirs: dict[int, Path], tiny_model_dir: Path, helpers: Any,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The silent LoRA failure (rollouts keep sampling the initial policy while training goes
+    on): the server serves the initial adapter's files (v0, B = 0) under the trained version's
+    name. The trainer's log-probs of those tokens (the trained adapter, PEFT) then differ from
+    the server's by a policy change and the mismatch canary fires; served with the trained
+    adapter's own files, the figures stay at numerics level and it stays quiet."""
+    import torch
+
+    from asyncrl.configs.canary import MismatchCanaryConfig
+    from asyncrl.tasks.algo.mismatch import all_gather_mismatch, local_mismatch
+    from asyncrl.tasks.launch.canary import MismatchCanary
+
+    trained = write_adapter(tiny_model_dir, tmp_path / "trained", seed=77, rank=RANK, alpha=ALPHA, b_std=0.5)
+    trainer_model = peft_model(tiny_model_dir, trained)
+    tokens = 24
+
+    def figures(name: str, files: Path) -> dict[str, float]:
+        _lora_control(lora_server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(files)})
+        try:
+            samples = [_generate_as(lora_server, name, tokens) for _ in range(N)]
+        finally:
+            _lora_control(lora_server, "/v1/unload_lora_adapter", {"lora_name": name})
+        trainer = [torch.tensor(_full(helpers, trainer_model, ids), dtype=torch.float64) for ids, _ in samples]
+        server = [torch.tensor(logprobs, dtype=torch.float64) for _, logprobs in samples]
+        return all_gather_mismatch(local_mismatch(trainer, server, [[0] * tokens] * N), lambda x: [x])
+
+    canary = MismatchCanary(MismatchCanaryConfig(min_tokens=N * tokens))
+    bad = figures(adapter_name(900), adapter_dirs[0])  # the trained version's name, the initial files
+    alarm = canary.observe(1, bad)
+    assert alarm is not None and "a weight-sync bug?" in alarm.message(), bad
+    good = figures(adapter_name(901), trained)
+    assert good["mismatch/abs_logp_diff_mean"] < 1e-4 and good["mismatch/ratio_outside_frac"] == 0.0, good
+    assert canary.observe(2, good) is None and canary.alarms == [alarm]
