@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.tasks.inference.server_config import DEFAULT_MAX_LORAS
 from asyncrl.tasks.inference.vllm_api import adapter_name, adapter_version
 from asyncrl.tasks.inference.weight_sync import (
@@ -48,13 +47,14 @@ from asyncrl.tasks.inference.weight_sync import (
     WeightSyncError,
     WeightSyncExtension,
     collective_rpc,
+    finish_update,
+    leased_fetch,
     post_control,
     public_storage_options,
-    set_server_weight_version,
     tensor_fingerprint,
     worker_report,
 )
-from asyncrl.tasks.model.weight_fetch import fetch_weight_version, prune_weight_cache, version_lease
+from asyncrl.tasks.model.weight_fetch import prune_weight_cache
 from asyncrl.tasks.system.http_errors import error_text
 
 if TYPE_CHECKING:
@@ -195,16 +195,9 @@ class AdapterSyncExtension(WeightSyncExtension):
         versions older than the newest ``keep``; return the :class:`AdapterLoadReport` fields
         of the fetch. ``ValueError`` naming the version if it is not published (with the
         available ones) or not an adapter."""
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise TypeError(f"weight version must be an int, got {version!r}")
         started = time.monotonic()
         cache = Path(cache_dir or DEFAULT_CACHE_DIR)
-        with version_lease(cache, root_uri, version):
-            try:
-                local_dir, cached = fetch_weight_version(root_uri, storage_options, version, cache)
-            except UnknownWeightVersionError as exc:
-                # A plain ValueError: its message crosses vLLM's RPC error path (which blanks paths).
-                raise ValueError(str(exc)) from None
+        with leased_fetch(root_uri, storage_options, version, cache) as (local_dir, cached):
             size = check_adapter_dir(local_dir, version)
         fetched = time.monotonic()
         pruned = prune_weight_cache(cache, root_uri, oldest_kept(version, keep))
@@ -318,9 +311,7 @@ def update_server_adapter(
     unloaded = tuple(n for n in before if (adapter_version(n) or 0) < floor and n != name)
     for old in unloaded:
         _lora_post(handle, "/v1/unload_lora_adapter", {"lora_name": old}, f"unloading adapter {old}", http)
-    reset = post_control(handle, "/reset_prefix_cache", 60.0, http)
-    prefix_cache_reset = reset.status_code == 200 and bool(reset.json().get("success"))
-    set_server_weight_version(handle, version, http=http)
+    prefix_cache_reset = finish_update(handle, version, http)
     report = AdapterUpdateReport(
         version=version,
         adapter=name,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +217,35 @@ def repack_cpu_embedding_heads(model: torch.nn.Module) -> int:
     return count
 
 
+@contextmanager
+def leased_fetch(
+    root_uri: str, storage_options: dict[str, Any], version: int, cache: Path
+) -> Iterator[tuple[Path, bool]]:
+    """A worker's fetch of ``version`` into ``cache`` (:func:`fetch_weight_version`: the local
+    directory and whether it was cached already), under the version's lease for the ``with``
+    body, so no prune deletes it while it is read. ``TypeError`` for a version that is not an
+    int; ``ValueError`` naming the version and the available ones if it is not published."""
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError(f"weight version must be an int, got {version!r}")
+    with version_lease(cache, root_uri, version):
+        try:
+            local_dir, cached = fetch_weight_version(root_uri, storage_options, version, cache)
+        except UnknownWeightVersionError as exc:
+            # A plain ValueError: its message crosses vLLM's RPC error path (which blanks paths).
+            raise ValueError(str(exc)) from None
+        yield local_dir, cached
+
+
+def finish_update(handle: RolloutServerHandle, version: int, http: httpx.Client | None) -> bool:
+    """The last steps of every update, full weights or adapter: ``POST /reset_prefix_cache``
+    (cached prefixes were computed with the old weights), then label the server with
+    ``version``; returns whether the prefix cache was reset."""
+    reset = post_control(handle, "/reset_prefix_cache", 60.0, http)
+    prefix_cache_reset = reset.status_code == 200 and bool(reset.json().get("success"))
+    set_server_weight_version(handle, version, http=http)
+    return prefix_cache_reset
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (``--worker-extension-cls``); ``self`` is the worker."""
 
@@ -230,16 +260,9 @@ class WeightSyncExtension:
         version and the available ones if it is not published; the loaded weights are
         then unchanged.
         """
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise TypeError(f"weight version must be an int, got {version!r}")
         started = time.monotonic()
         cache = Path(cache_dir or DEFAULT_CACHE_DIR)
-        with version_lease(cache, root_uri, version):
-            try:
-                local_dir, cached = fetch_weight_version(root_uri, storage_options, version, cache)
-            except UnknownWeightVersionError as exc:
-                # A plain ValueError: its message crosses vLLM's RPC error path (which blanks paths).
-                raise ValueError(str(exc)) from None
+        with leased_fetch(root_uri, storage_options, version, cache) as (local_dir, cached):
             downloaded = time.monotonic()
             files = safetensors_files(local_dir)
             self.model_runner.reload_weights(weights_iterator=iter_safetensors(files))
@@ -353,9 +376,7 @@ def update_server_weights(
     wrong = [w.version for w in workers if w.version != version]
     if wrong:
         raise WeightSyncError(f"rollout server {handle.url}: workers loaded versions {wrong}, expected {version}")
-    reset = post_control(handle, "/reset_prefix_cache", 60.0, http)
-    prefix_cache_reset = reset.status_code == 200 and bool(reset.json().get("success"))
-    set_server_weight_version(handle, version, http=http)
+    prefix_cache_reset = finish_update(handle, version, http)
     return WeightUpdateReport(
         version=version,
         workers=workers,

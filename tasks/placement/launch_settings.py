@@ -34,9 +34,10 @@ def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int, Vers
     run's servers start from `model.path` whatever is published (:func:`server_start_dir`):
     the version, an adapter, is loaded once the server is up."""
     latest = WeightStore(paths.root).latest()
-    if config.trainer.lora is not None:
-        return Path(config.model.path), 0 if latest is None else latest, None
     cache_dir = paths.work_dir / "weights-cache"
+    if config.trainer.lora is not None:  # the base model: nothing cached to lease
+        version = 0 if latest is None else latest
+        return server_start_dir(config, paths, version, cache_dir), version, None
     lease = None if latest is None else VersionLease.take(cache_dir, paths.root.uri, latest)
     try:
         model_dir = model_weights(paths.root, config.model.path, latest, cache_dir)
