@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from asyncrl.configs.loading import ConfigError, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.trainer import OptimizerConfig
+from asyncrl.tasks.system.host_memory import return_freed_memory_to_os
 
 if TYPE_CHECKING:
     from asyncrl.storage.fs import RunRoot
@@ -240,6 +241,8 @@ def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, me
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Before the model exists: a backward pass's freed temporaries then leave the process.
+    return_freed_memory_to_os()
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
