@@ -34,6 +34,7 @@ from asyncrl.cli.lineage import add_lineage_commands
 from asyncrl.cli.reward import add_reward_bench, add_reward_commands
 from asyncrl.bench.rollout import add_rollout_bench
 from asyncrl.bench.trainer import add_trainer_bench
+from asyncrl.bench.trainer_memory import add_trainer_memory_bench
 
 
 class CommandError(Exception):
@@ -197,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     add_reward_bench(bench_commands)
     add_trainer_bench(bench_commands)
+    add_trainer_memory_bench(bench_commands)
     add_rollout_bench(bench_commands)
     add_e2e_bench(bench_commands)
     add_ablation_bench(bench_commands)

@@ -1,0 +1,299 @@
+"""``asyncrl bench trainer-memory``: the trainer's resident memory phase by phase, with
+glibc's own heap and with the heap the trainer sets at its start
+(:func:`~asyncrl.tasks.system.host_memory.return_freed_memory_to_os`).
+
+Each heap setting runs in a process of its own (a malloc setting holds for the whole
+process), on the same model, with the engine the trainer builds (DeepSpeed, one process)
+and ``steps`` steps of one packed micro-batch: a no-grad forward (log pi_prox), a forward,
+a backward and an optimizer step. After each phase the process reads its ``VmRSS`` and
+``VmHWM`` and resets ``VmHWM`` (``/proc/self/clear_refs``), so each phase's peak is its
+own. Reported per heap: the peak and its ratio to the model states
+(:func:`~asyncrl.bench.scale_figures.model_state_bytes`), what stays resident between
+steps, and the seconds of each step after the first (the first allocates Adam's states).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from asyncrl.bench.process_memory import read_process_memory
+from asyncrl.bench.scale_figures import model_state_bytes
+from asyncrl.bench.scale_settings import SIZE_SPECS
+
+WORKER_MODULE = "asyncrl.bench.trainer_memory_worker"
+GLIBC_DEFAULT = "glibc"
+"""The heap name for glibc's own malloc settings (a threshold that rises with the blocks freed)."""
+HEAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_")
+"""glibc's malloc variables, removed from each measured process so that a heap is what it says."""
+CLEAR_REFS_HWM = "5"
+"""``/proc/self/clear_refs``: reset the resident high-water mark (Linux 4.0+)."""
+
+
+def parse_heaps(text: str) -> tuple[str, ...]:
+    """``--heaps``: comma-separated ``glibc`` (glibc's own settings) or mmap thresholds in
+    MiB (``1``: what the trainer sets); ``ValueError`` naming the option otherwise."""
+    heaps = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    if not heaps:
+        raise ValueError("--heaps: name at least one heap (glibc, or an mmap threshold in MiB)")
+    for heap in heaps:
+        if heap != GLIBC_DEFAULT and not (heap.isdigit() and int(heap) >= 1):
+            raise ValueError(f"--heaps: {heap!r} is neither {GLIBC_DEFAULT!r} nor a threshold of >= 1 MiB")
+    if len(set(heaps)) != len(heaps):
+        raise ValueError(f"--heaps: a heap repeats in {text!r}")
+    return heaps
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """One measured process: the model, its micro-batch and the engine's settings."""
+
+    model_dir: Path
+    tokens: int = 2136
+    """Positions of the one packed micro-batch (8 sequences of ``tokens // 8``)."""
+    steps: int = 3
+    logit_chunk_tokens: int | None = 256
+    activation_checkpointing: bool = True
+    zero_stage: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tokens < 8 * 33:
+            raise ValueError(f"--tokens must be >= {8 * 33} (8 sequences of a 32-token prompt and an output), got {self.tokens}")
+        if self.steps < 2:
+            raise ValueError(f"--steps must be >= 2 (the first allocates Adam's states), got {self.steps}")
+        if self.zero_stage not in (0, 1, 2):
+            raise ValueError(f"--zero-stage must be 0, 1 or 2 (one process), got {self.zero_stage}")
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    seconds: float
+    rss_bytes: int
+    """Resident at the phase's end."""
+    peak_bytes: int
+    """The most resident during the phase (since the last reset)."""
+
+
+def _own_memory() -> tuple[int, int]:
+    memory = read_process_memory(os.getpid())
+    if memory is None:
+        raise RuntimeError("bench trainer-memory: /proc/self/status is not readable (Linux only)")
+    return memory.rss_bytes, memory.hwm_bytes
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text(CLEAR_REFS_HWM)
+    except OSError:
+        return False
+    return True
+
+
+def measure_phases(settings: MemorySettings) -> dict[str, Any]:
+    """Build the engine and run the steps in this process, one :class:`Phase` per stage."""
+    import torch
+
+    from asyncrl.configs.trainer import OptimizerConfig
+    from asyncrl.tasks.trainer.batch import TokenSequence, build_micro_batches
+    from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
+    from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs
+
+    phases: list[Phase] = []
+    peaks_per_phase = _reset_peak()
+    started = time.perf_counter()
+
+    def end_phase(name: str) -> None:
+        nonlocal started
+        rss, peak = _own_memory()
+        phases.append(Phase(name, time.perf_counter() - started, rss, peak))
+        _reset_peak()
+        started = time.perf_counter()
+
+    engine = build_engine(
+        settings.model_dir,
+        EngineSettings(
+            optimizer=OptimizerConfig(lr=1e-6),
+            zero_stage=settings.zero_stage,
+            logit_chunk_tokens=settings.logit_chunk_tokens,
+            activation_checkpointing=settings.activation_checkpointing,
+        ),
+    )
+    end_phase("build")
+    per_sequence, vocab = settings.tokens // 8, engine.vocab_size
+    sequences = [
+        TokenSequence(list(range(1, 33)), [(i * 7919 + j * 31) % (vocab - 1) + 1 for j in range(per_sequence - 32)])
+        for i in range(8)
+    ]
+    (batch,) = build_micro_batches(sequences, [list(range(8))], "packed")
+    mask = batch.loss_mask.reshape(-1).to(torch.float32)
+    for step in range(settings.steps):
+        engine.module.eval()
+        with torch.no_grad():
+            micro_batch_logprobs(engine.ds, batch, settings.logit_chunk_tokens)
+        end_phase(f"step {step} proximal forward")
+        engine.module.train()
+        logprobs = micro_batch_logprobs(engine.ds, batch, settings.logit_chunk_tokens)
+        loss = -(logprobs * mask).sum() / mask.sum()
+        end_phase(f"step {step} forward")
+        engine.ds.backward(loss)
+        del logprobs, loss
+        end_phase(f"step {step} backward")
+        engine.ds.step()
+        end_phase(f"step {step} optimizer")
+    parameters = sum(p.numel() for p in engine.module.parameters())
+    return {
+        "parameters": parameters,
+        "micro_batch_tokens": int(batch.slots),
+        "peaks_per_phase": peaks_per_phase,
+        "phases": [asdict(phase) for phase in phases],
+    }
+
+
+def heap_figures(measured: Mapping[str, Any], dtype: str = "float32") -> dict[str, Any]:
+    """One heap's figures from its phases:
+
+        peak           = max over phases of the phase's VmHWM
+        between steps  = VmRSS after the last optimizer step
+        step s         = mean over steps 1.. of the sum of their four phases' seconds
+    """
+    phases = measured["phases"]
+    states = model_state_bytes(measured["parameters"], dtype)
+    peak = max(p["peak_bytes"] for p in phases)
+    steps: dict[int, float] = {}
+    for phase in phases:
+        if phase["name"].startswith("step "):
+            index = int(phase["name"].split()[1])
+            steps[index] = steps.get(index, 0.0) + phase["seconds"]
+    later = [seconds for index, seconds in sorted(steps.items()) if index > 0]
+    return {
+        "model_state_bytes": float(states),
+        "peak_bytes": float(peak),
+        "peak_over_states": peak / states,
+        "between_steps_bytes": float(phases[-1]["rss_bytes"]),
+        "first_step_s": steps[0],
+        "step_s": sum(later) / len(later),
+        "step_s_each": later,
+    }
+
+
+def run_heap(settings: MemorySettings, heap: str, out: Path, python: str = sys.executable) -> dict[str, Any]:
+    """Measure ``heap`` in a fresh process (:data:`WORKER_MODULE`), glibc's malloc variables
+    removed from its environment; its phases, or ``RuntimeError`` with its output's tail."""
+    env = {name: value for name, value in os.environ.items() if name not in HEAP_ENV}
+    command = [python, "-m", WORKER_MODULE, "--settings", json.dumps(asdict(settings), default=str),
+               "--heap", heap, "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not out.is_file():
+        tail = (done.stdout + done.stderr)[-4000:]
+        raise RuntimeError(f"bench trainer-memory: heap {heap!r} failed (exit {done.returncode}):\n{tail}")
+    return json.loads(out.read_text())
+
+
+def run_memory_bench(
+    settings: MemorySettings, heaps: Sequence[str], progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Every heap in turn, each in its own process; the result as :func:`format_table` reads it."""
+    say = progress or (lambda line: None)
+    result: dict[str, Any] = {"settings": asdict(settings), "heaps": {}}
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-trainer-memory-") as scratch:
+        for heap in heaps:
+            say(f"heap {heap}: building the engine and running {settings.steps} steps")
+            measured = run_heap(settings, heap, Path(scratch) / f"{heap}.json")
+            result["heaps"][heap] = {**measured, "figures": heap_figures(measured)}
+    result["settings"]["model_dir"] = str(settings.model_dir)
+    return result
+
+
+def heap_label(heap: str) -> str:
+    return "glibc's own" if heap == GLIBC_DEFAULT else f"mmap threshold {heap} MiB"
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """Two Markdown tables: the figures per heap, then every phase's peak and resident GB."""
+    gb = 1e9
+    lines = ["| heap | peak RSS (GB) | / model states | between steps (GB) | first step (s) | later steps (s) |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for heap, measured in result["heaps"].items():
+        f = measured["figures"]
+        each = ", ".join(f"{s:.1f}" for s in f["step_s_each"])
+        lines.append(f"| {heap_label(heap)} | {f['peak_bytes'] / gb:.2f} | {f['peak_over_states']:.2f} | "
+                     f"{f['between_steps_bytes'] / gb:.2f} | {f['first_step_s']:.1f} | {f['step_s']:.1f} ({each}) |")  # fmt: skip
+    heaps = list(result["heaps"])
+    lines += ["", "| phase | " + " | ".join(f"{heap_label(h)}: peak / after (GB)" for h in heaps) + " |",
+              "| --- |" + " --- |" * len(heaps)]  # fmt: skip
+    names = [p["name"] for p in result["heaps"][heaps[0]]["phases"]]
+    for index, name in enumerate(names):
+        cells = []
+        for heap in heaps:
+            phase = result["heaps"][heap]["phases"][index]
+            cells.append(f"{phase['peak_bytes'] / gb:.2f} / {phase['rss_bytes'] / gb:.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    first = result["heaps"][heaps[0]]
+    states = first["figures"]["model_state_bytes"]
+    lines.append(f"\n{first['parameters']:,} parameters; model states {states / gb:.2f} GB; "
+                 f"one micro-batch of {first['micro_batch_tokens']:,} positions")  # fmt: skip
+    return "\n".join(lines)
+
+
+def cmd_bench_trainer_memory(args: argparse.Namespace) -> int:
+    try:
+        heaps = parse_heaps(args.heaps)
+        if (args.model is None) == (args.size is None):
+            raise ValueError("name the model: --model DIR or --size NAME (one of them)")
+        if args.size is not None and args.size not in SIZE_SPECS:
+            raise ValueError(f"--size: unknown size {args.size!r}; choose from {', '.join(SIZE_SPECS)}")
+        if args.model is not None and not (Path(args.model) / "config.json").is_file():
+            raise ValueError(f"--model: {args.model} holds no config.json")
+        settings = MemorySettings(
+            model_dir=Path(args.model or "."), tokens=args.tokens, steps=args.steps,
+            logit_chunk_tokens=args.logit_chunk_tokens or None,
+            activation_checkpointing=not args.no_activation_checkpointing, zero_stage=args.zero_stage,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"bench trainer-memory: {exc}", file=sys.stderr)
+        return 2
+    if args.size is not None:
+        from asyncrl.bench.scale import ensure_model
+
+        work = Path(args.work_dir or tempfile.mkdtemp(prefix="asyncrl-bench-trainer-memory-"))
+        print(f"bench trainer-memory: writing the {args.size} model under {work}", file=sys.stderr, flush=True)
+        settings = replace(settings, model_dir=ensure_model(work / args.size / "model", SIZE_SPECS[args.size], seed=args.seed))
+    result = run_memory_bench(settings, heaps, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def add_trainer_memory_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register ``trainer-memory`` on the ``bench`` sub-command."""
+    parser = subparsers.add_parser(
+        "trainer-memory", help="the trainer's resident memory per phase and step seconds, by malloc heap setting"
+    )
+    defaults = MemorySettings(model_dir=Path())
+    parser.add_argument("--model", default=None, help="HF model directory to train (or --size)")
+    parser.add_argument("--size", default=None, help=f"write and train a random Qwen2 of this size: {', '.join(SIZE_SPECS)}")
+    parser.add_argument("--work-dir", default=None, help="where --size writes its model (reused when it holds one)")
+    parser.add_argument("--heaps", default=f"{GLIBC_DEFAULT},1",
+                        help="comma-separated heaps, each measured in its own process: glibc (its own settings) "
+                             "or an mmap threshold in MiB (the trainer's: 1); default glibc,1")  # fmt: skip
+    parser.add_argument("--tokens", type=int, default=defaults.tokens, help=f"positions of the micro-batch (default {defaults.tokens})")
+    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"steps per heap (default {defaults.steps})")
+    parser.add_argument("--logit-chunk-tokens", type=int, default=defaults.logit_chunk_tokens,
+                        help=f"trainer.logit_chunk_tokens (default {defaults.logit_chunk_tokens}; 0: whole)")  # fmt: skip
+    parser.add_argument("--no-activation-checkpointing", action="store_true", help="keep every layer's activations")
+    parser.add_argument("--zero-stage", type=int, default=defaults.zero_stage, help=f"trainer.zero_stage (default {defaults.zero_stage})")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write the result as JSON here")
+    parser.set_defaults(handler=cmd_bench_trainer_memory)
+    return parser
