@@ -3,13 +3,16 @@ glibc's own heap and with the heap the trainer sets at its start
 (:func:`~asyncrl.tasks.system.host_memory.return_freed_memory_to_os`).
 
 Each heap setting runs in a process of its own (a malloc setting holds for the whole
-process), on the same model, with the engine the trainer builds (DeepSpeed, one process)
-and ``steps`` steps of one packed micro-batch: a no-grad forward (log pi_prox), a forward,
-a backward and an optimizer step. After each phase the process reads its ``VmRSS`` and
+process), or ``world_size`` processes under ``torchrun`` (gloo on CPU), on the same model,
+with the engine the trainer builds (DeepSpeed) and ``steps`` steps of one packed
+micro-batch per rank: a no-grad forward (log pi_prox), a forward, a backward and an
+optimizer step; then one publish of the weights (``save_hf_weights``: under ZeRO stage 3 the
+gathers, one parameter at a time). After each phase every rank reads its ``VmRSS`` and
 ``VmHWM`` and resets ``VmHWM`` (``/proc/self/clear_refs``), so each phase's peak is its
-own. Reported per heap: the peak and its ratio to the model states
-(:func:`~asyncrl.bench.scale_figures.model_state_bytes`), what stays resident between
-steps, and the seconds of each step after the first (the first allocates Adam's states).
+own. Reported per heap and rank: the peak and its ratio to the rank's model states
+(:func:`rank_state_bytes`), what stays resident between steps, the seconds of each step
+after the first (the first allocates Adam's states), and what the publish added to the
+resident memory against the weights' bytes (below 1: no rank ever held the whole model).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,14 +68,30 @@ class MemorySettings:
     logit_chunk_tokens: int | None = 256
     activation_checkpointing: bool = True
     zero_stage: int = 0
+    world_size: int = 1
+    """Ranks (processes) of the engine; above 1 they start under ``torchrun``."""
 
     def __post_init__(self) -> None:
         if self.tokens < 8 * 33:
             raise ValueError(f"--tokens must be >= {8 * 33} (8 sequences of a 32-token prompt and an output), got {self.tokens}")
         if self.steps < 2:
             raise ValueError(f"--steps must be >= 2 (the first allocates Adam's states), got {self.steps}")
-        if self.zero_stage not in (0, 1, 2):
-            raise ValueError(f"--zero-stage must be 0, 1 or 2 (one process), got {self.zero_stage}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.world_size < 1:
+            raise ValueError(f"--world-size must be >= 1, got {self.world_size}")
+
+
+def rank_state_bytes(parameters: int, zero_stage: int, world_size: int) -> float:
+    """One rank's share of the float32 model states under ZeRO (the ZeRO paper's partitions):
+
+        weights 4 / (N if stage 3) + gradients 4 / (N if stage >= 2) + Adam 8 / (N if stage >= 1)
+
+    bytes per parameter, N = world size (16 at stage 0 or N = 1: all of
+    :func:`~asyncrl.bench.scale_figures.model_state_bytes`)."""
+    n = float(world_size)
+    per_param = 4 / (n if zero_stage >= 3 else 1) + 4 / (n if zero_stage >= 2 else 1) + 8 / (n if zero_stage >= 1 else 1)
+    return parameters * per_param
 
 
 @dataclass(frozen=True)
@@ -99,13 +119,14 @@ def _reset_peak() -> bool:
     return True
 
 
-def measure_phases(settings: MemorySettings) -> dict[str, Any]:
-    """Build the engine and run the steps in this process, one :class:`Phase` per stage."""
+def measure_phases(settings: MemorySettings, version_dir: Path) -> dict[str, Any]:
+    """Build the engine, run the steps and publish to ``version_dir`` (removed after) in this
+    process, one rank of ``settings.world_size``; one :class:`Phase` per stage."""
     import torch
 
     from asyncrl.configs.trainer import OptimizerConfig
     from asyncrl.tasks.trainer.batch import TokenSequence, build_micro_batches
-    from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
+    from asyncrl.tasks.trainer.engine import EngineSettings, build_engine, save_hf_weights
     from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs
 
     phases: list[Phase] = []
@@ -150,8 +171,16 @@ def measure_phases(settings: MemorySettings) -> dict[str, Any]:
         end_phase(f"step {step} backward")
         engine.ds.step()
         end_phase(f"step {step} optimizer")
-    parameters = sum(p.numel() for p in engine.module.parameters())
+    save_hf_weights(engine, version_dir)
+    end_phase("publish")
+    if engine.rank == 0:
+        shutil.rmtree(version_dir, ignore_errors=True)
+    # ZeRO stage 3 leaves each rank an empty tensor per parameter; ds_numel is the whole one's.
+    parameters = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
     return {
+        "rank": engine.rank,
+        "world_size": engine.world_size,
+        "zero_stage": settings.zero_stage,
         "parameters": parameters,
         "micro_batch_tokens": int(batch.slots),
         "peaks_per_phase": peaks_per_phase,
@@ -159,16 +188,22 @@ def measure_phases(settings: MemorySettings) -> dict[str, Any]:
     }
 
 
-def heap_figures(measured: Mapping[str, Any], dtype: str = "float32") -> dict[str, Any]:
-    """One heap's figures from its phases:
+def heap_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
+    """One rank's figures from its phases (float32 training):
 
         peak           = max over phases of the phase's VmHWM
         between steps  = VmRSS after the last optimizer step
         step s         = mean over steps 1.. of the sum of their four phases' seconds
+        publish extra  = the publish's VmHWM - VmRSS before it; / weights = / (4 B x parameters)
     """
     phases = measured["phases"]
-    states = model_state_bytes(measured["parameters"], dtype)
+    parameters = measured["parameters"]
+    states = rank_state_bytes(parameters, measured["zero_stage"], measured["world_size"])
     peak = max(p["peak_bytes"] for p in phases)
+    optimizer_ends = [index for index, p in enumerate(phases) if p["name"].endswith(" optimizer")]
+    publish = next(index for index, p in enumerate(phases) if p["name"] == "publish")
+    publish_extra = phases[publish]["peak_bytes"] - phases[publish - 1]["rss_bytes"]
+    weight_bytes = model_state_bytes(parameters, "float32") // 4
     steps: dict[int, float] = {}
     for phase in phases:
         if phase["name"].startswith("step "):
@@ -179,24 +214,41 @@ def heap_figures(measured: Mapping[str, Any], dtype: str = "float32") -> dict[st
         "model_state_bytes": float(states),
         "peak_bytes": float(peak),
         "peak_over_states": peak / states,
-        "between_steps_bytes": float(phases[-1]["rss_bytes"]),
+        "between_steps_bytes": float(phases[optimizer_ends[-1]]["rss_bytes"]),
         "first_step_s": steps[0],
         "step_s": sum(later) / len(later),
         "step_s_each": later,
+        "publish_s": phases[publish]["seconds"],
+        "publish_extra_bytes": float(publish_extra),
+        "weight_bytes": float(weight_bytes),
+        "publish_extra_over_weights": publish_extra / weight_bytes,
     }
 
 
-def run_heap(settings: MemorySettings, heap: str, out: Path, python: str = sys.executable) -> dict[str, Any]:
-    """Measure ``heap`` in a fresh process (:data:`WORKER_MODULE`), glibc's malloc variables
-    removed from its environment; its phases, or ``RuntimeError`` with its output's tail."""
+def worker_command(settings: MemorySettings, heap: str, out_dir: Path, python: str = sys.executable) -> list[str]:
+    """The measured process(es): :data:`WORKER_MODULE`, under ``torchrun --standalone`` for
+    more than one rank; each rank writes ``out_dir/rank<R>.json``."""
+    worker = ["-m", WORKER_MODULE, "--settings", json.dumps(asdict(settings), default=str),
+              "--heap", heap, "--out-dir", str(out_dir)]  # fmt: skip
+    if settings.world_size == 1:
+        return [python, *worker]
+    torchrun = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={settings.world_size}",
+                f"--log-dir={out_dir / 'torchrun'}"]  # fmt: skip
+    return [*torchrun, *worker]
+
+
+def run_heap(settings: MemorySettings, heap: str, out_dir: Path, python: str = sys.executable) -> list[dict[str, Any]]:
+    """Measure ``heap`` in fresh processes (:func:`worker_command`), glibc's malloc variables
+    removed from their environment; every rank's phases, or ``RuntimeError`` with the
+    output's tail."""
     env = {name: value for name, value in os.environ.items() if name not in HEAP_ENV}
-    command = [python, "-m", WORKER_MODULE, "--settings", json.dumps(asdict(settings), default=str),
-               "--heap", heap, "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not out.is_file():
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(worker_command(settings, heap, out_dir, python), env=env, capture_output=True, text=True, check=False)
+    outs = [out_dir / f"rank{rank}.json" for rank in range(settings.world_size)]
+    if done.returncode != 0 or not all(out.is_file() for out in outs):
         tail = (done.stdout + done.stderr)[-4000:]
         raise RuntimeError(f"bench trainer-memory: heap {heap!r} failed (exit {done.returncode}):\n{tail}")
-    return json.loads(out.read_text())
+    return [json.loads(out.read_text()) for out in outs]
 
 
 def run_memory_bench(
@@ -208,8 +260,8 @@ def run_memory_bench(
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-trainer-memory-") as scratch:
         for heap in heaps:
             say(f"heap {heap}: building the engine and running {settings.steps} steps")
-            measured = run_heap(settings, heap, Path(scratch) / f"{heap}.json")
-            result["heaps"][heap] = {**measured, "figures": heap_figures(measured)}
+            ranks = run_heap(settings, heap, Path(scratch) / heap)
+            result["heaps"][heap] = {"heap": heap, "ranks": [{**rank, "figures": heap_figures(rank)} for rank in ranks]}
     result["settings"]["model_dir"] = str(settings.model_dir)
     return result
 
@@ -218,30 +270,41 @@ def heap_label(heap: str) -> str:
     return "glibc's own" if heap == GLIBC_DEFAULT else f"mmap threshold {heap} MiB"
 
 
-def format_table(result: Mapping[str, Any]) -> str:
-    """Two Markdown tables: the figures per heap, then every phase's peak and resident GB."""
-    gb = 1e9
-    lines = ["| heap | peak RSS (GB) | / model states | between steps (GB) | first step (s) | later steps (s) |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+def _columns(result: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(label, measured rank) for every heap and rank; the rank is named when there are several."""
+    columns = []
     for heap, measured in result["heaps"].items():
-        f = measured["figures"]
+        ranks = measured["ranks"]
+        for rank in ranks:
+            suffix = f", rank {rank['rank']}" if len(ranks) > 1 else ""
+            columns.append((heap_label(heap) + suffix, rank))
+    return columns
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """Two Markdown tables: the figures per heap and rank, then every phase's peak and resident GB."""
+    gb = 1e9
+    lines = ["| heap | peak RSS (GB) | / model states | between steps (GB) | first step (s) | later steps (s) "
+             "| publish (s) | publish: extra RSS (GB) / weights |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    columns = _columns(result)
+    for label, rank in columns:
+        f = rank["figures"]
         each = ", ".join(f"{s:.1f}" for s in f["step_s_each"])
-        lines.append(f"| {heap_label(heap)} | {f['peak_bytes'] / gb:.2f} | {f['peak_over_states']:.2f} | "
-                     f"{f['between_steps_bytes'] / gb:.2f} | {f['first_step_s']:.1f} | {f['step_s']:.1f} ({each}) |")  # fmt: skip
-    heaps = list(result["heaps"])
-    lines += ["", "| phase | " + " | ".join(f"{heap_label(h)}: peak / after (GB)" for h in heaps) + " |",
-              "| --- |" + " --- |" * len(heaps)]  # fmt: skip
-    names = [p["name"] for p in result["heaps"][heaps[0]]["phases"]]
-    for index, name in enumerate(names):
-        cells = []
-        for heap in heaps:
-            phase = result["heaps"][heap]["phases"][index]
-            cells.append(f"{phase['peak_bytes'] / gb:.2f} / {phase['rss_bytes'] / gb:.2f}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    first = result["heaps"][heaps[0]]
-    states = first["figures"]["model_state_bytes"]
-    lines.append(f"\n{first['parameters']:,} parameters; model states {states / gb:.2f} GB; "
-                 f"one micro-batch of {first['micro_batch_tokens']:,} positions")  # fmt: skip
+        lines.append(f"| {label} | {f['peak_bytes'] / gb:.2f} | {f['peak_over_states']:.2f} | "
+                     f"{f['between_steps_bytes'] / gb:.2f} | {f['first_step_s']:.1f} | {f['step_s']:.1f} ({each}) | "
+                     f"{f['publish_s']:.1f} | {f['publish_extra_bytes'] / gb:.2f} / {f['publish_extra_over_weights']:.2f} |")  # fmt: skip
+    lines += ["", "| phase | " + " | ".join(f"{label}: peak / after (GB)" for label, _ in columns) + " |",
+              "| --- |" + " --- |" * len(columns)]  # fmt: skip
+    for index, phase in enumerate(columns[0][1]["phases"]):
+        cells = [f"{rank['phases'][index]['peak_bytes'] / gb:.2f} / {rank['phases'][index]['rss_bytes'] / gb:.2f}"
+                 for _, rank in columns]  # fmt: skip
+        lines.append(f"| {phase['name']} | " + " | ".join(cells) + " |")
+    first = columns[0][1]
+    lines.append(f"\n{first['parameters']:,} parameters ({first['figures']['weight_bytes'] / gb:.2f} GB of weights); "
+                 f"ZeRO stage {first['zero_stage']}, {first['world_size']} rank(s), each's model states "
+                 f"{first['figures']['model_state_bytes'] / gb:.2f} GB; one micro-batch of "
+                 f"{first['micro_batch_tokens']:,} positions per rank")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -258,6 +321,7 @@ def cmd_bench_trainer_memory(args: argparse.Namespace) -> int:
             model_dir=Path(args.model or "."), tokens=args.tokens, steps=args.steps,
             logit_chunk_tokens=args.logit_chunk_tokens or None,
             activation_checkpointing=not args.no_activation_checkpointing, zero_stage=args.zero_stage,
+            world_size=args.world_size,
         )  # fmt: skip
     except ValueError as exc:
         print(f"bench trainer-memory: {exc}", file=sys.stderr)
@@ -278,7 +342,7 @@ def cmd_bench_trainer_memory(args: argparse.Namespace) -> int:
 def add_trainer_memory_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``trainer-memory`` on the ``bench`` sub-command."""
     parser = subparsers.add_parser(
-        "trainer-memory", help="the trainer's resident memory per phase and step seconds, by malloc heap setting"
+        "trainer-memory", help="the trainer's resident memory per phase (steps and a publish) and step seconds, by malloc heap and ZeRO stage"
     )
     defaults = MemorySettings(model_dir=Path())
     parser.add_argument("--model", default=None, help="HF model directory to train (or --size)")
@@ -293,6 +357,9 @@ def add_trainer_memory_bench(subparsers: argparse._SubParsersAction[argparse.Arg
                         help=f"trainer.logit_chunk_tokens (default {defaults.logit_chunk_tokens}; 0: whole)")  # fmt: skip
     parser.add_argument("--no-activation-checkpointing", action="store_true", help="keep every layer's activations")
     parser.add_argument("--zero-stage", type=int, default=defaults.zero_stage, help=f"trainer.zero_stage (default {defaults.zero_stage})")
+    parser.add_argument("--world-size", type=int, default=defaults.world_size,
+                        help=f"ranks of the engine, under torchrun above 1 (default {defaults.world_size}); "
+                             "with --zero-stage 3 the publish gathers one parameter at a time")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the result as JSON here")
     parser.set_defaults(handler=cmd_bench_trainer_memory)

@@ -24,6 +24,7 @@ metrics (those rank 0 logs). Rank 0 writes everything to ``--out`` with ``torch.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.bench.process_memory import read_process_memory
 from asyncrl.configs.trainer import OptimizerConfig
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.schema import Sample
@@ -109,12 +111,11 @@ def dump(engine: TrainEngine, metrics: dict[str, float] | None) -> dict[str, Any
     }
 
 
-def _status_bytes(field: str) -> int:
-    """A ``/proc/self/status`` memory figure (VmRSS, VmHWM) in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
+def _own_memory() -> tuple[int, int]:
+    """This process's (VmRSS, VmHWM) in bytes."""
+    memory = read_process_memory(os.getpid())
+    assert memory is not None, "/proc/self/status is readable on Linux"
+    return memory.rss_bytes, memory.hwm_bytes
 
 
 def measured_publish(engine: TrainEngine, out: Path) -> dict[str, int]:
@@ -144,9 +145,9 @@ def measured_publish(engine: TrainEngine, out: Path) -> dict[str, int]:
     deepspeed.zero.GatheredParameters = Measured
     try:
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        before = _status_bytes("VmRSS")
+        before, _ = _own_memory()
         save_hf_weights(engine, out)
-        high = _status_bytes("VmHWM")
+        _, high = _own_memory()
     finally:
         deepspeed.zero.GatheredParameters = original
     return {

@@ -17,7 +17,9 @@ from asyncrl.bench.trainer_memory import (
     format_table,
     heap_figures,
     parse_heaps,
+    rank_state_bytes,
     run_heap,
+    worker_command,
 )
 
 
@@ -30,7 +32,8 @@ def test_parse_heaps_keeps_order_and_names_what_is_wrong() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "option"), [({"tokens": 100}, "--tokens"), ({"steps": 1}, "--steps"), ({"zero_stage": 3}, "--zero-stage")]
+    ("fields", "option"),
+    [({"tokens": 100}, "--tokens"), ({"steps": 1}, "--steps"), ({"zero_stage": 4}, "--zero-stage"), ({"world_size": 0}, "--world-size")],
 )
 def test_settings_name_the_option(fields: dict[str, int], option: str) -> None:
     with pytest.raises(ValueError, match=option):
@@ -41,14 +44,22 @@ def _phase(name: str, seconds: float, rss: int, peak: int) -> dict[str, object]:
     return {"name": name, "seconds": seconds, "rss_bytes": rss, "peak_bytes": peak}
 
 
-def _measured() -> dict[str, object]:
+@pytest.mark.parametrize(("stage", "per_param"), [(0, 16), (1, 4 + 4 + 4), (2, 4 + 2 + 4), (3, 8)])
+def test_rank_state_bytes_follows_zeros_partitions(stage: int, per_param: int) -> None:
+    assert rank_state_bytes(10, stage, 2) == 10 * per_param
+    assert rank_state_bytes(10, stage, 1) == 160  # one rank holds every state
+
+
+def _measured(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dict[str, object]:
     phases = [_phase("build", 5.0, 100, 120)]
     for step, (seconds, peak) in enumerate(((4.0, 900), (2.0, 700), (3.0, 650))):
         phases += [_phase(f"step {step} proximal forward", seconds / 4, 300, 400),
                    _phase(f"step {step} forward", seconds / 4, 320, 420),
                    _phase(f"step {step} backward", seconds / 4, 350, peak),
                    _phase(f"step {step} optimizer", seconds / 4, 330 - step, 360)]  # fmt: skip
-    return {"parameters": 10, "micro_batch_tokens": 264, "peaks_per_phase": True, "phases": phases}
+    phases.append(_phase("publish", 1.5, 340, 348))
+    return {"rank": rank, "world_size": world_size, "zero_stage": zero_stage, "parameters": 10,
+            "micro_batch_tokens": 264, "peaks_per_phase": True, "phases": phases}  # fmt: skip
 
 
 def test_heap_figures_peak_between_steps_and_later_steps() -> None:
@@ -60,16 +71,45 @@ def test_heap_figures_peak_between_steps_and_later_steps() -> None:
     assert figures["first_step_s"] == pytest.approx(4.0)
     assert figures["step_s_each"] == pytest.approx([2.0, 3.0])
     assert figures["step_s"] == pytest.approx(2.5)
+    assert figures["publish_s"] == 1.5
+    assert figures["publish_extra_bytes"] == 348 - 328  # its peak over what was resident before it
+    assert figures["weight_bytes"] == 40.0
+    assert figures["publish_extra_over_weights"] == pytest.approx(20 / 40)
+
+
+def test_heap_figures_of_a_zero3_rank_use_its_share_of_the_states() -> None:
+    figures = heap_figures(_measured(rank=1, world_size=2, zero_stage=3))
+    assert figures["model_state_bytes"] == 80.0
+    assert figures["peak_over_states"] == pytest.approx(900 / 80)
+    assert figures["weight_bytes"] == 40.0  # the whole model's, what a gather would materialise
 
 
 def test_format_table_has_a_row_per_heap_and_per_phase() -> None:
     measured = _measured()
-    result = {"heaps": {heap: {**measured, "figures": heap_figures(measured)} for heap in ("glibc", "1")}}
+    result = {"heaps": {heap: {"heap": heap, "ranks": [{**measured, "figures": heap_figures(measured)}]} for heap in ("glibc", "1")}}
     table = format_table(result)
     assert "| glibc's own | 0.00 | 5.62 |" in table
     assert "| mmap threshold 1 MiB |" in table
+    assert "| 1.5 | 0.00 / 0.50 |" in table  # the publish: seconds, extra GB / weights
     assert table.count("| step 2 backward |") == 1
-    assert "one micro-batch of 264 positions" in table
+    assert table.count("| publish |") == 1
+    assert "one micro-batch of 264 positions per rank" in table
+
+
+def test_format_table_names_each_rank_when_there_are_several() -> None:
+    ranks = [_measured(rank, 2, 3) for rank in (0, 1)]
+    table = format_table({"heaps": {"1": {"heap": "1", "ranks": [{**r, "figures": heap_figures(r)} for r in ranks]}}})
+    assert "| mmap threshold 1 MiB, rank 0 |" in table and "| mmap threshold 1 MiB, rank 1 |" in table
+    assert "ZeRO stage 3, 2 rank(s)" in table
+
+
+def test_worker_command_starts_torchrun_for_several_ranks(tmp_path: Path) -> None:
+    one = worker_command(MemorySettings(model_dir=tmp_path), "1", tmp_path / "out", python="py")
+    assert one[:3] == ["py", "-m", "asyncrl.bench.trainer_memory_worker"]
+    two = worker_command(MemorySettings(model_dir=tmp_path, zero_stage=3, world_size=2), "1", tmp_path / "out", python="py")
+    assert two[:5] == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert two[two.index("--out-dir") + 1] == str(tmp_path / "out")
+    assert '"world_size": 2' in two[two.index("--settings") + 1]
 
 
 def test_each_heap_runs_without_glibcs_malloc_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,11 +119,11 @@ def test_each_heap_runs_without_glibcs_malloc_variables(tmp_path: Path, monkeypa
         monkeypatch.setenv(name, "65536")
     monkeypatch.setenv("ASYNCRL_KEPT", "yes")
     python = tmp_path / "python"
-    python.write_text('#!/bin/sh\nwhile [ "$1" != --out ]; do shift; done\nenv > "$2.env"\necho "{}" > "$2"\n')
+    python.write_text('#!/bin/sh\nwhile [ "$1" != --out-dir ]; do shift; done\nenv > "$2/env"\necho "{}" > "$2/rank0.json"\n')
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    out = tmp_path / "glibc.json"
-    assert run_heap(MemorySettings(model_dir=tmp_path), "glibc", out, python=str(python)) == {}
-    seen = dict(line.split("=", 1) for line in Path(f"{out}.env").read_text().splitlines() if "=" in line)
+    out = tmp_path / "glibc"
+    assert run_heap(MemorySettings(model_dir=tmp_path), "glibc", out, python=str(python)) == [{}]
+    seen = dict(line.split("=", 1) for line in (out / "env").read_text().splitlines() if "=" in line)
     assert seen["ASYNCRL_KEPT"] == "yes"
     assert not set(HEAP_ENV) & set(seen)
     assert all(os.environ[name] == "65536" for name in HEAP_ENV)  # this process keeps them
@@ -94,7 +134,7 @@ def test_a_failing_heap_raises_with_its_output(tmp_path: Path) -> None:
     python.write_text("#!/bin/sh\necho 'no model here' >&2\nexit 3\n")
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     with pytest.raises(RuntimeError, match=r"heap '1' failed \(exit 3\)") as error:
-        run_heap(MemorySettings(model_dir=tmp_path), "1", tmp_path / "1.json", python=str(python))
+        run_heap(MemorySettings(model_dir=tmp_path), "1", tmp_path / "1", python=str(python))
     assert "no model here" in str(error.value)
 
 
@@ -107,6 +147,7 @@ def test_a_failing_heap_raises_with_its_output(tmp_path: Path) -> None:
         (["--model", "{missing}"], "holds no config.json"),
         (["--size", "5m", "--heaps", "glibc,x"], "--heaps: 'x'"),
         (["--size", "5m", "--steps", "1"], "--steps must be >= 2"),
+        (["--size", "5m", "--world-size", "0"], "--world-size must be >= 1"),
     ],
 )
 def test_cli_refuses_bad_options_with_exit_2(
