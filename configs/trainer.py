@@ -95,14 +95,12 @@ class TrainerConfig(StrictModel):
     packer: Literal["ffd"] = Field("ffd", description="How sequences are packed into micro-batches (first-fit decreasing).")
     zero_stage: Literal[0, 1, 2, 3] = Field(
         1,
-        description="DeepSpeed ZeRO stage; 3 also partitions the parameters (logits then computed a micro-batch at once).",
+        description="DeepSpeed ZeRO stage; 3 also partitions the parameters.",
     )
     """Stage 1 partitions the optimizer state over the data-parallel ranks, 2 the gradients
     too, 3 the parameters too: the model is built partitioned, every forward pass gathers
     each layer's parameters from all ranks, and a publish gathers one parameter at a time,
-    so no rank holds the whole model. Under stage 3 ``logit_chunk_tokens`` is ignored (a
-    micro-batch's logits are computed whole: its chunk count would differ between ranks);
-    size ``micro_batch_tokens`` for its (tokens x vocabulary) logits. Checkpoints of every
+    so no rank holds the whole model; ``logit_chunk_tokens`` holds at every stage. Checkpoints of every
     stage resume at another world size (re-partitioned on load). With one process, stage 0
     holds the least: there is nothing to partition, and the stage 1-2 optimizer keeps its own
     float32 copy of the parameters beside the model's."""

@@ -321,8 +321,8 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     then keeps a layer's input, not its attention and MLP intermediates, so activation
     memory per token falls from ~L x (one layer's intermediates) to ~L x hidden + one
     layer's intermediates, for one more decoder forward per backward. Non-reentrant
-    checkpointing, so gradients equal the plain ones and the chunked head
-    (:func:`~asyncrl.tasks.trainer.logprobs.chunked_token_logprobs`) nests inside it. It acts
+    checkpointing, so gradients equal the plain ones; the chunked head
+    (:class:`~asyncrl.tasks.trainer.chunked_head.ChunkedHeadLogprobs`) runs after it. It acts
     in training mode only (the no-grad log-prob passes are unchanged)."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False

@@ -2,16 +2,17 @@
 in chunks of positions so that a packed micro-batch's (tokens x vocabulary) logits are never
 held whole (at a 151,936-token vocabulary they are 0.6 MB per token in float32).
 
-Under ZeRO stage 3 a forward pass is a collective: every module all-gathers its parameters
-as it runs, so every rank must run the same modules in the same order. The chunked path
-calls the output head once per chunk (and again per chunk in backward, recomputing it), a
-count that depends on the rank's own token count: ranks with different micro-batches would
-pair one rank's gather of the head with another's gather of a different parameter (seen:
-gloo's "Received data size doesn't match expected size"). It also calls the decoder and
-the head outside the DeepSpeed engine's forward, whose hook starts each pass of ZeRO-3's
-module trace. So under stage 3 every micro-batch takes the whole-logits path through the
-engine (:func:`micro_batch_logprobs`), and passes over a rank's own micro-batches are
-padded to the same count on every rank (:func:`lockstep_passes`, :func:`filler_passes`).
+The chunks live inside one call of the output head (:class:`ChunkedHeadLogprobs`, with its
+own backward), made during the model's own forward through the DeepSpeed engine: the head's
+``forward`` returns the log-probs instead of the logits for that call
+(:func:`head_returns_logprobs`). So the modules run once each, in the model's order, under
+every ZeRO stage. That matters under stage 3, where a forward pass is a collective: every
+module all-gathers its parameters as it runs (and again in backward), so every rank must run
+the same modules in the same order; a head called once per chunk, a count that depends on
+the rank's tokens, would pair one rank's gather of the head with another's gather of a
+different parameter (seen: gloo's "Received data size doesn't match expected size"). Passes
+over a rank's own micro-batches are padded to the same count on every rank
+(:func:`lockstep_passes`, :func:`filler_passes`).
 """
 
 from __future__ import annotations
@@ -37,16 +38,18 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 def micro_batch_logprobs(model: ModelCall, batch: MicroBatch, chunk_tokens: int | None = None) -> torch.Tensor:
     """log pi(target_j | tokens <= j of the same sequence) at every position j, shape (R*S,).
 
-        logp_j = log_softmax(z_j)[targets_j] = -cross_entropy(z_j, targets_j),  z_j = W h_j
+        logp_j = log_softmax(z_j)[targets_j] = z_j[targets_j] - logsumexp(z_j),  z_j = W h_j
 
     computed in float32 from the raw logits (no temperature: the rollout reports log-probs
     of the raw model distribution). Positions outside ``loss_mask`` hold meaningless
     values. ``model`` is an HF causal LM or a DeepSpeed engine wrapping one; gradients
     flow if autograd is enabled. With ``chunk_tokens`` (and a model in
-    PLAIN_HEAD_MODEL_TYPES, its parameters not partitioned by ZeRO stage 3: see the module
-    docstring) the decoder runs once and z is computed ``chunk_tokens`` positions at a
-    time (:func:`chunked_token_logprobs`); otherwise in one piece, through ``model``.
+    PLAIN_HEAD_MODEL_TYPES whose head is a bias-free ``nn.Linear``) z is computed
+    ``chunk_tokens`` positions at a time inside the head's one call
+    (:func:`~asyncrl.tasks.trainer.chunked_head.head_returns_logprobs`); otherwise whole.
     """
+    from asyncrl.tasks.trainer.chunked_head import chunkable_head, head_returns_logprobs
+
     device = _device_of(model)
     batch = batch.to(device)
     inputs = {
@@ -57,42 +60,12 @@ def micro_batch_logprobs(model: ModelCall, batch: MicroBatch, chunk_tokens: int 
     }
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
     plain_head = getattr(getattr(module, "config", None), "model_type", None) in PLAIN_HEAD_MODEL_TYPES
-    if chunk_tokens is not None and plain_head and not parameters_partitioned(module):
-        hidden = module.get_decoder()(**inputs).last_hidden_state  # (R, S, H)
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        return chunked_token_logprobs(flat, module.get_output_embeddings(), batch.targets, chunk_tokens)
+    head = chunkable_head(module) if plain_head and chunk_tokens is not None else None
+    if head is not None and chunk_tokens is not None:
+        with head_returns_logprobs(head, batch.targets, chunk_tokens):
+            return model(**inputs).logits.reshape(-1)  # the head's output: (R, S) log-probs
     logits = model(**inputs).logits  # (R, S, V)
     return _logprobs_of_logits(logits.reshape(-1, logits.shape[-1]), batch.targets)  # (R*S,)
-
-
-def chunked_token_logprobs(
-    hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, chunk_tokens: int
-) -> torch.Tensor:
-    """log_softmax(head(h_j))[targets_j] for each row j of ``hidden`` (N, H), shape (N,).
-
-    Rows are taken ``chunk_tokens`` at a time; under autograd each chunk is checkpointed
-    (its logits recomputed in backward), so at most one chunk's (chunk_tokens, V) logits,
-    with their float32 copy, is alive at once: peak memory O(chunk_tokens * V) instead of
-    O(N * V), for one extra head matmul in backward. Each row's value is the same
-    computation as the unchunked one, so the two agree to rounding.
-    """
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    pieces = []
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        rows, rows_targets = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
-        if torch.is_grad_enabled() and rows.requires_grad:
-            pieces.append(checkpoint(_head_logprobs, head, rows, rows_targets, use_reentrant=False))
-        else:
-            pieces.append(_head_logprobs(head, rows, rows_targets))
-    return torch.cat(pieces) if pieces else hidden.new_zeros((0,), dtype=torch.float32)
-
-
-def _head_logprobs(head: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return _logprobs_of_logits(head(rows), targets)
 
 
 def _logprobs_of_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

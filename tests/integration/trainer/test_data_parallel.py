@@ -286,8 +286,8 @@ def zero2_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def zero3_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
-    """ZeRO 3 with every parameter partitioned, and logits asked for in chunks of 16
-    positions (taken whole under stage 3: the ranks' chunk counts differ)."""
+    """ZeRO 3 with every parameter partitioned, and logits in chunks of 16 positions: the
+    ranks' chunk counts differ, and the head's one call per pass keeps their gathers paired."""
     return runs_at_both_world_sizes(3, tmp_path_factory.mktemp("dp3"), tiny_model_dir, "--chunk", "16")
 
 
