@@ -33,6 +33,7 @@ from typing import Any
 from asyncrl.bench.process_memory import read_process_memory
 from asyncrl.bench.scale_figures import model_state_bytes
 from asyncrl.bench.scale_settings import SIZE_SPECS
+from asyncrl.configs.trainer import ZERO3_LIVE_ELEMENTS
 
 WORKER_MODULE = "asyncrl.bench.trainer_memory_worker"
 GLIBC_DEFAULT = "glibc"
@@ -70,6 +71,8 @@ class MemorySettings:
     zero_stage: int = 0
     world_size: int = 1
     """Ranks (processes) of the engine; above 1 they start under ``torchrun``."""
+    zero3_live_elements: int | None = ZERO3_LIVE_ELEMENTS
+    """``trainer.zero3_live_elements``; None: DeepSpeed's defaults."""
 
     def __post_init__(self) -> None:
         if self.tokens < 8 * 33:
@@ -80,6 +83,8 @@ class MemorySettings:
             raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.world_size < 1:
             raise ValueError(f"--world-size must be >= 1, got {self.world_size}")
+        if self.zero3_live_elements is not None and self.zero3_live_elements < 1_000_000:
+            raise ValueError(f"--zero3-live-elements must be >= 1000000 (or 0: DeepSpeed's defaults), got {self.zero3_live_elements}")
 
 
 def rank_state_bytes(parameters: int, zero_stage: int, world_size: int) -> float:
@@ -147,6 +152,7 @@ def measure_phases(settings: MemorySettings, version_dir: Path) -> dict[str, Any
             zero_stage=settings.zero_stage,
             logit_chunk_tokens=settings.logit_chunk_tokens,
             activation_checkpointing=settings.activation_checkpointing,
+            zero3_live_elements=settings.zero3_live_elements,
         ),
     )
     end_phase("build")
@@ -321,7 +327,7 @@ def cmd_bench_trainer_memory(args: argparse.Namespace) -> int:
             model_dir=Path(args.model or "."), tokens=args.tokens, steps=args.steps,
             logit_chunk_tokens=args.logit_chunk_tokens or None,
             activation_checkpointing=not args.no_activation_checkpointing, zero_stage=args.zero_stage,
-            world_size=args.world_size,
+            world_size=args.world_size, zero3_live_elements=args.zero3_live_elements or None,
         )  # fmt: skip
     except ValueError as exc:
         print(f"bench trainer-memory: {exc}", file=sys.stderr)
@@ -360,6 +366,8 @@ def add_trainer_memory_bench(subparsers: argparse._SubParsersAction[argparse.Arg
     parser.add_argument("--world-size", type=int, default=defaults.world_size,
                         help=f"ranks of the engine, under torchrun above 1 (default {defaults.world_size}); "
                              "with --zero-stage 3 the publish gathers one parameter at a time")  # fmt: skip
+    parser.add_argument("--zero3-live-elements", type=int, default=defaults.zero3_live_elements,
+                        help=f"trainer.zero3_live_elements (default {defaults.zero3_live_elements:,}; 0: DeepSpeed's defaults)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the result as JSON here")
     parser.set_defaults(handler=cmd_bench_trainer_memory)

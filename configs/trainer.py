@@ -9,6 +9,9 @@ from pydantic import Field, field_validator, model_validator
 from asyncrl.configs.base import StrictModel
 from asyncrl.configs.cpus import check_cpu_cores
 
+ZERO3_LIVE_ELEMENTS = 100_000_000
+"""``trainer.zero3_live_elements``'s default (see there)."""
+
 
 class OptimizerConfig(StrictModel):
     type: Literal["adamw"] = Field("adamw", description="Optimizer (AdamW only).")
@@ -104,6 +107,17 @@ class TrainerConfig(StrictModel):
     stage resume at another world size (re-partitioned on load). With one process, stage 0
     holds the least: there is nothing to partition, and the stage 1-2 optimizer keeps its own
     float32 copy of the parameters beside the model's."""
+    zero3_live_elements: int | None = Field(
+        ZERO3_LIVE_ELEMENTS,
+        ge=1_000_000,
+        description="ZeRO 3: parameter elements a rank keeps gathered or buffered at once; None: DeepSpeed's defaults.",
+    )
+    """Sets DeepSpeed's ``stage3_max_live_parameters``, ``stage3_max_reuse_distance`` and
+    ``sub_group_size`` to N and ``reduce_bucket_size`` to N / 2, so a rank holds beyond its
+    partition at most about N gathered parameters, an N / 2 gradient bucket and an N-element
+    optimizer sub-group: 4 x 2.5 N bytes in float32 (DeepSpeed's defaults, 1e9 and 5e8, are
+    sized for accelerators with memory to spare and let a rank gather the whole model).
+    Fewer elements mean more, smaller gathers; stages 0-2 ignore it."""
     checkpoint_every: int = Field(5, ge=1, description="Save a trainer checkpoint every this many steps.")
     keep_versions: int = Field(0, ge=0, description="Weight versions kept in the store beyond those the run still needs.")
     """Those the run needs: the current one, those within max_staleness + 1 updates of it,

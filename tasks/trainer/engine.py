@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from asyncrl.configs.trainer import LoraConfig, OptimizerConfig
+from asyncrl.configs.trainer import ZERO3_LIVE_ELEMENTS, LoraConfig, OptimizerConfig
 from asyncrl.tasks.trainer.zero3 import (
     WEIGHTS_FILE,
     build_partitioned_model,
@@ -73,6 +73,9 @@ class EngineSettings:
     """ZeRO 3: parameters of at most this many elements stay whole on every rank
     (``stage3_param_persistence_threshold``); None: DeepSpeed's default, 1e5. 0 partitions
     every parameter (the tests' tiny model has none above 1e5)."""
+    zero3_live_elements: int | None = ZERO3_LIVE_ELEMENTS
+    """ZeRO 3: elements gathered or buffered at once per rank (``trainer.zero3_live_elements``);
+    None: DeepSpeed's defaults."""
     lora: LoraConfig | None = None
     """Train low-rank adapters on the frozen model (:mod:`asyncrl.tasks.trainer.lora`);
     None: every weight trains. ZeRO stages 0-2 only."""
@@ -198,7 +201,9 @@ def deepspeed_config(settings: EngineSettings, *, torch_adam: bool = False) -> d
 
 
 def _zero_config(settings: EngineSettings) -> dict[str, Any]:
-    """The ``zero_optimization`` section: the stage, and for stage 3 the persistence threshold.
+    """The ``zero_optimization`` section: the stage, and for stage 3 the persistence threshold
+    and the live elements N (``stage3_max_live_parameters`` = ``stage3_max_reuse_distance`` =
+    ``sub_group_size`` = N, ``reduce_bucket_size`` = N / 2).
 
     Stage 3 keeps DeepSpeed's ``memory_efficient_linear`` (on): its ``zero.Init`` then
     replaces ``torch.nn.functional.linear`` for the rest of the process with a version
@@ -208,6 +213,10 @@ def _zero_config(settings: EngineSettings) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": settings.zero_stage}
     if settings.zero_stage == 3 and settings.zero3_persistence_threshold is not None:
         zero["stage3_param_persistence_threshold"] = settings.zero3_persistence_threshold
+    if settings.zero_stage == 3 and settings.zero3_live_elements is not None:
+        live = settings.zero3_live_elements
+        zero.update(stage3_max_live_parameters=live, stage3_max_reuse_distance=live, sub_group_size=live,
+                    reduce_bucket_size=live // 2)  # fmt: skip
     return zero
 
 

@@ -141,6 +141,7 @@ def _engine(  # noqa: ANN202
         total_updates=total_updates,
         logit_chunk_tokens=config.trainer.logit_chunk_tokens,
         activation_checkpointing=config.trainer.activation_checkpointing,
+        zero3_live_elements=config.trainer.zero3_live_elements,
         lora=config.trainer.lora,
         initial_adapter=initial_adapter,
         base_model_reference=config.model.path,

@@ -17,6 +17,26 @@ def test_torch_adam_is_asked_for_only_when_requested() -> None:
     assert fused["params"] == {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-8}
 
 
+def test_zero3_live_elements_bound_deepspeeds_buckets_at_stage_3_only() -> None:
+    optimizer = OptimizerConfig(lr=1e-4)
+    zero = deepspeed_config(EngineSettings(optimizer=optimizer, zero_stage=3, zero3_live_elements=2_000_000))["zero_optimization"]
+    assert zero == {"stage": 3, "stage3_max_live_parameters": 2_000_000, "stage3_max_reuse_distance": 2_000_000,
+                    "sub_group_size": 2_000_000, "reduce_bucket_size": 1_000_000}  # fmt: skip
+    defaults = deepspeed_config(EngineSettings(optimizer=optimizer, zero_stage=3, zero3_live_elements=None))
+    assert defaults["zero_optimization"] == {"stage": 3}  # DeepSpeed's own
+    assert deepspeed_config(EngineSettings(optimizer=optimizer, zero_stage=2))["zero_optimization"] == {"stage": 2}
+
+
+def test_zero3_live_elements_below_a_million_is_refused_naming_the_field() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from asyncrl.configs.trainer import TrainerConfig
+
+    with pytest.raises(ValidationError, match="zero3_live_elements"):
+        TrainerConfig(zero3_live_elements=1000)
+
+
 def test_cpu_engine_uses_torch_adamw(shared_engine: Any) -> None:
     import torch
 

@@ -148,6 +148,7 @@ def test_a_failing_heap_raises_with_its_output(tmp_path: Path) -> None:
         (["--size", "5m", "--heaps", "glibc,x"], "--heaps: 'x'"),
         (["--size", "5m", "--steps", "1"], "--steps must be >= 2"),
         (["--size", "5m", "--world-size", "0"], "--world-size must be >= 1"),
+        (["--size", "5m", "--zero3-live-elements", "1000"], "--zero3-live-elements must be >= 1000000"),
     ],
 )
 def test_cli_refuses_bad_options_with_exit_2(
