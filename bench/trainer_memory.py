@@ -182,12 +182,13 @@ def measure_phases(settings: MemorySettings, version_dir: Path) -> dict[str, Any
     if engine.rank == 0:
         shutil.rmtree(version_dir, ignore_errors=True)
     # ZeRO stage 3 leaves each rank an empty tensor per parameter; ds_numel is the whole one's.
-    parameters = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+    sizes = [getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()]
     return {
         "rank": engine.rank,
         "world_size": engine.world_size,
         "zero_stage": settings.zero_stage,
-        "parameters": parameters,
+        "parameters": sum(sizes),
+        "largest_parameter": max(sizes),
         "micro_batch_tokens": int(batch.slots),
         "peaks_per_phase": peaks_per_phase,
         "phases": [asdict(phase) for phase in phases],
@@ -200,7 +201,8 @@ def heap_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
         peak           = max over phases of the phase's VmHWM
         between steps  = VmRSS after the last optimizer step
         step s         = mean over steps 1.. of the sum of their four phases' seconds
-        publish extra  = the publish's VmHWM - VmRSS before it; / weights = / (4 B x parameters)
+        publish extra  = the publish's VmHWM - VmRSS before it; / weights = / (4 B x parameters),
+                         / largest = / (4 B x the largest parameter's elements)
     """
     phases = measured["phases"]
     parameters = measured["parameters"]
@@ -228,6 +230,7 @@ def heap_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
         "publish_extra_bytes": float(publish_extra),
         "weight_bytes": float(weight_bytes),
         "publish_extra_over_weights": publish_extra / weight_bytes,
+        "publish_extra_over_largest": publish_extra / (4 * measured["largest_parameter"]),
     }
 
 
@@ -291,7 +294,7 @@ def format_table(result: Mapping[str, Any]) -> str:
     """Two Markdown tables: the figures per heap and rank, then every phase's peak and resident GB."""
     gb = 1e9
     lines = ["| heap | peak RSS (GB) | / model states | between steps (GB) | first step (s) | later steps (s) "
-             "| publish (s) | publish: extra RSS (GB) / weights |",
+             "| publish (s) | publish: extra RSS (GB) / weights / largest parameter |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     columns = _columns(result)
     for label, rank in columns:
@@ -299,7 +302,8 @@ def format_table(result: Mapping[str, Any]) -> str:
         each = ", ".join(f"{s:.1f}" for s in f["step_s_each"])
         lines.append(f"| {label} | {f['peak_bytes'] / gb:.2f} | {f['peak_over_states']:.2f} | "
                      f"{f['between_steps_bytes'] / gb:.2f} | {f['first_step_s']:.1f} | {f['step_s']:.1f} ({each}) | "
-                     f"{f['publish_s']:.1f} | {f['publish_extra_bytes'] / gb:.2f} / {f['publish_extra_over_weights']:.2f} |")  # fmt: skip
+                     f"{f['publish_s']:.1f} | {f['publish_extra_bytes'] / gb:.2f} / {f['publish_extra_over_weights']:.2f} / "
+                     f"{f['publish_extra_over_largest']:.2f} |")  # fmt: skip
     lines += ["", "| phase | " + " | ".join(f"{label}: peak / after (GB)" for label, _ in columns) + " |",
               "| --- |" + " --- |" * len(columns)]  # fmt: skip
     for index, phase in enumerate(columns[0][1]["phases"]):

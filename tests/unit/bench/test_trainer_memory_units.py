@@ -58,7 +58,7 @@ def _measured(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dict[s
                    _phase(f"step {step} backward", seconds / 4, 350, peak),
                    _phase(f"step {step} optimizer", seconds / 4, 330 - step, 360)]  # fmt: skip
     phases.append(_phase("publish", 1.5, 340, 348))
-    return {"rank": rank, "world_size": world_size, "zero_stage": zero_stage, "parameters": 10,
+    return {"rank": rank, "world_size": world_size, "zero_stage": zero_stage, "parameters": 10, "largest_parameter": 4,
             "micro_batch_tokens": 264, "peaks_per_phase": True, "phases": phases}  # fmt: skip
 
 
@@ -75,6 +75,7 @@ def test_heap_figures_peak_between_steps_and_later_steps() -> None:
     assert figures["publish_extra_bytes"] == 348 - 328  # its peak over what was resident before it
     assert figures["weight_bytes"] == 40.0
     assert figures["publish_extra_over_weights"] == pytest.approx(20 / 40)
+    assert figures["publish_extra_over_largest"] == pytest.approx(20 / 16)
 
 
 def test_heap_figures_of_a_zero3_rank_use_its_share_of_the_states() -> None:
@@ -90,7 +91,7 @@ def test_format_table_has_a_row_per_heap_and_per_phase() -> None:
     table = format_table(result)
     assert "| glibc's own | 0.00 | 5.62 |" in table
     assert "| mmap threshold 1 MiB |" in table
-    assert "| 1.5 | 0.00 / 0.50 |" in table  # the publish: seconds, extra GB / weights
+    assert "| 1.5 | 0.00 / 0.50 / 1.25 |" in table  # the publish: seconds, extra GB / weights / largest
     assert table.count("| step 2 backward |") == 1
     assert table.count("| publish |") == 1
     assert "one micro-batch of 264 positions per rank" in table
