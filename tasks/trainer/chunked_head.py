@@ -96,7 +96,7 @@ def head_returns_logprobs(head: torch.nn.Linear, targets: torch.Tensor, chunk_to
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         flat = hidden.reshape(-1, hidden.shape[-1])
-        return ChunkedHeadLogprobs.apply(flat, head.weight, targets, chunk_tokens).reshape(hidden.shape[:-1])
+        return chunked_token_logprobs(flat, head.weight, targets, chunk_tokens).reshape(hidden.shape[:-1])
 
     head.forward = forward  # type: ignore[method-assign]
     try:

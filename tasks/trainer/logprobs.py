@@ -2,10 +2,11 @@
 in chunks of positions so that a packed micro-batch's (tokens x vocabulary) logits are never
 held whole (at a 151,936-token vocabulary they are 0.6 MB per token in float32).
 
-The chunks live inside one call of the output head (:class:`ChunkedHeadLogprobs`, with its
-own backward), made during the model's own forward through the DeepSpeed engine: the head's
-``forward`` returns the log-probs instead of the logits for that call
-(:func:`head_returns_logprobs`). So the modules run once each, in the model's order, under
+The chunks live inside one call of the output head
+(:class:`~asyncrl.tasks.trainer.chunked_head.ChunkedHeadLogprobs`, with its own backward),
+made during the model's own forward through the DeepSpeed engine: the head's ``forward``
+returns the log-probs instead of the logits for that call
+(:func:`~asyncrl.tasks.trainer.chunked_head.head_returns_logprobs`). So the modules run once each, in the model's order, under
 every ZeRO stage. That matters under stage 3, where a forward pass is a collective: every
 module all-gathers its parameters as it runs (and again in backward), so every rank must run
 the same modules in the same order; a head called once per chunk, a count that depends on
