@@ -12,6 +12,7 @@ forked processes share once per process.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -20,6 +21,8 @@ from typing import Any, Self
 
 PROC = Path("/proc")
 KIB = 1024
+CLEAR_REFS_HWM = "5"
+"""Written to ``/proc/<pid>/clear_refs``: reset the resident high-water mark to ``VmRSS`` (Linux 4.0+)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,24 @@ def read_process_memory(pid: int, proc: Path = PROC) -> ProcessMemory | None:
         return None
     kib = {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
     return ProcessMemory(pid, name, kib["VmRSS"] * KIB, kib["VmHWM"] * KIB)
+
+
+def own_memory(proc: Path = PROC) -> ProcessMemory:
+    """:func:`read_process_memory` of this process; ``RuntimeError`` where ``/proc`` cannot say."""
+    memory = read_process_memory(os.getpid(), proc)
+    if memory is None:
+        raise RuntimeError(f"{proc}/{os.getpid()}/status is not readable (Linux only)")
+    return memory
+
+
+def reset_own_peak(proc: Path = PROC) -> bool:
+    """Reset this process's ``VmHWM`` to its ``VmRSS`` (so the next reading's peak is the
+    peak since now); False where the kernel does not allow it."""
+    try:
+        (proc / str(os.getpid()) / "clear_refs").write_text(CLEAR_REFS_HWM)
+    except OSError:
+        return False
+    return True
 
 
 def process_group_of(pid: int, proc: Path = PROC) -> int | None:

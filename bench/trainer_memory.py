@@ -12,7 +12,7 @@ gathers, one parameter at a time). After each phase every rank reads its ``VmRSS
 own. Reported per heap and rank: the peak and its ratio to the rank's model states
 (:func:`rank_state_bytes`), what stays resident between steps, the seconds of each step
 after the first (the first allocates Adam's states), and what the publish added to the
-resident memory against the weights' bytes (below 1: no rank ever held the whole model).
+resident memory against the weights' bytes and the largest parameter's.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.process_memory import read_process_memory
-from asyncrl.bench.scale_figures import model_state_bytes
+from asyncrl.bench.process_memory import own_memory, reset_own_peak
 from asyncrl.bench.scale_settings import SIZE_SPECS
 from asyncrl.configs.trainer import ZERO3_LIVE_ELEMENTS
 
@@ -40,8 +39,6 @@ GLIBC_DEFAULT = "glibc"
 """The heap name for glibc's own malloc settings (a threshold that rises with the blocks freed)."""
 HEAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_")
 """glibc's malloc variables, removed from each measured process so that a heap is what it says."""
-CLEAR_REFS_HWM = "5"
-"""``/proc/self/clear_refs``: reset the resident high-water mark (Linux 4.0+)."""
 
 
 def parse_heaps(text: str) -> tuple[str, ...]:
@@ -109,21 +106,6 @@ class Phase:
     """The most resident during the phase (since the last reset)."""
 
 
-def _own_memory() -> tuple[int, int]:
-    memory = read_process_memory(os.getpid())
-    if memory is None:
-        raise RuntimeError("bench trainer-memory: /proc/self/status is not readable (Linux only)")
-    return memory.rss_bytes, memory.hwm_bytes
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text(CLEAR_REFS_HWM)
-    except OSError:
-        return False
-    return True
-
-
 def measure_phases(settings: MemorySettings, version_dir: Path) -> dict[str, Any]:
     """Build the engine, run the steps and publish to ``version_dir`` (removed after) in this
     process, one rank of ``settings.world_size``; one :class:`Phase` per stage."""
@@ -135,14 +117,14 @@ def measure_phases(settings: MemorySettings, version_dir: Path) -> dict[str, Any
     from asyncrl.tasks.trainer.logprobs import micro_batch_logprobs
 
     phases: list[Phase] = []
-    peaks_per_phase = _reset_peak()
+    peaks_per_phase = reset_own_peak()
     started = time.perf_counter()
 
     def end_phase(name: str) -> None:
         nonlocal started
-        rss, peak = _own_memory()
-        phases.append(Phase(name, time.perf_counter() - started, rss, peak))
-        _reset_peak()
+        memory = own_memory()
+        phases.append(Phase(name, time.perf_counter() - started, memory.rss_bytes, memory.hwm_bytes))
+        reset_own_peak()
         started = time.perf_counter()
 
     engine = build_engine(
@@ -211,7 +193,7 @@ def heap_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
     optimizer_ends = [index for index, p in enumerate(phases) if p["name"].endswith(" optimizer")]
     publish = next(index for index, p in enumerate(phases) if p["name"] == "publish")
     publish_extra = phases[publish]["peak_bytes"] - phases[publish - 1]["rss_bytes"]
-    weight_bytes = model_state_bytes(parameters, "float32") // 4
+    weight_bytes = 4 * parameters  # float32
     steps: dict[int, float] = {}
     for phase in phases:
         if phase["name"].startswith("step "):

@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+PLAIN_HEAD_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+"""Causal LMs whose logits are exactly lm_head(last hidden state): no soft-capping or scale."""
+
 
 class ChunkedHeadLogprobs(torch.autograd.Function):
     """out_j = z_j[t_j] - logsumexp(z_j), z_j = W h_j, for rows j of ``hidden`` (N, H), ``chunk``
@@ -78,8 +81,11 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
 
 
 def chunkable_head(module: torch.nn.Module) -> torch.nn.Linear | None:
-    """``module``'s output head when its logits are W h alone (a bias-free ``nn.Linear``, not a
-    wrapped one such as a LoRA layer); None otherwise (the whole-logits path then)."""
+    """``module``'s output head when its logits are W h alone: a model type in
+    PLAIN_HEAD_MODEL_TYPES whose head is a bias-free ``nn.Linear`` (not a wrapped one such as
+    a LoRA layer); None otherwise (the whole-logits path then)."""
+    if getattr(getattr(module, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+        return None
     head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
     if type(head) is torch.nn.Linear and head.bias is None:
         return head

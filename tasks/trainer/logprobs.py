@@ -6,8 +6,8 @@ The chunks live inside one call of the output head
 (:class:`~asyncrl.tasks.trainer.chunked_head.ChunkedHeadLogprobs`, with its own backward),
 made during the model's own forward through the DeepSpeed engine: the head's ``forward``
 returns the log-probs instead of the logits for that call
-(:func:`~asyncrl.tasks.trainer.chunked_head.head_returns_logprobs`). So the modules run once each, in the model's order, under
-every ZeRO stage. That matters under stage 3, where a forward pass is a collective: every
+(:func:`~asyncrl.tasks.trainer.chunked_head.head_returns_logprobs`). So the modules run
+once each, in the model's order, under every ZeRO stage. That matters under stage 3, where a forward pass is a collective: every
 module all-gathers its parameters as it runs (and again in backward), so every rank must run
 the same modules in the same order; a head called once per chunk, a count that depends on
 the rank's tokens, would pair one rank's gather of the head with another's gather of a
@@ -31,11 +31,6 @@ if TYPE_CHECKING:
 ModelCall = Callable[..., object]
 
 
-# Causal LMs whose logits are exactly lm_head(last hidden state): no soft-capping or scale,
-# so the decoder and the head can be called apart. Others take the whole-logits path.
-PLAIN_HEAD_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
-
-
 def micro_batch_logprobs(model: ModelCall, batch: MicroBatch, chunk_tokens: int | None = None) -> torch.Tensor:
     """log pi(target_j | tokens <= j of the same sequence) at every position j, shape (R*S,).
 
@@ -44,8 +39,8 @@ def micro_batch_logprobs(model: ModelCall, batch: MicroBatch, chunk_tokens: int 
     computed in float32 from the raw logits (no temperature: the rollout reports log-probs
     of the raw model distribution). Positions outside ``loss_mask`` hold meaningless
     values. ``model`` is an HF causal LM or a DeepSpeed engine wrapping one; gradients
-    flow if autograd is enabled. With ``chunk_tokens`` (and a model in
-    PLAIN_HEAD_MODEL_TYPES whose head is a bias-free ``nn.Linear``) z is computed
+    flow if autograd is enabled. With ``chunk_tokens`` (and a model whose logits are its
+    head's alone: :func:`~asyncrl.tasks.trainer.chunked_head.chunkable_head`) z is computed
     ``chunk_tokens`` positions at a time inside the head's one call
     (:func:`~asyncrl.tasks.trainer.chunked_head.head_returns_logprobs`); otherwise whole.
     """
@@ -60,9 +55,7 @@ def micro_batch_logprobs(model: ModelCall, batch: MicroBatch, chunk_tokens: int 
         "use_cache": False,  # with a cache, transformers ignores the packed position_ids
     }
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
-    plain_head = getattr(getattr(module, "config", None), "model_type", None) in PLAIN_HEAD_MODEL_TYPES
-    head = chunkable_head(module) if plain_head and chunk_tokens is not None else None
-    if head is not None and chunk_tokens is not None:
+    if chunk_tokens is not None and (head := chunkable_head(module)) is not None:
         with head_returns_logprobs(head, batch.targets, chunk_tokens):
             return model(**inputs).logits.reshape(-1)  # the head's output: (R, S) log-probs
     logits = model(**inputs).logits  # (R, S, V)

@@ -24,7 +24,6 @@ metrics (those rank 0 logs). Rank 0 writes everything to ``--out`` with ``torch.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.bench.process_memory import read_process_memory
+from asyncrl.bench.process_memory import own_memory, reset_own_peak
 from asyncrl.configs.trainer import OptimizerConfig
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.schema import Sample
@@ -111,13 +110,6 @@ def dump(engine: TrainEngine, metrics: dict[str, float] | None) -> dict[str, Any
     }
 
 
-def _own_memory() -> tuple[int, int]:
-    """This process's (VmRSS, VmHWM) in bytes."""
-    memory = read_process_memory(os.getpid())
-    assert memory is not None, "/proc/self/status is readable on Linux"
-    return memory.rss_bytes, memory.hwm_bytes
-
-
 def measured_publish(engine: TrainEngine, out: Path) -> dict[str, int]:
     """``save_hf_weights`` to ``out`` (collective), measured on this rank:
 
@@ -144,10 +136,10 @@ def measured_publish(engine: TrainEngine, out: Path) -> dict[str, int]:
 
     deepspeed.zero.GatheredParameters = Measured
     try:
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        before, _ = _own_memory()
+        assert reset_own_peak(), "VmHWM := VmRSS through /proc/self/clear_refs"
+        before = own_memory().rss_bytes
         save_hf_weights(engine, out)
-        _, high = _own_memory()
+        high = own_memory().hwm_bytes
     finally:
         deepspeed.zero.GatheredParameters = original
     return {

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncrl.configs.trainer import OptimizerConfig
+import pytest
+from pydantic import ValidationError
+
+from asyncrl.configs.trainer import OptimizerConfig, TrainerConfig
 from asyncrl.tasks.trainer.engine import EngineSettings, deepspeed_config
 
 
@@ -28,11 +31,6 @@ def test_zero3_live_elements_bound_deepspeeds_buckets_at_stage_3_only() -> None:
 
 
 def test_zero3_live_elements_below_a_million_is_refused_naming_the_field() -> None:
-    import pytest
-    from pydantic import ValidationError
-
-    from asyncrl.configs.trainer import TrainerConfig
-
     with pytest.raises(ValidationError, match="zero3_live_elements"):
         TrainerConfig(zero3_live_elements=1000)
 

@@ -23,9 +23,11 @@ from asyncrl.bench.e2e_settings import Workload
 from asyncrl.bench.process_memory import (
     MemorySampler,
     component_peak,
+    own_memory,
     process_group_of,
     read_group_file,
     read_process_memory,
+    reset_own_peak,
 )
 from asyncrl.bench.scale import cmd_bench_scale, scale_run_config, settings_from_args
 from asyncrl.bench.scale_figures import (
@@ -287,6 +289,17 @@ def test_the_sampler_reads_every_process_of_each_group(tmp_path: Path) -> None:
     assert server["process_peak_bytes"] == 6_000 * 1024 and server["process"] == "python[100]"
     assert server["group_peak_bytes"] == 4_000 * 1024 and server["processes"] == 2
     assert peaks["trainer"]["process_peak_bytes"] == 2_500 * 1024 and sampler.samples == 2
+
+
+def test_own_memory_and_its_peak_reset(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    fake_process(proc, os.getpid(), 1, "python", 1_000, 4_000)
+    assert own_memory(proc).hwm_bytes == 4_000 * 1024
+    assert reset_own_peak(proc) is True
+    assert (proc / str(os.getpid()) / "clear_refs").read_text() == "5"  # the kernel's "reset VmHWM"
+    assert reset_own_peak(tmp_path / "nowhere") is False
+    with pytest.raises(RuntimeError, match="status is not readable"):
+        own_memory(tmp_path / "nowhere")
 
 
 def test_the_sampler_follows_a_real_process_group(tmp_path: Path) -> None:

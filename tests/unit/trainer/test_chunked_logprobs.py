@@ -97,11 +97,14 @@ def test_the_head_returns_logprobs_inside_the_block_only() -> None:
     assert head(hidden).shape == (2, 3, VOCAB)  # the logits again after the block
 
 
-def test_only_a_bias_free_plain_linear_head_is_chunked() -> None:
+def test_only_a_plain_models_bias_free_linear_head_is_chunked() -> None:
     from transformers import Qwen2ForCausalLM
 
     model = Qwen2ForCausalLM(tiny_qwen2_config(TinyModelSpec(num_layers=1)))
     assert chunkable_head(model) is model.lm_head
+    model.config.model_type = "gemma2"  # logits soft-capped after the head: not W h alone
+    assert chunkable_head(model) is None
+    model.config.model_type = "qwen2"
     model.lm_head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
     assert chunkable_head(model) is None
 
