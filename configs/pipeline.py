@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configs.base import StrictModel
 from asyncrl.configs.trainer import OptimizerConfig
-from asyncrl.configs.synthetic_specs import ArithmeticSpec
+from asyncrl.configs.synthetic_specs import ArithmeticSpec, SolutionStyle
 from asyncrl.configs.synthetic_specs import DEFAULT_OPERATIONS, CodeSpec, ProgramStyle, StepName
 
 
@@ -45,6 +45,12 @@ class SyntheticDataConfig(StrictModel):
     max_factor: int = Field(
         ArithmeticSpec.max_factor, ge=2, description="Arithmetic: `*` operands are drawn from [2, max_factor]."
     )
+    solution_style: SolutionStyle = Field(
+        ArithmeticSpec.solution_style,
+        description="Arithmetic: how demonstrations write the steps: `lines` (a op b=c) or `worked` (in words).",
+    )
+    """``worked`` writes each step out in words, about 60 tokens a step, so outputs run to
+    hundreds of tokens and generation dominates a step, as in reasoning RL."""
     n_tests: int = Field(
         CodeSpec.n_tests, ge=2, description="Code: stdin/stdout tests per problem, each on a random list of integers."
     )
@@ -123,6 +129,7 @@ class SyntheticDataConfig(StrictModel):
             mul_prob=self.mul_prob,
             max_addend=self.max_addend,
             max_factor=self.max_factor,
+            solution_style=self.solution_style,
         )
 
     def code_spec(self) -> CodeSpec:
@@ -140,7 +147,9 @@ class SyntheticDataConfig(StrictModel):
         )
 
 
-_ARITHMETIC_ONLY_FIELDS: tuple[str, ...] = ("mul_prob", "max_addend", "max_factor", "sft_answer_only_share")
+_ARITHMETIC_ONLY_FIELDS: tuple[str, ...] = (
+    "mul_prob", "max_addend", "max_factor", "sft_answer_only_share", "solution_style",
+)
 _CODE_ONLY_FIELDS: tuple[str, ...] = (
     "n_tests", "min_list_len", "max_list_len", "max_value", "max_constant", "operations", "sft_styles",
 )

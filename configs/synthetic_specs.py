@@ -8,14 +8,24 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 
+SolutionStyle = Literal["lines", "worked"]
+"""How a reference solution is written (:func:`asyncrl.tasks.data.synthetic.reference_solution`):
+``lines`` one ``a op b=c`` line per step (tens of tokens); ``worked`` each step written out
+in words, about 60 tokens a step, as a reasoning model writes its work (hundreds of tokens)."""
+
+SOLUTION_STYLES: tuple[str, ...] = get_args(SolutionStyle)
+
+
 @dataclass(frozen=True)
 class ArithmeticSpec:
-    """How problems are drawn.
+    """How problems are drawn, and how their reference solutions are written.
 
     - steps: k in [min_steps, max_steps] with P(k) proportional to k ** -step_exponent.
     - operators: ``*`` with probability mul_prob, else ``+`` or ``-`` with equal chance.
     - operands: first number and ``+``/``-`` operands uniform in [1, max_addend];
       ``*`` operands uniform in [2, max_factor].
+    - solution_style: how the reference solution writes the steps (:data:`SolutionStyle`);
+      it changes no problem, only the demonstrations.
     The defaults keep the longest prompt under 64 bytes (= tokens of the tiny tokenizer).
     """
 
@@ -25,8 +35,13 @@ class ArithmeticSpec:
     mul_prob: float = 0.25
     max_addend: int = 20
     max_factor: int = 9
+    solution_style: SolutionStyle = "lines"
 
     def __post_init__(self) -> None:
+        if self.solution_style not in SOLUTION_STYLES:
+            raise ValueError(
+                f"ArithmeticSpec: solution_style must be one of {', '.join(SOLUTION_STYLES)}, got {self.solution_style!r}"
+            )
         if not 1 <= self.min_steps <= self.max_steps:
             raise ValueError(
                 f"ArithmeticSpec: need 1 <= min_steps <= max_steps, got min_steps={self.min_steps}, "

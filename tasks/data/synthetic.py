@@ -4,8 +4,9 @@ A problem is an integer expression over ``+ - *`` with standard precedence, e.g.
 ``What is 3+4*2-5?``. The number of operators (the steps of the reference
 solution) follows a truncated power law, so the chain of thought needed varies
 with a long tail, like a reasoning model's generation lengths. The reference
-solution writes one ``a op b=c`` line per operator (products first, then sums
-left to right) and ends with ``#### <answer>``, the GSM8K final-answer line.
+solution takes one step per operator (products first, then sums left to right), written
+as one ``a op b=c`` line each or, for reasoning-length outputs, in words (``worked``), and
+ends with ``#### <answer>``, the GSM8K final-answer line.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar, get_args
 
-from asyncrl.configs.synthetic_specs import ArithmeticSpec
+from asyncrl.configs.synthetic_specs import SOLUTION_STYLES, ArithmeticSpec, SolutionStyle
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -91,20 +92,26 @@ def _apply(op: Operator, left: int, right: int) -> int:
     return left * right
 
 
-def _solve(problem: Problem) -> tuple[list[str], int]:
-    """Step lines and the value under standard precedence.
+Step = tuple[int, Operator, int, int]
+"""One step of a solution: (left, operator, right, result)."""
 
-    Products are reduced first, each ``*`` one line ``a*b=c`` (left to right within
+OPERATOR_WORDS: dict[str, str] = {"+": "add", "-": "subtract", "*": "multiply it by"}
+
+
+def _solve(problem: Problem) -> tuple[list[Step], int]:
+    """The steps and the value under standard precedence.
+
+    Products are reduced first, each ``*`` one step ``a*b=c`` (left to right within
     a product term); then the terms are combined left to right, each ``+``/``-`` one
-    line. So there are exactly ``num_steps`` lines.
+    step. So there are exactly ``num_steps`` steps.
     """
-    lines: list[str] = []
+    steps: list[Step] = []
     terms: list[int] = [problem.numbers[0]]
     signs: list[Operator] = []
     for op, number in zip(problem.operators, problem.numbers[1:], strict=True):
         if op == "*":
             product = terms[-1] * number
-            lines.append(f"{terms[-1]}*{number}={product}")
+            steps.append((terms[-1], "*", number, product))
             terms[-1] = product
         else:
             signs.append(op)
@@ -112,9 +119,9 @@ def _solve(problem: Problem) -> tuple[list[str], int]:
     total = terms[0]
     for sign, term in zip(signs, terms[1:], strict=True):
         new_total = _apply(sign, total, term)
-        lines.append(f"{total}{sign}{term}={new_total}")
+        steps.append((total, sign, term, new_total))
         total = new_total
-    return lines, total
+    return steps, total
 
 
 def format_final_answer(answer: str | int) -> str:
@@ -122,19 +129,41 @@ def format_final_answer(answer: str | int) -> str:
     return f"{FINAL_ANSWER_MARKER} {answer}"
 
 
-def reference_solution(problem: Problem) -> str:
-    """Step-by-step solution, one ``a op b=c`` line per operator, ending ``#### <answer>``.
+def worked_step(index: int, step: Step) -> str:
+    """Step ``index`` (1-based) written out: what is taken, the operation, its result, e.g.
+    ``Step 1: take 3 and add 4.`` / ``3 + 4 = 7.`` / ``The result is 7.`` (about 60 bytes,
+    each byte one token of the tiny tokenizer)."""
+    left, op, right, result = step
+    return (
+        f"Step {index}: take {left} and {OPERATOR_WORDS[op]} {right}.\n"
+        f"{left} {op} {right} = {result}.\n"
+        f"The result is {result}."
+    )
 
-    Example: ``3+4*2-5`` gives ``4*2=8 / 3+8=11 / 11-5=6 / #### 6`` (newline-separated).
+
+def reference_solution(problem: Problem, style: SolutionStyle = "lines") -> str:
+    """The correct solution in ``style``, ending ``#### <answer>``.
+
+    ``lines``: one ``a op b=c`` line per operator; ``3+4*2-5`` gives
+    ``4*2=8 / 3+8=11 / 11-5=6 / #### 6`` (newline-separated).
+    ``worked``: each step as :func:`worked_step`, then ``The answer is 6.`` and ``#### 6``.
     """
-    lines, value = _solve(problem)
+    steps, value = _solve(problem)
+    if style == "lines":
+        lines = [f"{left}{op}{right}={result}" for left, op, right, result in steps]
+    elif style == "worked":
+        lines = [worked_step(i, step) for i, step in enumerate(steps, start=1)] + [f"The answer is {value}."]
+    else:
+        raise ValueError(f"reference_solution: style must be one of {', '.join(SOLUTION_STYLES)}, got {style!r}")
     return "\n".join([*lines, format_final_answer(value)])
 
 
-def mixed_solutions(problems: Sequence[Problem], answer_only_share: float, seed: int) -> list[str]:
+def mixed_solutions(
+    problems: Sequence[Problem], answer_only_share: float, seed: int, style: SolutionStyle = "lines"
+) -> list[str]:
     """Solutions of a warm-start set: round(answer_only_share * n) of the n problems, chosen
     uniformly with ``seed``, get only the final-answer line ``#### <answer>``; the others
-    get the worked :func:`reference_solution`. Every solution's final answer is correct."""
+    get the worked :func:`reference_solution` in ``style``. Every solution's final answer is correct."""
     if not 0.0 <= answer_only_share <= 1.0:
         raise ValueError(f"mixed_solutions: answer_only_share must be in [0, 1], got {answer_only_share}")
     # A seed of its own: random.Random(seed).sample(range(n), k) draws the same numbers as a
@@ -142,7 +171,9 @@ def mixed_solutions(problems: Sequence[Problem], answer_only_share: float, seed:
     # SFT batch order (seeded with the run seed) would serve all answer-only examples first.
     rng = random.Random(f"answer-only:{seed}")
     chosen = set(rng.sample(range(len(problems)), round(answer_only_share * len(problems))))
-    return [format_final_answer(p.answer) if i in chosen else p.solution for i, p in enumerate(problems)]
+    return [
+        format_final_answer(p.answer) if i in chosen else reference_solution(p, style) for i, p in enumerate(problems)
+    ]
 
 
 def step_weights(spec: ArithmeticSpec) -> tuple[list[int], list[float]]:
@@ -221,14 +252,15 @@ def write_problems(
     problems: Sequence[Problem],
     metadata: dict[str, str] | None = None,
     solutions: Sequence[str] | None = None,
+    style: SolutionStyle = "lines",
 ) -> Path:
     """Write Parquet columns ``prompt``, ``answer`` (exact integer string), ``solution``
-    (``solutions`` if given, else each problem's reference solution) and ``num_steps``;
-    atomic (temporary file, then rename)."""
+    (``solutions`` if given, else each problem's reference solution in ``style``) and
+    ``num_steps``; atomic (temporary file, then rename)."""
     import pyarrow as pa
 
     if solutions is None:
-        solutions = [p.solution for p in problems]
+        solutions = [reference_solution(p, style) for p in problems]
     elif len(solutions) != len(problems):
         raise ValueError(f"write_problems: {len(solutions)} solutions for {len(problems)} problems")
 
@@ -298,7 +330,7 @@ def write_synthetic_dataset(path: Path, n: int, seed: int, spec: ArithmeticSpec 
     """Write ``make_arithmetic_dataset(n, seed, spec)`` to Parquet at ``path``."""
     spec = spec or ArithmeticSpec()
     problems = make_arithmetic_dataset(n, seed, spec)
-    return write_problems(path, problems, _generator_metadata(seed, spec, n=n))
+    return write_problems(path, problems, _generator_metadata(seed, spec, n=n), style=spec.solution_style)
 
 
 def write_synthetic_splits(
@@ -318,6 +350,6 @@ def write_synthetic_splits(
     train, heldout = split_train_heldout(problems, n_heldout, seed)
     metadata = _generator_metadata(seed, spec, n_train=n_train, n_heldout=n_heldout)
     return {
-        "train": write_problems(out_dir / SPLIT_FILES["train"], train, metadata),
-        "heldout": write_problems(out_dir / SPLIT_FILES["heldout"], heldout, metadata),
+        "train": write_problems(out_dir / SPLIT_FILES["train"], train, metadata, style=spec.solution_style),
+        "heldout": write_problems(out_dir / SPLIT_FILES["heldout"], heldout, metadata, style=spec.solution_style),
     }

@@ -133,16 +133,17 @@ def prepare_data(config: RunConfig) -> dict[str, str]:
 
             # One draw of distinct problems, shuffled and cut: held-out, RL prompts, warm-start set
             # (no problem in two splits, all three from the same distribution).
+            spec = synthetic.spec()
             problems = make_arithmetic_dataset(
-                synthetic.n_train + synthetic.n_heldout + synthetic.n_sft, seed=config.seed, spec=synthetic.spec()
+                synthetic.n_train + synthetic.n_heldout + synthetic.n_sft, seed=config.seed, spec=spec
             )
             rest, heldout = split_train_heldout(problems, synthetic.n_heldout, seed=config.seed)
             train, sft = rest[: synthetic.n_train], rest[synthetic.n_train :]
-            write_problems(Path(data.train_path), train)
+            write_problems(Path(data.train_path), train, style=spec.solution_style)
             if data.eval_path:
-                write_problems(Path(data.eval_path), heldout)
+                write_problems(Path(data.eval_path), heldout, style=spec.solution_style)
             if data.sft_path and sft:
-                solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed)
+                solutions = mixed_solutions(sft, synthetic.sft_answer_only_share, seed=config.seed, style=spec.solution_style)
                 write_problems(Path(data.sft_path), sft, solutions=solutions)
         for path in data_files(config):
             if Path(path).exists():

@@ -188,3 +188,53 @@ def test_write_problems_refuses_a_solution_count_mismatch(tmp_path: Path, proble
     with pytest.raises(ValueError, match="2 solutions for 3 problems"):
         write_problems(tmp_path / "x.parquet", problems[:3], solutions=["#### 1", "#### 2"])
     assert not (tmp_path / "x.parquet").exists()
+
+
+WORKED_STEP = re.compile(r"^Step (\d+): take (-?\d+) and (add|subtract|multiply it by) (\d+)\.$")
+WORKED_EQUATION = re.compile(r"^(-?\d+) ([+\-*]) (\d+) = (-?\d+)\.$")
+
+
+def test_worked_solutions_write_every_step_out_and_stay_exact(problems: list[Problem]) -> None:
+    from asyncrl.tasks.data.synthetic import reference_solution
+
+    for problem in problems[:500]:
+        lines = reference_solution(problem, "worked").split("\n")
+        assert lines[-2:] == [f"The answer is {problem.answer}.", f"#### {problem.answer}"]
+        body = lines[:-2]
+        assert len(body) == 3 * problem.num_steps
+        compact = problem.solution.split("\n")[:-1]
+        for index, line in enumerate(compact):
+            left, op, right, result = STEP_LINE.match(line).groups()
+            step, equation, result_line = body[3 * index : 3 * index + 3]
+            assert WORKED_STEP.match(step).groups() == (
+                str(index + 1), left, {"+": "add", "-": "subtract", "*": "multiply it by"}[op], right,
+            )
+            assert WORKED_EQUATION.match(equation).groups() == (left, op, right, result)
+            assert result_line == f"The result is {result}."
+
+
+def test_worked_solutions_are_reasoning_length() -> None:
+    from asyncrl.tasks.data.synthetic import reference_solution
+
+    spec = ArithmeticSpec(min_steps=2, max_steps=6, step_exponent=1.0, mul_prob=0.0, max_addend=9, solution_style="worked")
+    lengths = [len(reference_solution(p, "worked").encode()) for p in make_arithmetic_dataset(1000, seed=0, spec=spec)]
+    # one token per byte: 130-420 tokens, a mean over 200 (the compact style: tens of tokens)
+    assert 120 <= min(lengths) and max(lengths) <= 440 and statistics.mean(lengths) >= 200
+
+
+def test_worked_style_reaches_the_written_files(tmp_path: Path) -> None:
+    spec = ArithmeticSpec(solution_style="worked")
+    paths = write_synthetic_splits(tmp_path, n_train=20, n_heldout=5, seed=0, spec=spec)
+    solutions = pq.read_table(paths["train"]).column("solution").to_pylist()
+    assert all(s.startswith("Step 1: take ") for s in solutions)
+    mixed = mixed_solutions(make_arithmetic_dataset(10, seed=0), 0.5, seed=0, style="worked")
+    assert sum(s.startswith("####") for s in mixed) == 5 and sum(s.startswith("Step 1:") for s in mixed) == 5
+
+
+def test_unknown_solution_style_is_refused() -> None:
+    from asyncrl.tasks.data.synthetic import reference_solution
+
+    with pytest.raises(ValueError, match="solution_style must be one of lines, worked"):
+        ArithmeticSpec(solution_style="essay")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="style must be one of lines, worked, got 'essay'"):
+        reference_solution(make_arithmetic_dataset(1, seed=0)[0], "essay")  # type: ignore[arg-type]
