@@ -142,6 +142,7 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> tu
         by_task_before={} if before is None else dict(before.get("by_task", {})),
         by_task_after={} if after is None else dict(after.get("by_task", {})),
         pass_at_1_during_training={int(v): r["pass_at_1"] for v, r in trained.get("evaluations", {}).items()},
+        overlap=dict(trained.get("overlap", {})),
     ), results
 
 

@@ -119,7 +119,7 @@ def train(config: RunConfig, mlflow_owned: bool = True) -> dict[str, Any]:
     logger.info("trained %d steps to version %d in %.0f s; restarts: %s", result.steps, result.final_version,
                 result.wall_s, result.restarts)  # fmt: skip
     publish_training_report(config.name, result.step_metrics, result.scheduler, result.wall_s, result.final_version,
-                            result.evaluations, result.optional_failures.get("evaluator"))  # fmt: skip
+                            result.evaluations, result.optional_failures.get("evaluator"), result.overlap)  # fmt: skip
     return {
         "steps": result.steps,
         "final_version": result.final_version,
@@ -130,5 +130,6 @@ def train(config: RunConfig, mlflow_owned: bool = True) -> dict[str, Any]:
         "scheduler": result.scheduler,
         "evaluations": eval_results_to_json(result.evaluations),
         "optional_failures": result.optional_failures,
+        "overlap": result.overlap,
     }
 

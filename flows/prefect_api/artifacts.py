@@ -208,10 +208,11 @@ def training_report_markdown(
     final_version: int,
     evaluations: Mapping[int, EvalResult] | None = None,
     evaluation_failure: str | None = None,
+    overlap: Mapping[str, float] | None = None,
 ) -> str:
-    """The reward curve (``reward_mean`` per step), throughput and train/inference mismatch
-    (:func:`_mismatch_rows`) of a finished run, and the held-out pass@1 evaluated during
-    training (:func:`_training_eval_lines`).
+    """The reward curve (``reward_mean`` per step), throughput, the overlap of generation and
+    training (:func:`_overlap_rows`), train/inference mismatch (:func:`_mismatch_rows`) of a
+    finished run, and the held-out pass@1 evaluated during training (:func:`_training_eval_lines`).
 
     Trained tokens/s per step = sequence tokens / (proximal + update time) (the trainer's
     ``tokens_per_s``); the run figure is the mean over steps.
@@ -243,6 +244,7 @@ def training_report_markdown(
         f"{fmt(rollout['reward_wait_s'] / rollout['groups_written'] if rollout.get('groups_written') and 'reward_wait_s' in rollout else None, '.3f')} |",
         f"| weight-sync stall fraction | {fmt(rollout.get('weight_sync_stall_fraction'), '.3f')} |",
         f"| groups written / admitted | {fmt(rollout.get('groups_written'), '.0f')} / {fmt(rollout.get('admitted'), '.0f')} |",
+        *_overlap_rows(overlap or {}),
         *_mismatch_rows(steps, step_metrics, fmt),
         "",
         "| step | reward mean | staleness max | trained tokens/s | step time (s) | mean abs log-prob diff | k3 KL |",
@@ -267,11 +269,12 @@ def publish_training_report(
     final_version: int,
     evaluations: Mapping[int, EvalResult] | None = None,
     evaluation_failure: str | None = None,
+    overlap: Mapping[str, float] | None = None,
 ) -> None:
     """The training report as a Prefect markdown artifact (key ``<run>-rl-report``)."""
     create_markdown_artifact(
         training_report_markdown(run_name, step_metrics, rollout, wall_s, final_version, evaluations,
-                                 evaluation_failure),  # fmt: skip
+                                 evaluation_failure, overlap),  # fmt: skip
         key=artifact_key(run_name, "rl-report"),
         description=f"reward curve and throughput of run {run_name}",
     )
@@ -303,6 +306,21 @@ class PipelineSummary:
     """Weight version -> held-out pass@1 evaluated during training (``pipeline.eval_every``;
     on the subset ``pipeline.training_eval`` names, so not comparable with the figures above
     unless that is the whole held-out set)."""
+    overlap: dict[str, float] = field(default_factory=dict)
+    """What asynchrony bought the RL phase: ``generation_busy_s``, ``training_busy_s``,
+    ``rl_wall_s`` and ``overlap_factor`` = (generation busy + training busy) / RL wall time
+    (:func:`~asyncrl.tasks.algo.overlap.overlap_figures`); empty when the RL phase did not run."""
+
+
+def _overlap_rows(overlap: Mapping[str, float]) -> list[str]:
+    """One row: the overlap factor = (generation busy + training busy) / RL wall time, with its
+    three figures; none without figures or when nothing was measured (RL wall time 0)."""
+    if not overlap.get("rl_wall_s"):
+        return []
+    return [
+        f"| overlap factor (generation + training busy) / RL wall | {overlap['overlap_factor']:.2f} = "
+        f"({overlap['generation_busy_s']:.0f} s + {overlap['training_busy_s']:.0f} s) / {overlap['rl_wall_s']:.0f} s |"
+    ]
 
 
 def _task_rows(
@@ -345,6 +363,7 @@ def summary_markdown(summary: PipelineSummary) -> str:
             f"| steps | {summary.steps} |",
             f"| final weight version | {summary.final_version} |",
             f"| wall time | {summary.wall_s:.0f} s (RL {summary.train_wall_s:.0f} s) |",
+            *_overlap_rows(summary.overlap),
             f"| stages | {', '.join(f'{k}: {v}' for k, v in summary.stages.items())} |",
             f"| component restarts | {sum(summary.restarts.values())} |",
             f"| MLflow | {summary.mlflow_uri}, run {summary.mlflow_run_id} |",

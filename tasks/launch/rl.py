@@ -58,10 +58,13 @@ from asyncrl.tasks.launch.supervisor import (
     supervise,
 )
 from asyncrl.tasks.scheduler.cycle_stats import CYCLE_STATS_FILE, combine_cycle_stats, read_cycle_stats
+from asyncrl.tasks.algo.overlap import overlap_figures, phase_steps, rl_phase_wall_s, training_busy_s
 from asyncrl.storage.weights import final_step_published
 
 LOG = logging.getLogger("asyncrl.run")
 PROCESS_GROUPS_FILE = "process-groups.json"
+METRICS_FILE = "trainer-metrics.jsonl"
+"""The trainer's step metrics in the run's work directory (one JSON line a step)."""
 OPTIONAL = frozenset({"evaluator"})
 """Components whose failure past their restart budget does not fail the run."""
 ENDS_ON_ITS_OWN = frozenset({"trainer", "scheduler", "evaluator"})
@@ -154,6 +157,10 @@ class TrainResult:
     """Evaluation during training: weight version -> its held-out result (``evaluations/``)."""
     optional_failures: dict[str, str] = field(default_factory=dict)
     """Optional components (:data:`OPTIONAL`) that failed past their restarts -> why."""
+    overlap: dict[str, float] = field(default_factory=dict)
+    """What asynchrony bought this RL phase (:func:`~asyncrl.tasks.algo.overlap.overlap_figures`):
+    ``generation_busy_s``, ``training_busy_s``, ``rl_wall_s`` and ``overlap_factor`` =
+    (generation busy + training busy) / RL wall time; see :func:`_phase_overlap`."""
 
 
 @dataclass
@@ -253,7 +260,7 @@ def run_rl(
         datasets = [file_ref(f, Path(f).name) for f in dataset_files(config.data.train_path)]  # a mixture and its sources
         for ref in datasets:
             context.lineage.log_dataset(ref)
-        recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / "trainer-metrics.jsonl", datasets,
+        recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / METRICS_FILE, datasets,
                                    follow_evaluations=config.pipeline.eval_every > 0)  # fmt: skip
         recorder.adopt_logged_versions()
     if final_step_published(paths.root, config.trainer.max_steps):
@@ -263,6 +270,7 @@ def run_rl(
             recorder.poll()
         return _result(config, paths, recorder, {}, started, 0.0)
     groups = ProcessGroupFile(paths.work_dir / PROCESS_GROUPS_FILE)
+    cycles_before = len(read_cycle_stats(paths.work_dir / CYCLE_STATS_FILE))  # earlier phases' (a resumed run)
     stop = RunStop()
     failures: dict[str, str] = {}
     statuses: dict[str, ComponentStatus] = {}
@@ -299,7 +307,7 @@ def run_rl(
             if bound_watch is not None:
                 bound_watch.check()
             if progress is not None:
-                step, metrics = _last_step(paths.work_dir / "trainer-metrics.jsonl", recorder)
+                step, metrics = _last_step(paths.work_dir / METRICS_FILE, recorder)
                 if step > reported:
                     reported = step
                     progress(step, config.trainer.max_steps, metrics)
@@ -330,7 +338,7 @@ def run_rl(
         restarts = {name: s.restarts for name, s in statuses.items()}
         if context is not None:
             _log_restarts(context, config.trainer.max_steps, restarts, failing=stop.cancelled)
-    return _result(config, paths, recorder, restarts, started, ready_at, failures)
+    return _result(config, paths, recorder, restarts, started, ready_at, failures, cycles_before)
 
 
 def _log_restarts(context: RunContext, step: int, restarts: dict[str, int], failing: bool) -> None:
@@ -352,23 +360,33 @@ def _result(
     started: float,
     ready_at: float,
     failures: dict[str, str] | None = None,
+    cycles_before: int = 0,
 ) -> TrainResult:
     """The run's result from what it left: the recorder's versions, metrics and evaluations
-    (without a recorder, the evaluations in the run root), the scheduler's cycle figures
-    (logged to MLflow with the run's last step)."""
-    scheduler_stats = combine_cycle_stats(read_cycle_stats(paths.work_dir / CYCLE_STATS_FILE))
+    (without a recorder, the evaluations in the run root), the scheduler's cycle figures and
+    the phase's overlap figures (:func:`_phase_overlap`; both logged to MLflow with the run's
+    last step, the overlap only once the phase began: ``ready_at`` > 0)."""
+    cycles = read_cycle_stats(paths.work_dir / CYCLE_STATS_FILE)
+    scheduler_stats = combine_cycle_stats(cycles)
     if not scheduler_stats:
         LOG.warning("the scheduler recorded no cycle figures in %s", paths.work_dir / CYCLE_STATS_FILE)
     elif recorder is not None:
         recorder.lineage.log_metrics(config.trainer.max_steps, {f"rollout_{k}": v for k, v in scheduler_stats.items()})
     logged = dict(recorder.logged_versions) if recorder is not None else {}
     metrics = dict(recorder.metrics_by_step) if recorder is not None else {}
+    overlap = _phase_overlap(cycles[cycles_before:], metrics or _file_metrics(paths.work_dir / METRICS_FILE), ready_at)
+    if recorder is not None and ready_at > 0:
+        recorder.lineage.log_metrics(config.trainer.max_steps, overlap)
+    if ready_at > 0:
+        LOG.info("RL phase: generation busy %.0f s, training busy %.0f s, wall %.0f s: overlap factor %.2f",
+                 overlap["generation_busy_s"], overlap["training_busy_s"], overlap["rl_wall_s"],
+                 overlap["overlap_factor"])  # fmt: skip
     if recorder is not None:
         evaluations = dict(recorder.evaluations)
     else:
         evaluations = read_evaluations(paths.root) if config.pipeline.eval_every else {}
     return TrainResult(
-        steps=max(metrics) if metrics else _last_step(paths.work_dir / "trainer-metrics.jsonl", None)[0],
+        steps=max(metrics) if metrics else _last_step(paths.work_dir / METRICS_FILE, None)[0],
         final_version=max(logged) if logged else _latest_version(paths),
         wall_s=time.monotonic() - started,
         mlflow_run_id=None if recorder is None else recorder.lineage.run_id,
@@ -379,7 +397,34 @@ def _result(
         ready_at=ready_at,
         evaluations=evaluations,
         optional_failures=dict(failures or {}),
+        overlap=overlap,
     )
+
+
+def _phase_overlap(
+    cycles: list[dict[str, float]], step_metrics: dict[int, dict[str, float]], ready_at: float
+) -> dict[str, float]:
+    """The RL phase's :func:`~asyncrl.tasks.algo.overlap.overlap_figures`: generation busy =
+    the ``generation_busy_s`` of the scheduler cycles this phase ran (``cycles``, summed by
+    :func:`combine_cycle_stats` over the scheduler's restarts), training busy = the
+    :func:`~asyncrl.tasks.algo.overlap.training_busy_s` of the steps this phase trained
+    (:func:`~asyncrl.tasks.algo.overlap.phase_steps`), wall = from ``ready_at`` to the last of
+    them (:func:`~asyncrl.tasks.algo.overlap.rl_phase_wall_s`). All zero when the phase never
+    began (``ready_at`` <= 0)."""
+    steps = phase_steps(step_metrics, ready_at)
+    generation = combine_cycle_stats(cycles).get("generation_busy_s", 0.0) if ready_at > 0 else 0.0
+    return overlap_figures(generation, training_busy_s(steps), rl_phase_wall_s(steps, ready_at))
+
+
+def _file_metrics(metrics_file: Path) -> dict[int, dict[str, float]]:
+    """The step metrics of the trainer's metrics file (a run without a recorder), by step."""
+    from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
+
+    records = read_jsonl_metrics(metrics_file) if metrics_file.exists() else []
+    return {
+        int(r.get("step", 0) or 0): {k: float(v) for k, v in r.items() if k != "step" and isinstance(v, (int, float))}
+        for r in records
+    }
 
 
 def train_run(config: RunConfig, settings: RLRunSettings | None = None) -> TrainResult:

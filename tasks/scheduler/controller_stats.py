@@ -1,5 +1,6 @@
 """The rollout controller's counters and the figures derived from them (token rates, reward
-means per task, weight-sync stall, wasted tokens), reported when the controller stops.
+means per task, weight-sync stall, wasted tokens, generation busy time), reported when the
+controller stops.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from asyncrl.tasks.inference.samples import UpdateStats
+from asyncrl.tasks.scheduler.busy_time import BusyTime
 
 
 @dataclass
@@ -51,6 +53,9 @@ class ControllerStats:
     groups cut by the stop (server work), set when it stops."""
     adaptive: dict[str, float] = field(default_factory=dict)
     """The adaptive bound's figures (:meth:`AdaptiveEta.summary`; empty without it)."""
+    generation: BusyTime = field(default_factory=BusyTime)
+    """The samples in flight on the rollout servers (the episodes start and finish them:
+    :mod:`~asyncrl.tasks.scheduler.episodes`); its busy time is ``generation_busy_s``."""
     started_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     """When the controller stopped (None while it runs): rates are over its lifetime only,
@@ -79,12 +84,16 @@ class ControllerStats:
         streamed_tokens_per_s = streamed_tokens / elapsed (all the servers generated),
         weight_sync_stall_fraction = stall / elapsed; per task ``samples/<task>``,
         ``reward_sum/<task>``, reward_mean/<task> = reward_sum/<task> / samples/<task>, and
-        ``reasons/<task>/<reason>`` sample counts."""
+        ``reasons/<task>/<reason>`` sample counts; generation_busy_s = min(length of the union
+        of the samples' in-flight intervals (:class:`BusyTime`), elapsed), the seconds at least
+        one sample was generating (the union, not the sum over samples; the min leaves out the
+        moment the stop takes to cancel the samples cut by it)."""
         end = time.monotonic() if self.finished_at is None else self.finished_at
         elapsed = max(end - self.started_at, 1e-9)
         stall = sum(u.stall_s for u in self.updates)
         return {
             "elapsed_s": elapsed,
+            "generation_busy_s": min(self.generation.busy_s(), elapsed),
             "admitted": self.admitted,
             "groups_written": self.groups_written,
             "shards_written": self.shards_written,

@@ -22,8 +22,9 @@ def append_cycle_stats(path: Path, summary: dict[str, float]) -> None:
 
 
 def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
-    """The figures of all cycles: counts and seconds are summed; rates are recomputed over the
-    summed controller time E = sum(elapsed_s): gen_tokens_per_s = output_tokens / E,
+    """The figures of all cycles: counts and seconds are summed (``generation_busy_s`` too:
+    the cycles follow one another, so the sum of their busy times is still a union); rates
+    are recomputed over the summed controller time E = sum(elapsed_s): gen_tokens_per_s = output_tokens / E,
     streamed_tokens_per_s = streamed_tokens / E, weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples,
     reward_mean/<task> = sum reward_sum/<task> / sum samples/<task>; the adaptive bound's
     ``effective_eta`` is the last cycle's and ``effective_eta_min`` the lowest of any cycle."""

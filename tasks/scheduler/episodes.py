@@ -51,15 +51,18 @@ class SingleTurnEpisodes:
                 f"prompt {record.prompt_id} has {len(prompt_ids)} tokens, over data.max_prompt_tokens "
                 f"= {settings.max_prompt_tokens}"
             )
-        outputs = await self.generator.generate_group(
-            prompt_ids,
-            settings.n_samples,
-            sample_budget(record, settings.max_new_tokens),
-            settings.temperature,
-            settings.top_p,
-            ignore_eos=settings.ignore_eos,
-            stop_token_ids=() if settings.ignore_eos else settings.stop_token_ids,
-        )
+        # One piece of generation work: the group's samples are submitted together and the
+        # call ends with the last, so the calls' union is the samples' (generation_busy_s).
+        with stats.generation.running():
+            outputs = await self.generator.generate_group(
+                prompt_ids,
+                settings.n_samples,
+                sample_budget(record, settings.max_new_tokens),
+                settings.temperature,
+                settings.top_p,
+                ignore_eos=settings.ignore_eos,
+                stop_token_ids=() if settings.ignore_eos else settings.stop_token_ids,
+            )
         texts = [self.codec.decode(o.output_token_ids) for o in outputs]
         results: list[RewardResult] = []
         if texts:
@@ -99,8 +102,11 @@ class AgentEpisodes:
 
     async def produce(self, index: int, record: PromptRecord, stats: ControllerStats) -> list[Sample]:
         """The group's kept episodes as masked rows; the others counted by reason in
-        ``episodes_left_out``, and each failure logged."""
-        outcomes = await self.runner.run_group(record, self.n_samples)
+        ``episodes_left_out``, and each failure logged. The episodes count as generation
+        (``generation_busy_s``) from their start to the end of the group's last one, their
+        tool calls and user turns included: an episode is its row's sample."""
+        with stats.generation.running():
+            outcomes = await self.runner.run_group(record, self.n_samples)
         chosen = kept_outcomes(outcomes, self.runner.config.on_failure)
         for reason, count in chosen.left_out.items():
             stats.episodes_left_out[reason] = stats.episodes_left_out.get(reason, 0) + count

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from asyncrl.flows.prefect_api.artifacts import CURVE_ROWS, artifact_key, sparkline, training_report_markdown
 
 
@@ -89,3 +91,26 @@ def test_report_and_summary_show_the_held_out_curve_evaluated_during_training() 
         pass_at_1_during_training={v: r.pass_at_1 for v, r in evaluations.items()},
     )
     assert "| held-out pass@1 during training (subset), v0 -> v10 | 12.5% -> 62.5% `▁▅█` |" in summary_markdown(summary)
+
+
+def test_report_summary_and_cli_say_what_asynchrony_bought(capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import asdict
+
+    from asyncrl.cli.main import print_summary
+    from asyncrl.flows.prefect_api.artifacts import PipelineSummary, summary_markdown
+
+    overlap = {"generation_busy_s": 80.0, "training_busy_s": 60.0, "rl_wall_s": 100.0, "overlap_factor": 1.4}
+    row = "| overlap factor (generation + training busy) / RL wall | 1.40 = (80 s + 60 s) / 100 s |"
+    assert row in training_report_markdown("run", {1: {"reward_mean": 0.1}}, {}, 1.0, 1, overlap=overlap)
+    assert "overlap factor" not in training_report_markdown("run", {}, {}, 1.0, 0)
+    summary = PipelineSummary(
+        run="r", steps=1, final_version=1, pass_at_1_before=None, pass_at_1_after=None, best_version=None,
+        registered_model=None, registered_model_version=None, wall_s=150.0, train_wall_s=120.0, mlflow_uri="m",
+        mlflow_run_id="x", storage_root="s", restarts={}, stages={}, overlap=overlap,
+    )  # fmt: skip
+    assert row in summary_markdown(summary)
+    assert asdict(summary)["overlap"] == overlap  # summary.json
+    print_summary(asdict(summary))
+    assert "overlap factor: 1.40 = (generation busy 80 s + training busy 60 s) / RL wall 100 s" in capsys.readouterr().out
+    nothing = {"generation_busy_s": 0.0, "training_busy_s": 0.0, "rl_wall_s": 0.0, "overlap_factor": 0.0}
+    assert "overlap factor" not in summary_markdown(PipelineSummary(**{**asdict(summary), "overlap": nothing}))

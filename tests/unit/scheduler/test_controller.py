@@ -297,6 +297,7 @@ def test_rates_end_when_the_controller_stops(tmp_path: Path) -> None:
     time.sleep(0.3)  # e.g. the servers shutting down after the run: not part of its rates
     assert stats.summary() == first
     assert first["elapsed_s"] == pytest.approx(stats.finished_at - stats.started_at)
+    assert 0.0 < first["generation_busy_s"] <= first["elapsed_s"] and stats.generation.in_flight == 0
     assert first["gen_tokens_per_s"] == pytest.approx(stats.output_tokens / first["elapsed_s"])
     # streamed: what the generator reports it streamed during the run (all of it finished here)
     assert first["streamed_tokens"] == stats.output_tokens > 0

@@ -34,6 +34,12 @@ def test_cycles_of_a_restarted_scheduler_add_up(tmp_path: Path) -> None:
     assert total["weight_updates"] == 4
 
 
+def test_generation_busy_time_adds_up_over_the_scheduler_restarts() -> None:
+    cycles = [{**cycle(10.0, 100, 8, 0.5, 0.0), "generation_busy_s": 7.5},
+              {**cycle(20.0, 100, 8, 0.5, 0.0), "generation_busy_s": 12.0}]  # fmt: skip
+    assert combine_cycle_stats(cycles)["generation_busy_s"] == pytest.approx(19.5)
+
+
 def test_no_cycle_gives_no_figures(tmp_path: Path) -> None:
     assert combine_cycle_stats(read_cycle_stats(tmp_path / "absent.jsonl")) == {}
 
