@@ -26,7 +26,9 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.errors import StorageOperationError
 from asyncrl.bench.ablation import add_ablation_bench
 from asyncrl.bench.e2e import add_e2e_bench
+from asyncrl.bench.learning_check import add_learning_bench
 from asyncrl.bench.scale import add_scale_bench
+from asyncrl.bench.time_to_accuracy import add_time_to_accuracy_bench
 from asyncrl.bench.storage import add_storage_bench
 from asyncrl.bench.weight_sync import add_weight_sync_bench
 from asyncrl.cli.chaos import add_chaos_command
@@ -130,6 +132,11 @@ def print_summary(summary: dict[str, object]) -> None:
     print(f"held-out pass@1: {pct(summary['pass_at_1_before'])} before RL -> {pct(summary['pass_at_1_after'])} after")
     print(f"steps: {summary['steps']} (final weight version {summary['final_version']})")
     print(f"wall time: {float(summary['wall_s']):.0f} s (RL {float(summary['train_wall_s']):.0f} s)")  # type: ignore[arg-type]
+    overlap = summary.get("overlap")
+    if isinstance(overlap, dict) and overlap.get("rl_wall_s"):
+        print(f"overlap factor: {overlap['overlap_factor']:.2f} = (generation busy {overlap['generation_busy_s']:.0f} s"
+              f" + training busy {overlap['training_busy_s']:.0f} s) / RL wall {overlap['rl_wall_s']:.0f} s"
+              " (1.0: run in turn, 2.0: two equal halves fully overlapped)")  # fmt: skip
     print(f"MLflow: {summary['mlflow_uri']} run {summary['mlflow_run_id']}")
     if summary.get("registered_model"):
         print(f"registered: models:/{summary['registered_model']}@best (version {summary['registered_model_version']})")
@@ -202,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_rollout_bench(bench_commands)
     add_e2e_bench(bench_commands)
     add_ablation_bench(bench_commands)
+    add_time_to_accuracy_bench(bench_commands)
+    add_learning_bench(bench_commands)
     add_storage_bench(bench_commands)
     add_weight_sync_bench(bench_commands)
     add_scale_bench(bench_commands)

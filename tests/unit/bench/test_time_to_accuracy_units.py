@@ -1,0 +1,185 @@
+"""Units of `asyncrl bench time-to-accuracy`: the curve figures, the sweep, the summary, the
+arm configs, the table, the plot and the MLflow figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.bench.accuracy_curves import (
+    accuracy_target, centred_mean, first_crossing, seed_mean_curve, value_at, version_wall_times,
+)  # fmt: skip
+from asyncrl.bench.time_to_accuracy import Arm, TimeToAccuracySettings, arm_config, summarize
+from asyncrl.bench.time_to_accuracy_report import format_table, mlflow_metrics, plot_curves
+from asyncrl.configs.loading import load_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_version_wall_times_count_from_the_servers_ready() -> None:
+    metrics = {1: {"time": 1010.0}, 2: {"time": 1025.5}}
+    assert version_wall_times(metrics, 1000.0, 0) == {0: 0.0, 1: 10.0, 2: 25.5}
+    assert version_wall_times(metrics, 1000.0, 3) == {3: 0.0, 4: 10.0, 5: 25.5}
+    with pytest.raises(ValueError, match="no ready time"):
+        version_wall_times(metrics, 0.0, 0)
+
+
+def test_seed_mean_curve_averages_at_equal_versions() -> None:
+    points = seed_mean_curve([{0: (0.0, 0.4), 2: (10.0, 0.5), 4: (20.0, 0.6)}, {0: (0.0, 0.4), 2: (14.0, 0.7)}])
+    assert [p.version for p in points] == [0, 2]  # version 4 is not in every seed
+    assert points[1].wall_s == pytest.approx(12.0) and points[1].pass_at_1 == pytest.approx(0.6)
+    assert points[1].pass_at_1_std == pytest.approx(0.1414, abs=1e-4)
+    assert seed_mean_curve([{0: (0.0, 0.4)}])[0].pass_at_1_std == 0.0
+    with pytest.raises(ValueError, match="no seed"):
+        seed_mean_curve([])
+
+
+def test_centred_mean_keeps_the_curve_in_place() -> None:
+    assert centred_mean([0.0, 3.0, 0.0, 3.0], 3) == pytest.approx([1.5, 1.0, 2.0, 1.5])
+    assert centred_mean([1.0, 2.0], 1) == [1.0, 2.0]
+    with pytest.raises(ValueError, match="odd number"):
+        centred_mean([1.0], 2)
+
+
+def test_target_and_crossing() -> None:
+    assert accuracy_target(0.4, 0.6, 0.9) == pytest.approx(0.58)
+    with pytest.raises(ValueError, match="fraction"):
+        accuracy_target(0.4, 0.6, 0.0)
+    times, values = [0.0, 10.0, 20.0, 30.0], [0.40, 0.50, 0.60, 0.55]
+    assert first_crossing(times, values, 0.58) == pytest.approx(18.0)  # interpolated between 10 s and 20 s
+    assert first_crossing(times, values, 0.40) == 0.0
+    assert first_crossing(times, values, 0.61) is None
+    with pytest.raises(ValueError, match="2 times for 1 values"):
+        first_crossing([0.0, 1.0], [0.5], 0.5)
+
+
+def test_value_at_interpolates_and_never_extrapolates() -> None:
+    times, values = [0.0, 10.0, 20.0], [0.4, 0.5, 0.7]
+    assert value_at(times, values, 15.0) == pytest.approx(0.6)
+    assert value_at(times, values, 20.0) == pytest.approx(0.7)
+    assert value_at(times, values, 25.0) is None and value_at(times, values, -1.0) is None
+
+
+def test_settings_sweep_and_refusals() -> None:
+    settings = TimeToAccuracySettings()
+    assert [a.label for a in settings.arms()] == [
+        "sync", "eta1-recompute", "eta1-keep", "eta2-recompute", "eta2-keep", "eta4-recompute", "eta4-keep",
+    ]
+    assert settings.seeds == (0, 1)
+    compare = TimeToAccuracySettings(etas=(0, 4), modes=("keep",), objective_etas=(4, 8))
+    assert [a.label for a in compare.arms()] == ["sync", "eta4-keep", "eta4-keep-standard", "eta8-keep", "eta8-keep-standard"]
+    for kwargs, message in [
+        ({"etas": (1, 2)}, "must include 0"),
+        ({"etas": (0,)}, "at least one asynchronous eta"),
+        ({"etas": (0, 2, 2)}, "a value repeats"),
+        ({"modes": ("pause",)}, "modes: must be distinct values"),
+        ({"seeds": ()}, "seeds: must be distinct"),
+        ({"smooth": 2}, "smooth: must be an odd number"),
+        ({"eval_every": 0}, "eval_every: must be >= 1"),
+        ({"target_fraction": 1.5}, "target_fraction"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            TimeToAccuracySettings(**kwargs)
+
+
+def curve(walls: list[float], values: list[float], every: int = 2) -> dict[int, tuple[float, float]]:
+    return {i * every: (w, v) for i, (w, v) in enumerate(zip(walls, values, strict=True))}
+
+
+def arm_row(label: str, eta: int, per_seed: list[dict[int, tuple[float, float]]]) -> dict:
+    return {"label": label, "eta": eta, "mode": "keep", "objective": "decoupled", "per_seed": per_seed,
+            "staleness_counts": {0: 64} if eta == 0 else {0: 8, eta: 56}, "rl_wall_s_per_seed": [1.0],
+            "overlap_per_seed": [{"overlap_factor": 1.0 + 0.4 * (eta > 0)}]}  # fmt: skip
+
+
+def two_arm_summary() -> dict:
+    settings = TimeToAccuracySettings(etas=(0, 2), modes=("keep",), seeds=(0,), smooth=1)
+    sync = arm_row("sync", 0, [curve([0.0, 100.0, 200.0, 300.0], [0.40, 0.50, 0.58, 0.60])])
+    fast = arm_row("eta2-keep", 2, [curve([0.0, 50.0, 100.0, 150.0], [0.40, 0.48, 0.56, 0.59])])
+    return summarize([sync, fast], 0.40, settings)
+
+
+def test_summary_times_speedup_and_gaps() -> None:
+    summary = two_arm_summary()
+    assert summary["target_pass_at_1"] == pytest.approx(0.58)  # 0.40 + 0.9 * (0.60 - 0.40)
+    sync, fast = summary["arms"]
+    assert sync["time_to_target_s"] == pytest.approx(200.0)
+    assert fast["time_to_target_s"] == pytest.approx(100.0 + 50.0 * (0.02 / 0.03))
+    assert fast["time_to_target_speedup"] == pytest.approx(200.0 / fast["time_to_target_s"])
+    assert summary["best_arm"] == "eta2-keep"
+    assert summary["time_to_target_speedup"] == fast["time_to_target_speedup"]
+    assert summary["equal_steps_gap_points"] == pytest.approx(-1.0)  # 0.59 - 0.60 at the last step
+    assert summary["equal_wall_s"] == 150.0  # the fastest arm's last publish
+    assert sync["pass_at_1_equal_wall"] == pytest.approx(0.54) and fast["pass_at_1_equal_wall"] == pytest.approx(0.59)
+
+
+def test_summary_with_an_arm_that_never_reaches_the_target() -> None:
+    settings = TimeToAccuracySettings(etas=(0, 2), modes=("keep",), seeds=(0,), smooth=1)
+    sync = arm_row("sync", 0, [curve([0.0, 100.0, 200.0], [0.40, 0.55, 0.60])])
+    slow = arm_row("eta2-keep", 2, [curve([0.0, 50.0, 100.0], [0.40, 0.45, 0.50])])
+    summary = summarize([sync, slow], 0.40, settings)
+    assert summary["arms"][1]["time_to_target_s"] is None and summary["arms"][1]["time_to_target_speedup"] is None
+    # no arm reached the target: the best arm is the best at equal steps, with no speed-up
+    assert summary["best_arm"] == "eta2-keep" and summary["time_to_target_speedup"] is None
+    assert "not reached" in format_table(table_result(summary))
+    with pytest.raises(ValueError, match="synchronous arm did not run"):
+        summarize([slow], 0.40, settings)
+
+
+def table_result(summary: dict) -> dict:
+    return {"config": "reasoning", "steps": 6, "batch_groups": 8, "n_samples": 8, "max_new_tokens": 448,
+            "eval_prompts": 200, "eval_samples": 4,
+            "settings": {"seeds": [0], "smooth": 1, "target_fraction": 0.9}, **summary}  # fmt: skip
+
+
+def test_table_plot_and_mlflow_figures(tmp_path: Path) -> None:
+    result = table_result(two_arm_summary())
+    table = format_table(result)
+    assert "| eta2-keep | 133 | 133 | 1.50 | 59.0% | -1.0 | 59.0% | 1 | 1.40 | 0:8 2:56 |" in table
+    assert "best asynchronous arm: eta2-keep; time_to_target_speedup 1.50; equal_steps_gap_points -1.0" in table
+    json.dumps(result)  # the JSON the bench writes
+    png = plot_curves(result, tmp_path / "t2a.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    batches = mlflow_metrics(result)
+    step0 = batches[0][1]
+    assert step0["time_to_target_speedup"] == pytest.approx(1.5) and "time_to_target_s/sync" in step0
+    assert (150, {"pass_at_1_by_wall_s/eta2-keep": pytest.approx(0.59)}) in batches
+    assert (6, {"pass_at_1/eta2-keep": pytest.approx(0.59)}) in batches
+
+
+def test_arm_config_changes_only_the_arm(tmp_path: Path) -> None:
+    base = load_config(REPO / "configs" / "reasoning.yaml", [])
+    config = arm_config(base, tmp_path, tmp_path / "warm", Arm(2, "recompute", "standard"), seed=1)
+    assert (config.rollout.eta, config.rollout.interrupt_mode, config.trainer.objective, config.seed) == (2, "recompute", "standard", 1)
+    assert config.model.path == str(tmp_path / "warm") and config.pipeline.sft_steps == 0
+    assert config.pipeline.eval_every == 0  # evaluation never competes with a run for the CPUs
+    assert config.trainer.keep_versions == base.trainer.max_steps + 1
+    assert config.name == "reasoning-eta2-recompute-standard-seed1"
+    assert config.trainer.optimizer == base.trainer.optimizer and config.rollout.n_samples == base.rollout.n_samples
+
+
+def test_learning_check_gain_and_verdict() -> None:
+    from asyncrl.bench.learning_check import format_check, gain_summary
+
+    summary = gain_summary(0.50, [0.70, 0.74, 0.66], 18.0)
+    assert summary["gain_points"] == pytest.approx([20.0, 24.0, 16.0])
+    assert summary["gain_points_mean"] == pytest.approx(20.0) and summary["gain_points_std"] == pytest.approx(4.0)
+    assert summary["passed"] is True
+    assert gain_summary(0.50, [0.60], 18.0)["passed"] is False
+    assert gain_summary(0.50, [0.60], None)["passed"] is None
+    with pytest.raises(ValueError, match="no run"):
+        gain_summary(0.5, [], None)
+    line = format_check({"config": "demo", "arm": "eta2-recompute", "steps": 30, "seeds": [0, 1, 2], **summary})
+    assert "gain per run +20.0, +24.0, +16.0 points; mean +20.0 +- 4.0 (threshold +18.0): PASSED" in line
+
+
+def test_the_benches_are_on_the_command_line() -> None:
+    from asyncrl.cli.main import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["bench", "time-to-accuracy", "configs/reasoning.yaml", "--etas", "0,2", "--seeds", "0"])
+    assert args.etas == (0, 2) and args.seeds == (0,) and args.modes == ("recompute", "keep")
+    args = parser.parse_args(["bench", "learning", "configs/demo.yaml", "--min-gain", "18"])
+    assert args.repeats == 3 and args.min_gain == 18.0
