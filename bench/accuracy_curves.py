@@ -113,3 +113,19 @@ def value_at(times: Sequence[float], values: Sequence[float], time: float) -> fl
             share = 0.0 if t1 == t0 else (time - t0) / (t1 - t0)
             return float(values[i - 1] + share * (values[i] - values[i - 1]))
     return float(values[-1])
+
+
+def generation_share(overlaps: Sequence[Mapping[str, float]]) -> float | None:
+    """The share of a synchronous step that is generation, mean over runs:
+
+        share = T_gen / (T_gen + T_train)
+
+    with T_gen the run's generation busy time and T_train its training busy time (at eta 0
+    the two alternate, so this is generation's part of the step's wall time); None without a
+    run that measured both."""
+    shares = [
+        o["generation_busy_s"] / (o["generation_busy_s"] + o["training_busy_s"])
+        for o in overlaps
+        if o.get("generation_busy_s", 0.0) + o.get("training_busy_s", 0.0) > 0
+    ]
+    return statistics.fmean(shares) if shares else None

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.tasks.algo.overlap import training_busy_s
+
 
 if TYPE_CHECKING:
     pass
@@ -48,7 +50,7 @@ def trained_tokens(step_metrics: Mapping[int, Mapping[str, float]]) -> int:
 def training_only_s(step_metrics: Mapping[int, Mapping[str, float]]) -> float:
     """Sum over steps of ``step_time_s`` (ledger record, RL step, weight publish): the time
     the trainer computed, without its waits for data."""
-    return float(sum(m["step_time_s"] for m in step_metrics.values()))
+    return training_busy_s(step_metrics)
 
 
 def first_batch_wait_s(step_metrics: Mapping[int, Mapping[str, float]], ready_at: float) -> float:

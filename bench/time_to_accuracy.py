@@ -23,10 +23,10 @@ from typing import Any
 
 from asyncrl.bench.ablation import eval_versions, prepare_warm_start, relocated
 from asyncrl.bench.accuracy_curves import (
-    accuracy_target, centred_mean, first_crossing, seed_mean_curve, value_at, version_wall_times,
+    accuracy_target, centred_mean, first_crossing, generation_share, seed_mean_curve, value_at, version_wall_times,
 )  # fmt: skip
 from asyncrl.bench.e2e import parse_int_list
-from asyncrl.bench.e2e_figures import rl_wall_s, staleness_counts, training_only_s
+from asyncrl.bench.e2e_figures import staleness_counts
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.inference.samples import INTERRUPT_MODES
 
@@ -232,12 +232,11 @@ def run_sweep(
                 "final": train.final_version,
                 "walls": version_wall_times(train.step_metrics, train.ready_at, start),
                 "staleness": staleness_counts(train.step_metrics),
-                "rl_wall_s": rl_wall_s(train.step_metrics, train.ready_at),
-                "training_only_s": training_only_s(train.step_metrics),
                 "overlap": dict(train.overlap),
                 "steps": len(train.step_metrics),
             }
-            say(f"seed {seed} {arm.label}: {len(train.step_metrics)} steps in {runs[(arm.label, seed)]['rl_wall_s']:.0f} s")
+            say(f"seed {seed} {arm.label}: {len(train.step_metrics)} steps in {train.overlap['rl_wall_s']:.0f} s, "
+                f"overlap factor {train.overlap['overlap_factor']:.2f}")
     start_pass: float | None = None
     curves: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
     for (label, seed), run in runs.items():
@@ -262,8 +261,7 @@ def run_sweep(
             "label": arm.label, "eta": arm.eta, "mode": arm.mode, "objective": arm.objective,
             "per_seed": [curves[(arm.label, s)] for s in settings.seeds],
             "steps": seeds[0]["steps"],
-            "rl_wall_s_per_seed": [run["rl_wall_s"] for run in seeds],
-            "training_only_s_per_seed": [run["training_only_s"] for run in seeds],
+            "rl_wall_s_per_seed": [run["overlap"]["rl_wall_s"] for run in seeds],
             "overlap_per_seed": [run["overlap"] for run in seeds],
             "staleness_counts": dict(sorted(counts.items())),
         })  # fmt: skip
@@ -277,6 +275,7 @@ def run_sweep(
         "eval_prompts": base.pipeline.eval_prompts,
         "eval_samples": base.pipeline.eval_samples,
         "work_dir": str(work),
+        "sync_generation_share": generation_share(arm_rows[0]["overlap_per_seed"]),
         **summarize(arm_rows, start_pass, settings),
     }
     for arm, row in zip(result["arms"], arm_rows, strict=True):

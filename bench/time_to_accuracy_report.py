@@ -24,7 +24,8 @@ def format_table(result: Mapping[str, Any]) -> str:
         f"{result['settings']['smooth']} evaluated versions",
         f"start {100 * result['start_pass_at_1']:.1f}%, synchronous final {100 * result['sync_final_pass_at_1']:.1f}% "
         f"({result['sync_gain_points']:+.1f} points); target {100 * result['target_pass_at_1']:.1f}% "
-        f"(start + {result['settings']['target_fraction']:.0%} of the synchronous gain)",
+        f"(start + {result['settings']['target_fraction']:.0%} of the synchronous gain); generation "
+        f"{_num(result.get('sync_generation_share'), '.0%')} of the synchronous run's busy time",
         "",
         "| arm | time to target (s) | per seed (s) | speed-up | pass@1 equal steps | gap (points) "
         f"| pass@1 at {result['equal_wall_s']:.0f} s | RL wall (s) | overlap | staleness (value:samples) |",

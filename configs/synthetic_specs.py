@@ -11,7 +11,8 @@ from typing import Literal, get_args
 SolutionStyle = Literal["lines", "worked"]
 """How a reference solution is written (:func:`asyncrl.tasks.data.synthetic.reference_solution`):
 ``lines`` one ``a op b=c`` line per step (tens of tokens); ``worked`` each step written out
-in words, about 60 tokens a step, as a reasoning model writes its work (hundreds of tokens)."""
+in words and checked, about 85 tokens a step, as a reasoning model writes its work (hundreds
+of tokens)."""
 
 SOLUTION_STYLES: tuple[str, ...] = get_args(SolutionStyle)
 

@@ -129,16 +129,25 @@ def format_final_answer(answer: str | int) -> str:
     return f"{FINAL_ANSWER_MARKER} {answer}"
 
 
+INVERSE_OPERATORS: dict[str, str] = {"+": "-", "-": "+"}
+
+
 def worked_step(index: int, step: Step) -> str:
-    """Step ``index`` (1-based) written out: what is taken, the operation, its result, e.g.
-    ``Step 1: take 3 and add 4.`` / ``3 + 4 = 7.`` / ``The result is 7.`` (about 60 bytes,
-    each byte one token of the tiny tokenizer)."""
+    """Step ``index`` (1-based) written out as a reasoning model writes its work: what is
+    taken, the operation, a check of its result by the inverse operation (for ``+`` and
+    ``-``), the result. About 85 bytes, each byte one token of the tiny tokenizer::
+
+        Step 1: take 3 and add 4.
+        3 + 4 = 7.
+        Check: 7 - 4 = 3, as it should be.
+        The result is 7.
+    """
     left, op, right, result = step
-    return (
-        f"Step {index}: take {left} and {OPERATOR_WORDS[op]} {right}.\n"
-        f"{left} {op} {right} = {result}.\n"
-        f"The result is {result}."
-    )
+    lines = [f"Step {index}: take {left} and {OPERATOR_WORDS[op]} {right}.", f"{left} {op} {right} = {result}."]
+    if op in INVERSE_OPERATORS:
+        lines.append(f"Check: {result} {INVERSE_OPERATORS[op]} {right} = {left}, as it should be.")
+    lines.append(f"The result is {result}.")
+    return "\n".join(lines)
 
 
 def reference_solution(problem: Problem, style: SolutionStyle = "lines") -> str:

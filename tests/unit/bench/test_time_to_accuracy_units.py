@@ -62,6 +62,14 @@ def test_value_at_interpolates_and_never_extrapolates() -> None:
     assert value_at(times, values, 25.0) is None and value_at(times, values, -1.0) is None
 
 
+def test_generation_share_of_the_synchronous_run() -> None:
+    from asyncrl.bench.accuracy_curves import generation_share
+
+    overlaps = [{"generation_busy_s": 60.0, "training_busy_s": 30.0}, {"generation_busy_s": 50.0, "training_busy_s": 50.0}]
+    assert generation_share(overlaps) == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert generation_share([{}]) is None
+
+
 def test_settings_sweep_and_refusals() -> None:
     settings = TimeToAccuracySettings()
     assert [a.label for a in settings.arms()] == [
@@ -130,7 +138,7 @@ def test_summary_with_an_arm_that_never_reaches_the_target() -> None:
 
 def table_result(summary: dict) -> dict:
     return {"config": "reasoning", "steps": 6, "batch_groups": 8, "n_samples": 8, "max_new_tokens": 448,
-            "eval_prompts": 200, "eval_samples": 4,
+            "eval_prompts": 200, "eval_samples": 4, "sync_generation_share": 0.7,
             "settings": {"seeds": [0], "smooth": 1, "target_fraction": 0.9}, **summary}  # fmt: skip
 
 
@@ -138,6 +146,7 @@ def test_table_plot_and_mlflow_figures(tmp_path: Path) -> None:
     result = table_result(two_arm_summary())
     table = format_table(result)
     assert "| eta2-keep | 133 | 133 | 1.50 | 59.0% | -1.0 | 59.0% | 1 | 1.40 | 0:8 2:56 |" in table
+    assert "generation 70% of the synchronous run's busy time" in table
     assert "best asynchronous arm: eta2-keep; time_to_target_speedup 1.50; equal_steps_gap_points -1.0" in table
     json.dumps(result)  # the JSON the bench writes
     png = plot_curves(result, tmp_path / "t2a.png")

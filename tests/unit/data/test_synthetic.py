@@ -201,25 +201,29 @@ def test_worked_solutions_write_every_step_out_and_stay_exact(problems: list[Pro
         lines = reference_solution(problem, "worked").split("\n")
         assert lines[-2:] == [f"The answer is {problem.answer}.", f"#### {problem.answer}"]
         body = lines[:-2]
-        assert len(body) == 3 * problem.num_steps
         compact = problem.solution.split("\n")[:-1]
         for index, line in enumerate(compact):
             left, op, right, result = STEP_LINE.match(line).groups()
-            step, equation, result_line = body[3 * index : 3 * index + 3]
+            step, equation, *check, result_line = body[:4] if op != "*" else body[:3]
+            body = body[4:] if op != "*" else body[3:]
             assert WORKED_STEP.match(step).groups() == (
                 str(index + 1), left, {"+": "add", "-": "subtract", "*": "multiply it by"}[op], right,
             )
             assert WORKED_EQUATION.match(equation).groups() == (left, op, right, result)
+            if op != "*":  # the check undoes the step: result -/+ right gives back left
+                undo, value = {"+": ("-", int(result) - int(right)), "-": ("+", int(result) + int(right))}[op]
+                assert check == [f"Check: {result} {undo} {right} = {left}, as it should be."] and value == int(left)
             assert result_line == f"The result is {result}."
+        assert body == []
 
 
 def test_worked_solutions_are_reasoning_length() -> None:
     from asyncrl.tasks.data.synthetic import reference_solution
 
-    spec = ArithmeticSpec(min_steps=2, max_steps=6, step_exponent=1.0, mul_prob=0.0, max_addend=9, solution_style="worked")
+    spec = ArithmeticSpec(min_steps=2, max_steps=3, mul_prob=0.0, max_addend=9, solution_style="worked")
     lengths = [len(reference_solution(p, "worked").encode()) for p in make_arithmetic_dataset(1000, seed=0, spec=spec)]
-    # one token per byte: 130-420 tokens, a mean over 200 (the compact style: tens of tokens)
-    assert 120 <= min(lengths) and max(lengths) <= 440 and statistics.mean(lengths) >= 200
+    # one token per byte: 200-335 tokens, a mean near 250 (the compact style: 20-40 tokens)
+    assert 195 <= min(lengths) and max(lengths) <= 340 and statistics.mean(lengths) >= 240
 
 
 def test_worked_style_reaches_the_written_files(tmp_path: Path) -> None:
