@@ -77,9 +77,13 @@ def test_sync_and_one_async_arm_from_one_warm_start(tmp_path: Path, capsys: pyte
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "time-to-accuracy")}
     assert artifacts == {"time-to-accuracy/t2a.json", "time-to-accuracy/t2a.png"}
 
-    # The learning check from the same config: a threshold no 2-step run can reach fails it, with exit 1.
-    code = main(["bench", "learning", str(path), "--repeats", "1", "--min-gain", "101", "--work-dir", str(tmp_path / "lc")])
+    # The learning check from the same warm start (its SFT is not run again): a threshold no
+    # 2-step run can reach fails it, with exit 1.
+    sft_metrics = work / "runs" / "t2a-ablation-base" / "sft-metrics.jsonl"
+    sft_written = sft_metrics.stat().st_mtime_ns
+    code = main(["bench", "learning", str(path), "--repeats", "1", "--min-gain", "101", "--work-dir", str(work)])
     printed = capsys.readouterr().out
-    check = json.loads((tmp_path / "lc" / "learning.json").read_text())
+    check = json.loads((work / "learning.json").read_text())
+    assert sft_metrics.stat().st_mtime_ns == sft_written
     assert code == 1 and check["passed"] is False and "FAILED" in printed
     assert len(check["gain_points"]) == 1 and check["seeds"] == [0]
