@@ -22,7 +22,7 @@ from typing import Any, get_args
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.trainer import TrainerConfig
-from asyncrl.bench.e2e import parse_int_list
+from asyncrl.bench.sweep_checks import check_distinct_ints, parse_int_list
 from asyncrl.bench.e2e_report import format_staleness
 from asyncrl.bench.e2e_figures import staleness_counts, wasted_tokens
 
@@ -48,14 +48,8 @@ class AblationSettings:
     png_path: Path | None = None
 
     def __post_init__(self) -> None:
-        if not self.etas or any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in self.etas):
-            raise ValueError(f"etas: must be ints >= 0, got {self.etas!r}")
-        if len(set(self.etas)) != len(self.etas):
-            raise ValueError(f"etas: a value repeats: {self.etas}")
-        if any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in self.adaptive_etas):
-            raise ValueError(f"adaptive_etas: must be ints >= 1 (eta 0 has nothing to adapt), got {self.adaptive_etas!r}")
-        if len(set(self.adaptive_etas)) != len(self.adaptive_etas):
-            raise ValueError(f"adaptive_etas: a value repeats: {self.adaptive_etas}")
+        check_distinct_ints("etas", self.etas, 0)
+        check_distinct_ints("adaptive_etas", self.adaptive_etas, 1, allow_empty=True, why=" (eta 0 has nothing to adapt)")
         bad = [o for o in self.objectives if o not in OBJECTIVES]
         if not self.objectives or bad or len(set(self.objectives)) != len(self.objectives):
             raise ValueError(f"objectives: must be distinct values of {list(OBJECTIVES)}, got {self.objectives!r}")

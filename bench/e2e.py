@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.bench.e2e_figures import compare_runs, run_figures, solution_budgets
 from asyncrl.bench.e2e_report import format_tables
 from asyncrl.bench.e2e_settings import E2EBenchSettings, WORKLOADS, Workload
+from asyncrl.bench.sweep_checks import parse_int_list
 
 if TYPE_CHECKING:
     from asyncrl.configs.run_config import RunConfig
@@ -286,13 +287,6 @@ def run_e2e_bench(settings: E2EBenchSettings, progress: Callable[[str], None] | 
 
 
 # ----- the command line -----
-
-
-def parse_int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
 
 
 def _cores(text: str) -> tuple[int, ...] | None:

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.tasks.algo.overlap import training_busy_s
+from asyncrl.tasks.algo.overlap import rl_phase_wall_s, training_busy_s
 
 
 if TYPE_CHECKING:
@@ -35,11 +35,11 @@ def solution_budgets(solution_tokens: Sequence[int], max_new_tokens: int) -> lis
 
 
 def rl_wall_s(step_metrics: Mapping[int, Mapping[str, float]], ready_at: float) -> float:
-    """W = max over steps of the step's metrics ``time`` (Unix, written once the step's
-    weights are published) - ``ready_at`` (every rollout server healthy, scheduler started)."""
+    """W of :func:`rl_phase_wall_s` (the last step's metrics ``time`` - ``ready_at``, every
+    rollout server healthy); a run without a trained step is an error here."""
     if not step_metrics:
         raise ValueError("rl_wall_s: no step was trained")
-    return max(float(m["time"]) for m in step_metrics.values()) - ready_at
+    return rl_phase_wall_s(step_metrics, ready_at)
 
 
 def trained_tokens(step_metrics: Mapping[int, Mapping[str, float]]) -> int:

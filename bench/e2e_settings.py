@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.tasks.system.process_group import usable_cpus
 from asyncrl.configs.cpus import check_cpu_cores
+from asyncrl.bench.sweep_checks import check_distinct_ints, check_includes_sync, check_modes
 from asyncrl.tasks.inference.samples import INTERRUPT_MODES, InterruptMode
 
 if TYPE_CHECKING:
@@ -81,14 +82,9 @@ class E2EBenchSettings:
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload: must be one of {list(WORKLOADS)}, got {self.workload!r}")
-        if not self.etas or any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in self.etas):
-            raise ValueError(f"etas: must be ints >= 0, got {self.etas!r}")
-        if 0 not in self.etas:
-            raise ValueError(f"etas: must include 0, the synchronous baseline of every speed-up; got {self.etas}")
-        if len(set(self.etas)) != len(self.etas):
-            raise ValueError(f"etas: a value repeats: {self.etas}")
-        if not self.modes or any(m not in INTERRUPT_MODES for m in self.modes) or len(set(self.modes)) != len(self.modes):
-            raise ValueError(f"modes: must be distinct values of {list(INTERRUPT_MODES)}, got {self.modes!r}")
+        check_distinct_ints("etas", self.etas, 0)
+        check_includes_sync("etas", self.etas, "the synchronous baseline of every speed-up")
+        check_modes("modes", self.modes)
         if self.max_groups_in_flight is not None and self.max_groups_in_flight < 1:
             raise ValueError(f"max_groups_in_flight: must be >= 1 or None, got {self.max_groups_in_flight}")
         for name in ("steps", "batch_groups", "n_samples", "max_new_tokens", "max_prompt_tokens", "n_prompts"):

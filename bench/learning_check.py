@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.ablation import prepare_warm_start
-from asyncrl.bench.time_to_accuracy import Arm, arm_config
+from asyncrl.bench.time_to_accuracy import Arm, arm_config, evaluate_arm, train_arm
 from asyncrl.configs.run_config import RunConfig
 
 
@@ -45,10 +45,6 @@ def run_learning_check(
     base: RunConfig, repeats: int, min_gain_points: float | None, work: Path, progress: Callable[[str], None]
 ) -> dict[str, Any]:
     """The runs and their evaluation (module docstring); the runs keep only their own figures."""
-    from asyncrl.tasks.launch.context import prepare_run
-    from asyncrl.tasks.launch.rl import train_run
-    from asyncrl.tasks.launch.stages import evaluate_versions
-
     if repeats < 1:
         raise ValueError(f"repeats: must be >= 1, got {repeats}")
     if base.data.eval_path is None:
@@ -59,15 +55,11 @@ def run_learning_check(
     start_pass: float | None = None
     finals, walls = [], []
     for seed in range(base.seed, base.seed + repeats):
-        config = arm_config(base, work, warm_start, arm, seed)
-        train = train_run(config)
-        start = min(train.logged_models, default=0)
-        versions = [train.final_version] if start_pass is not None else [start, train.final_version]
-        evaluated = evaluate_versions(config, prepare_run(config), versions)
-        if start_pass is None:
-            start_pass = evaluated[start].pass_at_1
-        finals.append(evaluated[train.final_version].pass_at_1)
-        walls.append(train.wall_s)
+        run = train_arm(arm_config(base, work, warm_start, arm, seed))
+        scores = evaluate_arm(run, [run["start"], run["final"]], start_pass)
+        start_pass = scores[run["start"]]
+        finals.append(scores[run["final"]])
+        walls.append(run["wall_s"])
         progress(f"seed {seed}: pass@1 {100 * start_pass:.1f}% -> {100 * finals[-1]:.1f}% in {train.wall_s:.0f} s")
     assert start_pass is not None
     return {"config": base.name, "arm": arm.label, "steps": base.trainer.max_steps, "seeds": list(range(base.seed, base.seed + repeats)),

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.bench.e2e import (
     bench_run_config,
-    parse_int_list,
     prepare_workload,
     standalone_server_config,
 )
 from asyncrl.bench.e2e_settings import E2EBenchSettings, Workload, split_cores
+from asyncrl.bench.sweep_checks import parse_int_list
 from asyncrl.bench.scale_figures import (
     memory_figures,
     scaling_exponents,

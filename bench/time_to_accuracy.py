@@ -25,7 +25,7 @@ from asyncrl.bench.ablation import eval_versions, prepare_warm_start, relocated
 from asyncrl.bench.accuracy_curves import (
     accuracy_target, centred_mean, first_crossing, generation_share, seed_mean_curve, value_at, version_wall_times,
 )  # fmt: skip
-from asyncrl.bench.e2e import parse_int_list
+from asyncrl.bench.sweep_checks import check_distinct_ints, check_includes_sync, check_modes, parse_int_list
 from asyncrl.bench.e2e_figures import staleness_counts
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.inference.samples import INTERRUPT_MODES
@@ -71,18 +71,12 @@ class TimeToAccuracySettings:
     png_path: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("etas", "objective_etas"):
-            values = getattr(self, name)
-            if any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in values):
-                raise ValueError(f"{name}: must be ints >= 0, got {values!r}")
-            if len(set(values)) != len(values):
-                raise ValueError(f"{name}: a value repeats: {values}")
-        if 0 not in self.etas:
-            raise ValueError(f"etas: must include 0, the synchronous run every arm is compared with; got {self.etas}")
+        check_distinct_ints("etas", self.etas, 0)
+        check_distinct_ints("objective_etas", self.objective_etas, 0, allow_empty=True)
+        check_includes_sync("etas", self.etas, "the synchronous run every arm is compared with")
         if len(self.etas) < 2 and not self.objective_etas:
             raise ValueError(f"etas: need at least one asynchronous eta beside 0, got {self.etas}")
-        if not self.modes or any(m not in INTERRUPT_MODES for m in self.modes) or len(set(self.modes)) != len(self.modes):
-            raise ValueError(f"modes: must be distinct values of {list(INTERRUPT_MODES)}, got {self.modes!r}")
+        check_modes("modes", self.modes)
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(s < 0 for s in self.seeds):
             raise ValueError(f"seeds: must be distinct ints >= 0, got {self.seeds!r}")
         if self.eval_every < 1:
@@ -201,6 +195,40 @@ def arm_config(base: RunConfig, work: Path, warm_start: Path, arm: Arm, seed: in
     return RunConfig.model_validate(raw)
 
 
+def train_arm(config: RunConfig) -> dict[str, Any]:
+    """One arm's RL run (``train_run``) and what the benches keep of it: the config, its first
+    and last version, every version's wall time since the servers were ready, staleness,
+    overlap, steps and the run's wall time."""
+    from asyncrl.tasks.launch.rl import train_run
+
+    train = train_run(config)
+    start = min(train.logged_models, default=0)
+    return {
+        "config": config,
+        "start": start,
+        "final": train.final_version,
+        "walls": version_wall_times(train.step_metrics, train.ready_at, start),
+        "staleness": staleness_counts(train.step_metrics),
+        "overlap": dict(train.overlap),
+        "steps": len(train.step_metrics),
+        "wall_s": train.wall_s,
+    }
+
+
+def evaluate_arm(run: Mapping[str, Any], versions: Sequence[int], start_pass: float | None) -> dict[int, float]:
+    """Held-out pass@1 of ``versions`` of a trained arm (:func:`train_arm`). The start, the
+    warm start every arm shares, is evaluated only while ``start_pass`` is None; after that it
+    keeps ``start_pass``."""
+    from asyncrl.tasks.launch.context import prepare_run
+    from asyncrl.tasks.launch.stages import evaluate_versions
+
+    if start_pass is not None:
+        versions = [v for v in versions if v != run["start"]]
+    evaluated = evaluate_versions(run["config"], prepare_run(run["config"]), versions)
+    scores = {v: r.pass_at_1 for v, r in evaluated.items()}
+    return scores if start_pass is None else scores | {run["start"]: start_pass}
+
+
 def run_sweep(
     base: RunConfig, settings: TimeToAccuracySettings, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -208,9 +236,6 @@ def run_sweep(
     speed falls on every arm alike); then held-out pass@1 of the saved versions of every run,
     the start once. JSON (and PNG) are rewritten as results come in."""
     from asyncrl.bench.time_to_accuracy_report import log_to_mlflow, plot_curves
-    from asyncrl.tasks.launch.context import prepare_run
-    from asyncrl.tasks.launch.rl import train_run
-    from asyncrl.tasks.launch.stages import evaluate_versions
 
     say = progress or (lambda line: None)
     if base.data.eval_path is None:
@@ -223,30 +248,14 @@ def run_sweep(
     runs: dict[tuple[str, int], dict[str, Any]] = {}
     for seed in settings.seeds:
         for arm in arms:
-            config = arm_config(base, work, warm_start, arm, seed)
-            train = train_run(config)
-            start = min(train.logged_models, default=0)
-            runs[(arm.label, seed)] = {
-                "config": config,
-                "start": start,
-                "final": train.final_version,
-                "walls": version_wall_times(train.step_metrics, train.ready_at, start),
-                "staleness": staleness_counts(train.step_metrics),
-                "overlap": dict(train.overlap),
-                "steps": len(train.step_metrics),
-            }
-            say(f"seed {seed} {arm.label}: {len(train.step_metrics)} steps in {train.overlap['rl_wall_s']:.0f} s, "
-                f"overlap factor {train.overlap['overlap_factor']:.2f}")
+            run = runs[(arm.label, seed)] = train_arm(arm_config(base, work, warm_start, arm, seed))
+            say(f"seed {seed} {arm.label}: {run['steps']} steps in {run['overlap']['rl_wall_s']:.0f} s, "
+                f"overlap factor {run['overlap']['overlap_factor']:.2f}")
     start_pass: float | None = None
     curves: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
     for (label, seed), run in runs.items():
-        versions = eval_versions(run["start"], run["final"], settings.eval_every)
-        if start_pass is not None:
-            versions = [v for v in versions if v != run["start"]]
-        evaluated = evaluate_versions(run["config"], prepare_run(run["config"]), versions)
-        if start_pass is None:
-            start_pass = evaluated[run["start"]].pass_at_1
-        scores = {v: r.pass_at_1 for v, r in evaluated.items()} | {run["start"]: start_pass}
+        scores = evaluate_arm(run, eval_versions(run["start"], run["final"], settings.eval_every), start_pass)
+        start_pass = scores[run["start"]]
         curves[(label, seed)] = {v: (run["walls"][v], scores[v]) for v in sorted(scores)}
         say(f"evaluated seed {seed} {label}: " + ", ".join(f"v{v} {100 * p:.1f}%" for v, (_, p) in curves[(label, seed)].items()))
     assert start_pass is not None
