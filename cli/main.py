@@ -304,8 +304,21 @@ def console_without_user_tracebacks(debug: bool) -> Iterator[None]:
             handler.setFormatter(formatter)
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments, where KEY=VALUE overrides may also follow the options
+    (``bench learning CONFIG --repeats 1 trainer.max_steps=4``), which argparse alone refuses
+    once the options have ended the positional list; anything else left over is an error."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [a for a in extra if "=" in a and not a.startswith("-")]
+    if extra and (len(overrides) < len(extra) or not isinstance(getattr(args, "overrides", None), list)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
