@@ -1,7 +1,7 @@
 """``asyncrl bench weight-sync --lora RANK``: what one weight update of a LoRA run moves and
 costs, against the full model it adapts.
 
-On the bench's base model (:func:`~asyncrl.bench.weight_sync.write_bench_model`, a Qwen2.5
+On the bench's base model (:func:`~asyncrl.bench.weight_sync_settings.write_bench_model`, a Qwen2.5
 shape of ``--size``), ``repeats`` fresh adapters of rank ``RANK`` on Qwen2's seven linear
 layers per block (random A and B, PEFT's file format) are written, published to a local
 weight store and loaded into a rollout server started with LoRA
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.configs.trainer import LORA_TARGETS_QWEN2
 
 if TYPE_CHECKING:
-    from asyncrl.bench.weight_sync import WeightSyncBenchSettings
+    from asyncrl.bench.weight_sync_settings import WeightSyncBenchSettings
     from asyncrl.tasks.model.tiny import TinyModelSpec
 
 ADAPTER_PREFIX = "base_model.model.model.layers"
@@ -82,7 +82,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 def run_lora_sync_bench(settings: WeightSyncBenchSettings, rank: int, work_dir: Path) -> dict[str, Any]:
     """The bench (module docstring) under ``work_dir``; the JSON-ready result."""
-    from asyncrl.bench.weight_sync import dir_bytes, model_spec, write_bench_model
+    from asyncrl.bench.weight_sync_settings import dir_bytes, model_spec, write_bench_model
     from asyncrl.storage.fs import open_root
     from asyncrl.storage.weights import WeightStore
     from asyncrl.tasks.inference.adapter_sync import update_server_adapter

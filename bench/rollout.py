@@ -99,7 +99,8 @@ async def measure_stalls(
 ) -> StallRow:
     """Updates while 8 long generations run; each update loads the next published version."""
     from asyncrl.tasks.inference.client import RolloutClient
-    from asyncrl.tasks.inference.weight_sync import ServerWeightLoader, server_weight_version
+    from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
+    from asyncrl.tasks.inference.weight_sync import server_weight_version
 
     stats = []
     prefetch_s = []

@@ -102,11 +102,8 @@ def measure_weight_sync(
     """``asyncrl bench weight-sync``'s phases (:func:`~asyncrl.bench.weight_sync.bench_backend`)
     for ``repeats`` fresh versions of the size's checkpoint, on a local store, into a rollout
     server launched as the run's is (:func:`standalone_server_config`)."""
-    from asyncrl.bench.weight_sync import (
-        WeightSyncBenchSettings,
-        bench_backend,
-        local_backend,
-    )
+    from asyncrl.bench.weight_sync import bench_backend, local_backend
+    from asyncrl.bench.weight_sync_settings import WeightSyncBenchSettings
     from asyncrl.tasks.inference.server import RolloutServer
 
     work = size_dir / "weight-sync"

@@ -31,7 +31,7 @@ from fsspec.implementations.local import LocalFileSystem
 from asyncrl.storage import paths, retry
 from asyncrl.storage.errors import StorageOperationError
 from asyncrl.storage.retry import RetryPolicy
-from asyncrl.storage.local_files import copy_durably, fsync_path, write_local_temp
+from asyncrl.storage.local_files import copy_durably, fsync_path, hard_link, write_local_temp
 from asyncrl.storage.s3_ops import (
     conditional_conflict,
     named_faults,
@@ -270,6 +270,18 @@ def abort_incomplete_uploads(root: RunRoot, relpath: str, exact: bool = False) -
                 continue  # NoSuchUpload: completed or aborted meanwhile
         aborted.append(upload_key[len(root_key) + 1 :] if root_key else upload_key)
     return aborted
+
+
+def link_file(root: RunRoot, relpath: str, local_path: Path) -> bool:
+    """Hard-link the object ``relpath`` of a local root to ``local_path``
+    (:func:`~asyncrl.storage.local_files.hard_link`): no bytes copied. False (nothing created)
+    on an S3 root or where the filesystem refuses; the caller then downloads."""
+    if not root.is_local:
+        return False
+    try:
+        return hard_link(root.full_path(relpath), local_path)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath)) from None
 
 
 def download_file(root: RunRoot, relpath: str, local_path: Path) -> None:

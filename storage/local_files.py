@@ -12,11 +12,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from asyncrl.storage.fs import RunRoot
-
 
 def _local_temp(final: str) -> tuple[int, str]:
     directory, name = os.path.split(final)
@@ -69,20 +64,16 @@ def copy_durably(source: str, final: str, temp_suffix: str) -> None:
 _LINK_REFUSED = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES})
 
 
-def link_file(root: RunRoot, relpath: str, local_path: Path) -> bool:
-    """Hard-link the object ``relpath`` of a local root to ``local_path`` (its directory
-    fsynced): no bytes copied. False (nothing created) where that cannot be done: an S3
-    root, another filesystem, or one without hard links; the caller then downloads.
+def hard_link(source: str, local_path: Path) -> bool:
+    """Hard-link the local file ``source`` to ``local_path`` (its directory fsynced): no bytes
+    copied. False (nothing created) where the filesystem refuses (another filesystem, none
+    with hard links); FileNotFoundError when ``source`` is missing.
 
-    Safe for objects never written again in place (published weight files: a publish or a
+    Safe for files never written again in place (published weight files: a publish or a
     prune replaces or unlinks names, never bytes)."""
-    if not root.is_local:
-        return False
     local_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.link(root.full_path(relpath), local_path)
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, "no such object", root.display(relpath)) from None
+        os.link(source, local_path)
     except OSError as exc:
         if exc.errno in _LINK_REFUSED:
             return False

@@ -7,13 +7,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.storage import retry
 from asyncrl.storage.errors import StorageOperationError
+from asyncrl.storage.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from asyncrl.storage.fs import RunRoot
+    import fsspec
+
+
+class S3Root(Protocol):
+    """What these helpers use of a run root (:class:`~asyncrl.storage.fs.RunRoot`, which uses
+    them): its filesystem, its retry policy and its names for messages."""
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem: ...
+
+    @property
+    def retry(self) -> RetryPolicy: ...
+
+    def display(self, relpath: str) -> str: ...
 
 
 def precondition_failed(exc: BaseException) -> bool:
@@ -27,7 +41,7 @@ def conditional_conflict(exc: BaseException) -> bool:
 
 
 @contextmanager
-def named_faults(root: RunRoot, operation: str, relpath: str) -> Iterator[None]:
+def named_faults(root: S3Root, operation: str, relpath: str) -> Iterator[None]:
     """Raise a transient fault the retries left as :class:`StorageOperationError` naming
     ``operation`` and ``relpath``; every other error passes unchanged."""
     try:
@@ -40,7 +54,7 @@ def named_faults(root: RunRoot, operation: str, relpath: str) -> Iterator[None]:
         raise
 
 
-def s3_is_file(root: RunRoot, target: str) -> bool:
+def s3_is_file(root: S3Root, target: str) -> bool:
     """Whether ``target`` is an object. Unlike ``fs.isfile``, which answers False on any
     error, a fault propagates, so a busy store is never mistaken for a missing object."""
     try:
@@ -49,7 +63,7 @@ def s3_is_file(root: RunRoot, target: str) -> bool:
         return False
 
 
-def s3_delete_tree_round(root: RunRoot, target: str) -> list[str]:
+def s3_delete_tree_round(root: S3Root, target: str) -> list[str]:
     """List ``target`` and delete what is there; return the files the listing showed (none: done)."""
     try:
         found = root.fs.find(target, withdirs=True, detail=True)

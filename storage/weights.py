@@ -220,7 +220,7 @@ class WeightStore:
         """Copy published ``version`` into ``dest_dir`` (must not exist, or be empty); return it.
 
         With ``link``, a local store's files are hard-linked instead of copied where the
-        filesystem allows (:func:`~asyncrl.storage.local_files.link_file`: no bytes written; a
+        filesystem allows (:func:`~asyncrl.storage.fs.link_file`: no bytes written; a
         rollout server's cache on the store's disk), and verified where they lie; otherwise, and for S3, copied.
         Files land in a hidden sibling directory first (each fsynced, see
         :func:`fs.download_file`), are checked against the manifest's sizes and SHA-256
@@ -240,7 +240,7 @@ class WeightStore:
             for relname, expected in files.items():
                 local_path = staging / relname
                 source = self._root.display(paths.weights_file(version, relname))
-                if not (link and local_files.link_file(self._root, paths.weights_file(version, relname), local_path)):
+                if not (link and fs.link_file(self._root, paths.weights_file(version, relname), local_path)):
                     fs.download_file(self._root, paths.weights_file(version, relname), local_path)
                 size = local_path.stat().st_size
                 if size != expected.size:

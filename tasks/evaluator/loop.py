@@ -31,7 +31,7 @@ from asyncrl.tasks.evaluator.schedule import pick_version
 from asyncrl.tasks.reward.pool import RewardPool
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
-from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
+from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
 from asyncrl.tasks.placement.launch_settings import evaluator_server_config, server_start_dir
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.evaluator.held_out import EvalResult, HeldOutTask, held_out_task

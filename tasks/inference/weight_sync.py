@@ -9,7 +9,7 @@ worker fetches the version into a local cache, verified against the manifest
 layout, leases and pruning), and reloads it with ``model_runner.reload_weights``. A load
 request carries a reference, never credentials (the worker uses its own). A server started
 with LoRA loads each version as an adapter instead (:mod:`~asyncrl.tasks.inference.adapter_sync`);
-:class:`ServerWeightLoader` serves both (its ``adapters`` flag).
+:class:`~asyncrl.tasks.inference.weight_loader.ServerWeightLoader` serves both.
 """
 
 from __future__ import annotations
@@ -18,26 +18,21 @@ import hashlib
 import logging
 import time
 from contextlib import contextmanager
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 
 from asyncrl.configs.secrets import is_secret_key, redact
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.weights import WEIGHT_SUFFIX
-from asyncrl.tasks.inference.server_config import DEFAULT_MAX_LORAS
 from asyncrl.tasks.model.weight_fetch import fetch_weight_version, prune_weight_cache, version_lease
-from asyncrl.tasks.system.network import is_loopback
 from asyncrl.tasks.system.http_errors import error_text as _error_text
 
 if TYPE_CHECKING:
     import torch
-    from asyncrl.tasks.inference.adapter_sync import AdapterUpdateReport
-    from asyncrl.tasks.inference.routing import ServerAddress
     from asyncrl.tasks.inference.server import RolloutServerHandle
 
 logger = logging.getLogger(__name__)
@@ -362,7 +357,7 @@ def update_server_weights(
     ``~/.cache/asyncrl/rollout-weights``), ``POST /reset_prefix_cache`` (cached prefixes
     were computed with the old weights), ``POST /update_weight_version``. Pausing and
     resuming generation around it is the caller's choice. A caller that updates repeatedly
-    passes one ``http`` client (:class:`ServerWeightLoader`), so the three requests reuse
+    passes one ``http`` client (:class:`~asyncrl.tasks.inference.weight_loader.ServerWeightLoader`), so the three requests reuse
     pooled connections. Raises
     :class:`WeightSyncError` with the server's reason (an unknown version names the
     available ones) and leaves the server running on its previous weights.
@@ -383,83 +378,3 @@ def update_server_weights(
         prefix_cache_reset=prefix_cache_reset,
         seconds=time.monotonic() - started,
     )
-
-
-class ServerWeightLoader:
-    """Loads published versions of one store into servers (:func:`update_server_weights`)
-    over one pooled HTTP client, for a component that updates its servers for a whole run.
-
-    ``adapters``: the servers were started with LoRA (``RolloutServerConfig.max_lora_rank``)
-    and each version is a LoRA adapter: a load is
-    :func:`~asyncrl.tasks.inference.adapter_sync.update_server_adapter` (no base weights
-    reloaded), which keeps the newest ``keep_adapters`` versions loaded (the servers'
-    ``max_loras``). Give the rollout client ``adapters=True`` too.
-
-    ``loader.for_version(v)`` is the per-server callable :meth:`RolloutClient.update_weights`
-    takes. Close it (or use it as a context manager) to drop its connections."""
-
-    def __init__(
-        self,
-        root_uri: str,
-        storage_options: Mapping[str, Any] | None,
-        cache_dir: str = "",
-        *,
-        adapters: bool = False,
-        keep_adapters: int = DEFAULT_MAX_LORAS,
-    ) -> None:
-        if isinstance(keep_adapters, bool) or not isinstance(keep_adapters, int) or keep_adapters < 1:
-            raise ValueError(f"keep_adapters: must be an int >= 1, got {keep_adapters!r}")
-        self._root_uri = root_uri
-        self._options = dict(storage_options or {})
-        self._cache_dir = cache_dir
-        self._adapters = bool(adapters)
-        self._keep_adapters = keep_adapters
-        self._http = httpx.Client()
-
-    @property
-    def adapters(self) -> bool:
-        return self._adapters
-
-    def load(self, handle: RolloutServerHandle, version: int) -> WeightUpdateReport | AdapterUpdateReport:
-        if self._adapters:
-            from asyncrl.tasks.inference.adapter_sync import update_server_adapter  # it imports this module
-
-            return update_server_adapter(
-                handle, self._root_uri, self._options, version, cache_dir=self._cache_dir,
-                keep=self._keep_adapters, http=self._http,
-            )  # fmt: skip
-        return update_server_weights(
-            handle, self._root_uri, self._options, version, cache_dir=self._cache_dir, http=self._http
-        )
-
-    def for_version(self, version: int) -> Callable[[RolloutServerHandle], WeightUpdateReport | AdapterUpdateReport]:
-        return lambda handle: self.load(handle, version)
-
-    def prefetch(self, version: int, servers: Sequence[ServerAddress]) -> bool:
-        """Fetch ``version`` into the servers' weight cache from this process, before an
-        update pauses generation, when one of ``servers`` is on this host (a loopback URL:
-        the cache directory names the same files for it and for us). The worker's load then
-        finds the version cached (complete and verified, :func:`fetch_weight_version`) and
-        only reloads, so the fetch leaves the stall: generation goes on meanwhile.
-
-        Returns whether the version is in the cache now. Servers elsewhere fetch in their
-        load, as before. A failure is logged, not raised: the load fetches again and
-        reports it (an unknown version, a corrupt file)."""
-        if not any(is_loopback(urlsplit(server.url).hostname or "") for server in servers):
-            return False
-        cache = Path(self._cache_dir or DEFAULT_CACHE_DIR)  # as the worker names it
-        try:
-            fetch_weight_version(self._root_uri, self._options, version, cache)
-        except Exception as exc:  # noqa: BLE001 - the load fetches again and reports it
-            logger.warning("prefetching weight version %d failed (the load will fetch it): %s", version, redact(str(exc)))
-            return False
-        return True
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> ServerWeightLoader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

@@ -29,7 +29,8 @@ from asyncrl.tasks.reward.process import reward_service_command
 from asyncrl.tasks.inference.server_registry import register_server, unregister_server
 from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
 from asyncrl.tasks.inference.server_config import RolloutServerConfig
-from asyncrl.tasks.inference.weight_sync import ServerWeightLoader, set_server_weight_version
+from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
+from asyncrl.tasks.inference.weight_sync import set_server_weight_version
 from asyncrl.tasks.model.weight_fetch import VersionLease
 from asyncrl.tasks.placement.launch_settings import server_config, serving_weights
 from asyncrl.tasks.system.run_paths import RunPaths

@@ -331,7 +331,7 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     from asyncrl.tasks.reward.pool import RewardPool
     from asyncrl.tasks.inference.client import RolloutClient
     from asyncrl.tasks.inference.server import RolloutServer
-    from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
+    from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
     if not config.data.eval_path or not versions:
         return {}
     # A cache of its own: the loads below prune "weights-cache" under the server started from it.

@@ -26,6 +26,7 @@ from typing import Any
 from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.sandbox import Sandbox
 from asyncrl.tasks.reward.sandbox_outcome import RunOutcome, SandboxFile, SandboxUnavailable
+from asyncrl.tasks.reward.sandbox_session import SandboxSession
 from asyncrl.tasks.reward.types import CallCase, CodeTests, Reason, RewardResult, StdioCase, TestOutcome, failure
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
@@ -254,9 +255,9 @@ def score_code(response: str, tests: CodeTests, config: CodeRewardConfig, sandbo
     outcomes: list[TestOutcome] = []
     with contextlib.ExitStack() as stack:
         # bubblewrap and sandbox_per: program: one sandbox for all the tests of this program, each
-        # test its own process (Sandbox.session); else (or unsandboxed) one run per test.
+        # test its own process (SandboxSession); else (or unsandboxed) one run per test.
         per_program = sandbox.sandboxed and config.sandbox_per == "program"
-        session = stack.enter_context(sandbox.session(files, limits)) if per_program else None
+        session = stack.enter_context(SandboxSession(sandbox, files, limits)) if per_program else None
         for test in runs:
             if session is not None:
                 run = session.run(test.main, test.stdin)

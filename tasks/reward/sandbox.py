@@ -10,7 +10,7 @@ output are capped here by killing the whole sandbox. Where cgroup v2 allows it, 
 also gets a cgroup of its own (memory.max, pids.max, cpu.max over all its processes, decided
 once per pool: ``sandbox_cgroup.py``, ``Sandbox.caps``); without one, memory is bounded only
 per process, by ``nproc * memory_mb`` plus the tmpfs in all.
-``Sandbox.session`` runs one program's tests in one sandbox (``sandbox_driver.py``).
+:class:`~asyncrl.tasks.reward.sandbox_session.SandboxSession` runs one program's tests in one sandbox (``sandbox_driver.py``).
 What each measure stops, and why: ``docs/internals/reward.md``.
 """
 
@@ -49,7 +49,6 @@ from asyncrl.tasks.reward.sandbox_process import (
     supervise,
     system_dir_args,
 )
-from asyncrl.tasks.reward.sandbox_session import SandboxSession
 
 INSTALL_HINT = "install it with `apt-get install bubblewrap`"
 PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3")
@@ -273,15 +272,6 @@ class Sandbox:
             group=uid if as_root else None,
             extra_groups=[] if as_root else None,
         )
-
-    # -- one sandbox for every test of a program -------------------------------------------
-
-    def session(self, files: Sequence[SandboxFile], limits: SandboxLimits | None = None) -> SandboxSession:
-        """A sandbox holding ``files`` in which to run the tests of ONE program one after the
-        other (``SandboxSession.run``), each as its own process with ``limits`` (default
-        ``config.limits``); see ``sandbox_driver.py``. Needs bubblewrap: in the unsandboxed mode
-        each run is a separate ``run()``. Use as a context manager."""
-        return SandboxSession(self, files, limits if limits is not None else self.config.limits)
 
     # -- explicitly allowed unsandboxed mode ---------------------------------------------
 

@@ -66,14 +66,17 @@ class SandboxSession:
     sandbox. A sandbox that does not start (no ``ready`` from the driver within
     DRIVER_START_S), or a driver that ends unexpectedly, gives ``sandbox_unavailable``.
     The sandbox starts on the first ``run`` and ends on ``close`` (or at the end of a with-block).
+
+    ``limits``: each test's limits, by default the sandbox's ``config.limits``. Needs
+    bubblewrap: in the unsandboxed mode each test is its own ``Sandbox.run``.
     """
 
-    def __init__(self, sandbox: Sandbox, files: Sequence[SandboxFile], limits: SandboxLimits) -> None:
+    def __init__(self, sandbox: Sandbox, files: Sequence[SandboxFile], limits: SandboxLimits | None = None) -> None:
         if DRIVER_FILE in {f.name for f in files}:
             raise ValueError(f"SandboxSession: {DRIVER_FILE!r} is the driver's file name")
         self.sandbox = sandbox
         self.files = list(files)
-        self.limits = limits
+        self.limits = limits if limits is not None else sandbox.config.limits
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._selector: selectors.BaseSelector | None = None

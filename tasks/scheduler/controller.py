@@ -89,7 +89,7 @@ class RolloutController:
         self.weight_loader = weight_loader
         self.weight_prefetch = weight_prefetch
         """Fetches a version onto the servers' host before its update pauses generation
-        (:meth:`~asyncrl.tasks.inference.weight_sync.ServerWeightLoader.prefetch`); None: the
+        (:meth:`~asyncrl.tasks.inference.weight_loader.ServerWeightLoader.prefetch`); None: the
         load fetches it during the pause."""
         self.weights = WeightStore(root)
         self.version_updates = VersionUpdates(root)

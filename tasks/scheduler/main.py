@@ -43,7 +43,8 @@ from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.inference.server_registry import list_servers
 from asyncrl.tasks.inference.routing import NoLiveServerError
 from asyncrl.tasks.inference.server import RolloutServerHandle
-from asyncrl.tasks.inference.weight_sync import ServerWeightLoader, server_weight_version
+from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
+from asyncrl.tasks.inference.weight_sync import server_weight_version
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG = 0, 1, 2
 logger = logging.getLogger("asyncrl.scheduler")

@@ -19,7 +19,7 @@ from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.tasks.inference.proxy import RecordingProxy
 from asyncrl.tasks.inference.server import RolloutServerHandle
-from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
+from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
 from asyncrl.tasks.model.checks import require_model_dir
 from asyncrl.tasks.reward.remote import RemoteRewardScorer
 from asyncrl.tasks.scheduler.controller import RolloutController

@@ -356,7 +356,7 @@ def save_hf_weights(engine: TrainEngine, out_dir: Path, extra_files: dict[str, s
     if engine.lora is not None:
         from asyncrl.tasks.trainer.lora import save_adapter
 
-        return save_adapter(engine, Path(out_dir), extra_files)
+        return save_adapter(engine.module, engine.model_dir, engine.rank, Path(out_dir), extra_files)
     out_dir = Path(out_dir)
     writer = engine.rank == 0
     partitioned = engine.parameters_partitioned

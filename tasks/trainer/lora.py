@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     import torch
     from peft import PeftModel
 
-    from asyncrl.tasks.trainer.engine import TrainEngine
-
 ADAPTER_NAME = "default"
 """PEFT's adapter name; it is dropped from the saved tensor names."""
 BASE_CONFIG_FILE = "config.json"
@@ -139,8 +137,11 @@ def load_adapter_weights(model: PeftModel, adapter_dir: Path, config: LoraConfig
     set_peft_model_state_dict(model, state, adapter_name=ADAPTER_NAME)
 
 
-def save_adapter(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str] | None = None) -> Path:
-    """Write the engine's adapter as a PEFT adapter directory: a LoRA run's weight version.
+def save_adapter(
+    module: torch.nn.Module, base_model_dir: Path, rank: int, out_dir: Path, extra_files: dict[str, str] | None = None
+) -> Path:
+    """Write the adapter of ``module`` (the engine's PEFT-wrapped model) as a PEFT adapter
+    directory: a LoRA run's weight version.
 
     ``adapter_model.safetensors`` (A and B, :func:`adapter_state_dict`),
     ``adapter_config.json`` (r, lora_alpha, target_modules, base_model_name_or_path,
@@ -148,19 +149,19 @@ def save_adapter(engine: TrainEngine, out_dir: Path, extra_files: dict[str, str]
     ``extra_files`` (name -> text). No base weights and no tokenizer: a server serves the
     adapter on the base model it loaded, with that model's tokenizer. Loadable by
     ``peft.PeftModel.from_pretrained(base, out_dir)`` and by vLLM's LoRA loader. Rank 0
-    writes; the others return at once."""
+    writes; the others return at once. ``base_model_dir`` holds the base model's config."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    if engine.rank != 0:
+    if rank != 0:
         return out_dir
-    model = peft_model_of(engine.module)
+    model = peft_model_of(module)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(adapter_state_dict(model), str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = copy.deepcopy(model.peft_config[ADAPTER_NAME])
     config.inference_mode = True
     config.save_pretrained(str(out_dir))
-    shutil.copyfile(engine.model_dir / BASE_CONFIG_FILE, out_dir / BASE_CONFIG_FILE)
+    shutil.copyfile(Path(base_model_dir) / BASE_CONFIG_FILE, out_dir / BASE_CONFIG_FILE)
     for name, text in (extra_files or {}).items():
         (out_dir / name).write_text(text)
     return out_dir

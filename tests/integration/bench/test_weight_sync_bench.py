@@ -12,19 +12,18 @@ import pytest
 from asyncrl.bench.weight_sync import (
     LINK_NAMES,
     PHASE_LINKS,
-    WeightSyncBenchSettings,
     cmd_bench_weight_sync,
     format_tables,
     fraction_of_link,
     gb_per_s,
     measure_links,
-    model_spec,
     phase_figures,
     slowest_link,
     phase_links,
     streaming_estimate,
     write_version,
 )
+from asyncrl.bench.weight_sync_settings import WeightSyncBenchSettings, model_spec
 from asyncrl.cli.main import build_parser
 from asyncrl.storage import paths
 from asyncrl.storage.fs import open_root

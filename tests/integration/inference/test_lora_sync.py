@@ -30,7 +30,8 @@ from asyncrl.tasks.inference.samples import InterruptMode, SampleOutput, UpdateS
 from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
 from asyncrl.tasks.inference.server_config import RolloutServerConfig
 from asyncrl.tasks.inference.vllm_api import adapter_name
-from asyncrl.tasks.inference.weight_sync import ServerWeightLoader, WeightSyncError
+from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
+from asyncrl.tasks.inference.weight_sync import WeightSyncError
 
 pytestmark = pytest.mark.slow  # every test here runs on the module's LoRA server
 

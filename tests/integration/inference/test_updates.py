@@ -199,7 +199,7 @@ def test_a_version_fetched_before_the_pause_loads_from_the_cache_and_serves_its_
     """What the scheduler does for a server on its host: fetch the version into the server's
     cache while generation goes on, then update; the worker's load finds it cached (no fetch
     in the pause) and the server samples with the new weights."""
-    from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
+    from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
 
     async def run(loader: ServerWeightLoader) -> tuple[int, list[SampleOutput]]:
         async with RolloutClient([server_a], interrupt_mode="keep") as client:

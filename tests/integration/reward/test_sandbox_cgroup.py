@@ -19,6 +19,7 @@ import pytest
 from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.sandbox import Sandbox
 from asyncrl.tasks.reward.sandbox_cgroup import decide_caps
+from asyncrl.tasks.reward.sandbox_session import SandboxSession
 from asyncrl.tasks.reward.sandbox_outcome import RunOutcome, SandboxFile
 from asyncrl.tasks.reward.types import Reason
 from hostile_programs import SLEEPER_BOMB
@@ -84,7 +85,7 @@ def test_the_sandbox_runs_nothing_before_it_is_in_its_cgroup(fake_parent: Path, 
         if sandbox_per == "test":
             outcome: RunOutcome = box.run(files, "main.py")
         else:
-            with box.session(files) as session:
+            with SandboxSession(box, files) as session:
                 outcome = session.run("main.py")
     finally:
         stop.set()

@@ -14,6 +14,7 @@ import pytest
 from asyncrl.tasks.reward import sandbox_session as sandbox_session_module
 from asyncrl.tasks.reward.code_reward import score_code
 from asyncrl.tasks.reward.sandbox import Sandbox
+from asyncrl.tasks.reward.sandbox_session import SandboxSession
 from asyncrl.tasks.reward.sandbox_outcome import SandboxFile
 from asyncrl.tasks.reward.types import CodeTests, Reason, StdioCase
 from hostile_programs import SLEEPER_BOMB
@@ -43,7 +44,7 @@ def test_each_test_is_its_own_process_tree(sandbox: Sandbox, host_guard: HostGua
     fds = b"import os\nprint([fd for fd in range(1024) if os.path.exists(f'/proc/self/fd/{fd}')])\n"
     files = [SandboxFile("add.py", ADD), SandboxFile("daemon.py", daemon(host_guard.marker)),
              SandboxFile("ps.py", LIST_PROCESSES), SandboxFile("fds.py", fds)]  # fmt: skip
-    with sandbox.session(files) as session:
+    with SandboxSession(sandbox, files) as session:
         first = session.run("add.py", b"1 2\n")
         assert (first.reason, first.stdout) == (Reason.OK, b"3\n"), first
         left = session.run("daemon.py")
@@ -71,7 +72,7 @@ def test_limits_and_reasons_hold_per_test(sandbox: Sandbox, host_guard: HostGuar
         SandboxFile("segv.py", b"import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"),
         SandboxFile("exit3.py", b"raise SystemExit(3)\n"),
     ]
-    with sandbox.session(files) as session:
+    with SandboxSession(sandbox, files) as session:
         bomb = session.run("bomb.py")
         assert (bomb.reason, bomb.detail.startswith(f"process limit of {limits.nproc}")) == (Reason.PROCESS_LIMIT, True)
         # The bomb's processes are gone: the whole process limit is free again, twice over.
@@ -127,7 +128,7 @@ def test_no_test_can_reach_or_stop_the_driver(sandbox: Sandbox, host_guard: Host
         "print('still here')\n"
     )
     files = [SandboxFile("probe.py", probe.encode()), SandboxFile("attack.py", attack.encode()), SandboxFile("add.py", ADD)]
-    with sandbox.session(files) as session:
+    with SandboxSession(sandbox, files) as session:
         seen = session.run("probe.py")
         assert seen.reason == Reason.OK, seen
         report = json.loads(seen.stdout)
@@ -144,7 +145,7 @@ def test_a_driver_that_does_not_answer_is_a_timeout_and_the_next_test_gets_a_fre
     # The host waits limits.wall_s + DRIVER_SLACK_S: made shorter than the driver's own limit here.
     monkeypatch.setattr(sandbox_session_module, "DRIVER_SLACK_S", 0.5 - sandbox.config.limits.wall_s)
     files = [SandboxFile("sleep.py", b"import time\ntime.sleep(3600)\n"), SandboxFile("add.py", ADD)]
-    with sandbox.session(files) as session:
+    with SandboxSession(sandbox, files) as session:
         stuck = session.run("sleep.py")
         assert stuck.reason == Reason.TIMEOUT and "sandbox killed" in stuck.detail, stuck
         assert stuck.wall_s < 2.0
@@ -176,7 +177,7 @@ def test_a_broken_bwrap_is_sandbox_unavailable_for_a_session() -> None:
     from asyncrl.configs.reward import CodeRewardConfig
 
     box = Sandbox(CodeRewardConfig(bwrap="/bin/false"))
-    with box.session([SandboxFile("add.py", ADD)]) as session:
+    with SandboxSession(box, [SandboxFile("add.py", ADD)]) as session:
         outcome = session.run("add.py", b"1 2\n")
     assert outcome.reason == Reason.SANDBOX_UNAVAILABLE
     assert outcome.detail.startswith("bubblewrap could not start the sandbox (exit status 1)")

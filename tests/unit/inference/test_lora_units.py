@@ -20,7 +20,7 @@ from asyncrl.tasks.inference.vllm_command import (
     server_command,
     vllm_lora_rank,
 )
-from asyncrl.tasks.inference.weight_sync import ServerWeightLoader
+from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
 
 
 def test_the_allowed_ranks_are_vllms() -> None:

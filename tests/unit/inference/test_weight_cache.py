@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.inference import weight_sync
+from asyncrl.tasks.inference import weight_loader, weight_sync
 from asyncrl.tasks.inference.weight_sync import load_request_body, public_storage_options, update_server_weights
 from asyncrl.tasks.model.weight_fetch import cached_version_dir, fetch_weight_version
 
@@ -106,7 +106,7 @@ def test_prefetch_fills_the_cache_of_a_server_on_this_host_only(
         publish(store, tmp_path / "local", version)
     cache = tmp_path / "cache"
     here, elsewhere = ServerEndpoint("http://127.0.0.1:8001"), ServerEndpoint("http://10.1.2.3:8001")
-    with weight_sync.ServerWeightLoader(root_uri, {}, str(cache)) as loader:
+    with weight_loader.ServerWeightLoader(root_uri, {}, str(cache)) as loader:
         assert loader.prefetch(1, [elsewhere]) is False  # that server fetches in its own load
         assert not cache.exists()
         assert loader.prefetch(1, [elsewhere, here]) is True
@@ -114,7 +114,7 @@ def test_prefetch_fills_the_cache_of_a_server_on_this_host_only(
         model_dir, was_cached = fetch_weight_version(root_uri, {}, 1, cache)  # what the worker's load does
         assert was_cached and json.loads((model_dir / "config.json").read_text()) == {"v": 1}
         # An unpublished version: logged, not raised; the load fetches again and reports it.
-        with caplog.at_level("WARNING", logger=weight_sync.__name__):
+        with caplog.at_level("WARNING", logger=weight_loader.__name__):
             assert loader.prefetch(7, [here]) is False
         assert "prefetching weight version 7 failed" in caplog.text and "available" in caplog.text
         assert cached(cache, root_uri) == ["v000001"]
