@@ -165,15 +165,40 @@ def relocated(base: RunConfig, work: Path, name: str) -> dict[str, Any]:
     return raw
 
 
+RL_ONLY_ROLLOUT = ("eta", "interrupt_mode", "adaptive_staleness", "dynamic_filter")
+RL_ONLY_TRAINER = ("batch_groups", "mini_batches", "max_steps", "objective", "eps_clip", "eps_clip_high",
+                   "behav_weight_cap", "behav_cap_mode", "behav_weight_floor", "behav_weight_level", "advantage",
+                   "max_staleness", "checkpoint_every", "keep_versions")  # fmt: skip
+"""Settings RL reads and SFT does not: the warm start's run root holds their defaults."""
+
+
+def warm_start_config(base: RunConfig, work: Path) -> RunConfig:
+    """``base``'s SFT run under ``work`` (``<name>-ablation-base``) with the RL-only settings
+    (:data:`RL_ONLY_ROLLOUT`, :data:`RL_ONLY_TRAINER`, and ``trainer.optimizer`` when
+    ``pipeline.sft_optimizer`` is set) at their defaults. A run root refuses another run's
+    trajectory settings, so arms and sweeps that change only RL settings share one warm
+    start instead of being refused."""
+    from asyncrl.configs.rollout import RolloutConfig
+
+    raw = relocated(base, work, f"{base.name}-ablation-base")
+    for section, model, keys in (("rollout", RolloutConfig, RL_ONLY_ROLLOUT), ("trainer", TrainerConfig, RL_ONLY_TRAINER)):
+        for key in keys:
+            raw[section][key] = model.model_fields[key].get_default(call_default_factory=True)
+    if base.pipeline.sft_optimizer is not None:
+        raw["trainer"]["optimizer"] = TrainerConfig.model_fields["optimizer"].get_default(call_default_factory=True)
+    return RunConfig.model_validate(raw)
+
+
 def prepare_warm_start(base: RunConfig, work: Path) -> Path:
-    """The pipeline's inputs and SFT stage in the base run (skipped when already done);
-    returns a local directory with the warm-start weights (``base.model.path`` without SFT)."""
+    """The pipeline's inputs and SFT stage in the base run (:func:`warm_start_config`; skipped
+    when already done); returns a local directory with the warm-start weights
+    (``base.model.path`` without SFT)."""
     from asyncrl.tasks.launch.stages import prepare_inputs, run_sft
     from asyncrl.tasks.launch.context import prepare_run
     from asyncrl.tasks.model.weight_fetch import model_weights
 
     prepare_inputs(base)
-    warm_config = RunConfig.model_validate(relocated(base, work, f"{base.name}-ablation-base"))
+    warm_config = warm_start_config(base, work)
     paths = prepare_run(warm_config)
     version = run_sft(warm_config, paths) if warm_config.pipeline.sft_steps else None
     return model_weights(paths.root, base.model.path, version, work / "warm-start-cache")

@@ -8,6 +8,7 @@ import pytest
 
 from asyncrl.configs.loading import load_config
 from asyncrl.bench.ablation import (
+    warm_start_config,
     AblationSettings,
     eval_versions,
     format_table,
@@ -127,3 +128,18 @@ def test_a_mixed_run_lists_pass_at_1_per_task() -> None:
     assert "- eta 2 decoupled: code 0.100 -> 0.250, math 0.500 -> 0.550" in format_table(result)
     single = {**result, "runs": [{**run, "by_task_final": {"pass_at_1/math": 0.5}}]}
     assert "per task" not in format_table(single)
+
+
+def test_arms_that_change_only_rl_settings_share_one_warm_start(tmp_path: Path) -> None:
+    """The warm start's run root freezes its trajectory settings: RL-only ones are held at
+    their defaults there, so a sweep over them reuses one SFT instead of being refused."""
+    from asyncrl.tasks.launch.context import config_differences, frozen_yaml
+    import yaml
+
+    base = load_config("configs/reasoning.yaml", [])
+    arm = load_config("configs/reasoning.yaml", ["trainer.optimizer.lr=2e-4", "trainer.batch_groups=4", "rollout.eta=1",
+                                                 "rollout.interrupt_mode=recompute", "trainer.objective=standard"])  # fmt: skip
+    frozen = yaml.safe_load(frozen_yaml(warm_start_config(base, tmp_path)))
+    assert config_differences(frozen, warm_start_config(arm, tmp_path)) == []
+    sft_change = load_config("configs/reasoning.yaml", ["pipeline.sft_optimizer.lr=5e-4"])
+    assert [key for key, _, _ in config_differences(frozen, warm_start_config(sft_change, tmp_path))] == ["pipeline.sft_optimizer.lr"]
