@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -195,12 +196,23 @@ def arm_config(base: RunConfig, work: Path, warm_start: Path, arm: Arm, seed: in
     return RunConfig.model_validate(raw)
 
 
+def clear_arm_run(config: RunConfig) -> None:
+    """Remove an earlier run of this arm: its work directory, the run root inside. Every bench
+    run trains anew; a finished run root would otherwise be taken for this run (with no step
+    measured), and a learning check after a code change would judge the old code's run."""
+    work_dir, root = config.run_work_dir.resolve(), Path(config.storage.root).resolve()
+    if not root.is_relative_to(work_dir):
+        raise ValueError(f"storage.root: {root} is not inside the arm's work directory {work_dir}; not removing it")
+    shutil.rmtree(work_dir, ignore_errors=True)
+
+
 def train_arm(config: RunConfig) -> dict[str, Any]:
-    """One arm's RL run (``train_run``) and what the benches keep of it: the config, its first
-    and last version, every version's wall time since the servers were ready, staleness,
-    overlap, steps and the run's wall time."""
+    """One arm's RL run (``train_run``, after :func:`clear_arm_run`) and what the benches keep
+    of it: the config, its first and last version, every version's wall time since the
+    servers were ready, staleness, overlap, steps and the run's wall time."""
     from asyncrl.tasks.launch.rl import train_run
 
+    clear_arm_run(config)
     train = train_run(config)
     start = min(train.logged_models, default=0)
     return {

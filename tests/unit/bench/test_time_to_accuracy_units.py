@@ -11,7 +11,7 @@ import pytest
 from asyncrl.bench.accuracy_curves import (
     accuracy_target, centred_mean, first_crossing, seed_mean_curve, value_at, version_wall_times,
 )  # fmt: skip
-from asyncrl.bench.time_to_accuracy import Arm, TimeToAccuracySettings, arm_config, summarize
+from asyncrl.bench.time_to_accuracy import Arm, TimeToAccuracySettings, arm_config, clear_arm_run, summarize
 from asyncrl.bench.time_to_accuracy_report import format_table, mlflow_metrics, plot_curves
 from asyncrl.configs.loading import load_config
 
@@ -167,6 +167,23 @@ def test_arm_config_changes_only_the_arm(tmp_path: Path) -> None:
     assert config.trainer.keep_versions == base.trainer.max_steps + 1
     assert config.name == "reasoning-eta2-recompute-standard-seed1"
     assert config.trainer.optimizer == base.trainer.optimizer and config.rollout.n_samples == base.rollout.n_samples
+
+
+def test_an_earlier_run_of_the_arm_is_removed_and_nothing_else(tmp_path: Path) -> None:
+    """A finished run root would be taken for the new run: the arm's work directory goes,
+    the warm start and the other arms stay."""
+    base = load_config(REPO / "configs" / "reasoning.yaml", [])
+    config = arm_config(base, tmp_path, tmp_path / "warm", Arm(4, "keep"), seed=0)
+    other = arm_config(base, tmp_path, tmp_path / "warm", Arm(0, "keep"), seed=0)
+    for kept in (tmp_path / "warm", other.run_work_dir):
+        kept.mkdir(parents=True)
+    (Path(config.storage.root) / "weights").mkdir(parents=True)
+    clear_arm_run(config)
+    assert not config.run_work_dir.exists() and (tmp_path / "warm").is_dir() and other.run_work_dir.is_dir()
+    clear_arm_run(config)  # nothing there: nothing to do
+    elsewhere = config.model_copy(update={"storage": config.storage.model_copy(update={"root": str(tmp_path / "store")})})
+    with pytest.raises(ValueError, match="storage.root: .* is not inside the arm's work directory"):
+        clear_arm_run(elsewhere)
 
 
 def test_learning_check_gain_and_verdict() -> None:
