@@ -133,7 +133,8 @@ def test_a_mixed_run_lists_pass_at_1_per_task() -> None:
 def test_arms_that_change_only_rl_settings_share_one_warm_start(tmp_path: Path) -> None:
     """The warm start's run root freezes its trajectory settings: RL-only ones are held at
     their defaults there, so a sweep over them reuses one SFT instead of being refused."""
-    from asyncrl.tasks.launch.context import config_differences, frozen_yaml
+    from asyncrl.configs.loading import frozen_yaml
+    from asyncrl.tasks.launch.context import config_differences
     import yaml
 
     base = load_config("configs/reasoning.yaml", [])
