@@ -60,7 +60,7 @@ def run_learning_check(
         start_pass = scores[run["start"]]
         finals.append(scores[run["final"]])
         walls.append(run["wall_s"])
-        progress(f"seed {seed}: pass@1 {100 * start_pass:.1f}% -> {100 * finals[-1]:.1f}% in {train.wall_s:.0f} s")
+        progress(f"seed {seed}: pass@1 {100 * start_pass:.1f}% -> {100 * finals[-1]:.1f}% in {run['wall_s']:.0f} s")
     assert start_pass is not None
     return {"config": base.name, "arm": arm.label, "steps": base.trainer.max_steps, "seeds": list(range(base.seed, base.seed + repeats)),
             "eval_prompts": base.pipeline.eval_prompts, "eval_samples": base.pipeline.eval_samples, "train_wall_s": walls,
