@@ -203,7 +203,8 @@ def clear_arm_run(config: RunConfig) -> None:
     work_dir, root = config.run_work_dir.resolve(), Path(config.storage.root).resolve()
     if not root.is_relative_to(work_dir):
         raise ValueError(f"storage.root: {root} is not inside the arm's work directory {work_dir}; not removing it")
-    shutil.rmtree(work_dir, ignore_errors=True)
+    if work_dir.exists():
+        shutil.rmtree(work_dir)  # a root that cannot go must not be taken for this run
 
 
 def train_arm(config: RunConfig) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def live_progress(
         with _bars(work_dir, poll_s, console):
             yield
     else:
-        say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731 - a detail may hold brackets
+        say = partial(console.print, markup=False, highlight=False)  # a detail may hold brackets
         with _following(PlainLines(work_dir, line_every_s, say).refresh, poll_s):
             yield
 

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+
 def _local_temp(final: str) -> tuple[int, str]:
     directory, name = os.path.split(final)
     os.makedirs(directory, exist_ok=True)
