@@ -82,6 +82,10 @@ class TrainerConfig(StrictModel):
     product prod_t w_t or geometric mean exp(mean_t log w_t), then carried by every token of
     the sample (:mod:`asyncrl.tasks.algo.corrections` has the formulas)."""
     advantage: Literal["grpo", "drgrpo", "rloo"] = Field("grpo", description="Group advantage estimator.")
+    negative_advantage_scale: float = Field(
+        1.0, ge=0.0, le=1.0, description="Factor on below-mean advantages; 0 trains on better-than-mean samples only."
+    )
+    """A' = A for A >= 0, scale * A for A < 0 (:func:`asyncrl.tasks.algo.advantages.scale_negative_advantages`)."""
     micro_batch_tokens: int = Field(4096, ge=1, description="Token budget of one micro-batch (dynamic micro-batching).")
     logit_chunk_tokens: int | None = Field(
         1024,

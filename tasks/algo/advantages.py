@@ -57,6 +57,21 @@ def group_advantages(rewards: torch.Tensor, method: AdvantageMethod, eps: float 
     return torch.where(degenerate, 0.0, centred / torch.where(degenerate, 1.0, std + eps))
 
 
+def scale_negative_advantages(advantages: torch.Tensor, scale: float) -> torch.Tensor:
+    """Advantages with the negative ones multiplied by ``scale`` in [0, 1]:
+
+        A'_i = A_i          if A_i >= 0
+        A'_i = scale * A_i  if A_i < 0
+
+    scale 1 leaves them unchanged; scale 0 trains on the group's better-than-mean samples
+    only (online rejection-sampling fine-tuning). A long failed answer whose steps are mostly
+    right is pushed down on every token at scale 1; a small scale keeps what it got right.
+    """
+    if not 0.0 <= scale <= 1.0:
+        raise ValueError(f"negative advantage scale must be in [0, 1], got {scale}")
+    return torch.where(advantages < 0, advantages * scale, advantages)
+
+
 def token_advantages(
     seq_advantages: torch.Tensor,
     output_lengths: Sequence[int],

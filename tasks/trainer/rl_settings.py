@@ -26,6 +26,7 @@ class RLSettings:
     behav_weight_floor: float | None = None
     behav_weight_level: BehavWeightLevel = "token"
     advantage: AdvantageMethod = "grpo"
+    negative_advantage_scale: float = 1.0
     mini_batches: int = 1
     micro_batch_tokens: int = 4096
     packer: str = "ffd"
@@ -45,6 +46,7 @@ class RLSettings:
             behav_weight_floor=trainer.behav_weight_floor,
             behav_weight_level=trainer.behav_weight_level,
             advantage=trainer.advantage,
+            negative_advantage_scale=trainer.negative_advantage_scale,
             mini_batches=trainer.mini_batches,
             micro_batch_tokens=trainer.micro_batch_tokens,
             packer=trainer.packer,

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from asyncrl.storage.schema import Sample
-from asyncrl.tasks.algo.advantages import group_advantages
+from asyncrl.tasks.algo.advantages import group_advantages, scale_negative_advantages
 from asyncrl.tasks.trainer.batch import Layout, MicroBatch, TokenSequence, build_micro_batches, filler_micro_batch
 from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_partition
 from asyncrl.tasks.trainer.engine import TrainEngine
@@ -64,7 +64,8 @@ def prepare_step(
     updates_cache: dict[int, int] = {}
     for g, group in enumerate(groups):
         group_rewards = torch.tensor([[float(s.reward) for s in group]], dtype=torch.float64)  # (1, n)
-        group_adv = group_advantages(group_rewards, settings.advantage)[0].tolist()  # (n,)
+        group_adv = group_advantages(group_rewards, settings.advantage)  # (1, n)
+        group_adv = scale_negative_advantages(group_adv, settings.negative_advantage_scale)[0].tolist()
         for sample, advantage in zip(group, group_adv):
             lag = update_lag(sample, trainer_updates, updates_of)
             clamped += int(lag < 0)

@@ -180,6 +180,12 @@ def test_advantages_use_the_whole_group_before_drops(trajectories: Any) -> None:
     assert [item.advantage for item in prepared.items] == pytest.approx([-0.25, -0.25, -0.25])
 
 
+def test_the_negative_advantage_scale_shrinks_below_mean_samples_only(trajectories: Any) -> None:
+    group = trajectories.group("g0", [1.0, 0.0, 0.0, 0.0], versions=[0, 0, 0, 0])
+    prepared = prepare_step([group], RLSettings(advantage="drgrpo", negative_advantage_scale=0.2), trainer_updates=0)
+    assert [item.advantage for item in prepared.items] == pytest.approx([0.75, -0.05, -0.05, -0.05])
+
+
 def test_per_task_figures_follow_each_group_s_task(trajectories: Any) -> None:
     import dataclasses
 

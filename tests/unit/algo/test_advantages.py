@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from asyncrl.tasks.algo.advantages import group_advantages, token_advantages
+from asyncrl.tasks.algo.advantages import group_advantages, scale_negative_advantages, token_advantages
 
 METHODS = ["grpo", "drgrpo", "rloo"]
 
@@ -136,3 +136,16 @@ def test_token_advantages_errors() -> None:
         token_advantages(seq, [1, 2], prompt_lengths=[1.5, 2])  # type: ignore[list-item]
     with pytest.raises(ValueError, match=r"1-D.*\(2, 1\)"):
         token_advantages(seq.reshape(2, 1), [1, 2])
+
+
+def test_negative_advantages_are_scaled_and_positive_ones_kept():
+    adv = torch.tensor([[1.5, -0.5, 0.0, -1.0]])
+    assert scale_negative_advantages(adv, 0.25).tolist() == [[1.5, -0.125, 0.0, -0.25]]
+    assert scale_negative_advantages(adv, 1.0).tolist() == adv.tolist()
+    assert scale_negative_advantages(adv, 0.0).tolist() == [[1.5, 0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("scale", [-0.1, 1.5])
+def test_a_negative_advantage_scale_outside_zero_one_is_refused(scale):
+    with pytest.raises(ValueError, match="negative advantage scale must be in"):
+        scale_negative_advantages(torch.zeros(1, 2), scale)
