@@ -15,7 +15,8 @@ evaluator's business (a JSON object); this module keeps it as given.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from asyncrl.storage import fs, paths
@@ -48,6 +49,33 @@ class EvaluatorState:
         if self.done < newest <= latest:
             needed.add(newest)
         return needed
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    version: int
+    pass_at_1: float
+    prompts: int
+    samples_per_prompt: int
+    mean_output_tokens: float
+    by_task: dict[str, float] = field(default_factory=dict)
+    """:func:`~asyncrl.tasks.reward.pass_at_k.task_figures` of the held-out prompts (``pass_at_1/<task>``, ...)."""
+
+    def metrics(self, prefix: str = "eval_") -> dict[str, float]:
+        """The figures as metrics named ``<prefix>pass_at_1``, ``<prefix>pass_at_1/<task>``, ...
+        (``eval_``: the evaluate stage's, on each LoggedModel; ``eval/``: evaluation during
+        training, on the run at step = version)."""
+        return {
+            f"{prefix}pass_at_1": self.pass_at_1,
+            f"{prefix}prompts": float(self.prompts),
+            f"{prefix}mean_output_tokens": self.mean_output_tokens,
+            **{f"{prefix}{name}": value for name, value in self.by_task.items()},
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> EvalResult:
+        """The result of its JSON form (``dataclasses.asdict``); other keys are ignored."""
+        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
 
 
 class EvaluationStore:

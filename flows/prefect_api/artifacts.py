@@ -22,7 +22,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from asyncrl.tasks.launch.progress import read_progress
 
 if TYPE_CHECKING:
-    from asyncrl.tasks.evaluator.held_out import EvalResult
+    from asyncrl.storage.evaluations import EvalResult
 
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
 CURVE_ROWS = 25

@@ -12,9 +12,9 @@ the mean reward, pass@1 and unbiased pass@k (:mod:`asyncrl.tasks.reward.pass_at_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from asyncrl.tasks.scheduler.protocols import RewardScorer, TextCodec
 from asyncrl.tasks.data.loader import load_prompts
@@ -24,6 +24,7 @@ from asyncrl.tasks.reward.pass_at_k import CORRECT_REWARD, task_figures
 from asyncrl.tasks.data.reward_requests import reward_request
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.configs.episode import EpisodeConfig
+from asyncrl.storage.evaluations import EvalResult
 from asyncrl.tasks.agent.runner import EpisodeRunner, score_outcomes
 from asyncrl.tasks.scheduler.setup import episode_runner_on, load_codec
 
@@ -31,33 +32,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from asyncrl.configs.run_config import RunConfig
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    version: int
-    pass_at_1: float
-    prompts: int
-    samples_per_prompt: int
-    mean_output_tokens: float
-    by_task: dict[str, float] = field(default_factory=dict)
-    """:func:`task_figures` of the held-out prompts (``pass_at_1/<task>``, ...)."""
-
-    def metrics(self, prefix: str = "eval_") -> dict[str, float]:
-        """The figures as metrics named ``<prefix>pass_at_1``, ``<prefix>pass_at_1/<task>``, ...
-        (``eval_``: the evaluate stage's, on each LoggedModel; ``eval/``: evaluation during
-        training, on the run at step = version)."""
-        return {
-            f"{prefix}pass_at_1": self.pass_at_1,
-            f"{prefix}prompts": float(self.prompts),
-            f"{prefix}mean_output_tokens": self.mean_output_tokens,
-            **{f"{prefix}{name}": value for name, value in self.by_task.items()},
-        }
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> EvalResult:
-        """The result of its JSON form (``dataclasses.asdict``); other keys are ignored."""
-        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
 
 
 def pass_at_1(correct_counts: Sequence[int], samples_per_prompt: int) -> float:

@@ -34,7 +34,8 @@ from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
 from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
 from asyncrl.tasks.placement.launch_settings import evaluator_server_config, server_start_dir
 from asyncrl.tasks.system.run_paths import RunPaths
-from asyncrl.tasks.evaluator.held_out import EvalResult, HeldOutTask, held_out_task
+from asyncrl.storage.evaluations import EvalResult
+from asyncrl.tasks.evaluator.held_out import HeldOutTask, held_out_task
 from asyncrl.storage.weights import final_step_published
 
 LOG = logging.getLogger("asyncrl.evaluator")

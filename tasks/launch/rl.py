@@ -47,7 +47,7 @@ from asyncrl.tasks.placement.launch_settings import rl_trainer_launch
 from asyncrl.tasks.launch.context import RunContext, open_run_context
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.launch.kinds import ComponentKind
-from asyncrl.tasks.evaluator.held_out import EvalResult
+from asyncrl.storage.evaluations import EvalResult
 from asyncrl.tasks.tracking.lineage_recorder import BackgroundPoller, LineageRecorder, file_ref, read_evaluations
 from asyncrl.tasks.launch.supervisor import (
     ComponentEvent,

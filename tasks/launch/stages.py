@@ -26,7 +26,8 @@ from asyncrl.tasks.data.prepared_stamp import file_state, write_stamp
 from asyncrl.tasks.placement.launch_settings import server_config, server_start_dir
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.placement.devices import detect_machine, trainer_placement
-from asyncrl.tasks.evaluator.held_out import EvalResult, held_out_task
+from asyncrl.storage.evaluations import EvalResult
+from asyncrl.tasks.evaluator.held_out import held_out_task
 from asyncrl.tasks.tracking.lineage_recorder import file_ref
 from asyncrl.tasks.launch.components import trainer_component
 from asyncrl.tasks.launch.progress import StageProgress

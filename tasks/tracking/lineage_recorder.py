@@ -31,7 +31,7 @@ from asyncrl.storage.schema import ShardMetadata
 from asyncrl.storage.shards import quarantined_shard_names
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.evaluator.held_out import EvalResult
+from asyncrl.storage.evaluations import EvalResult
 
 LOG = logging.getLogger("asyncrl.lineage")
 EVAL_PREFIX = "eval/"

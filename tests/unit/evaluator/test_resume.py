@@ -15,7 +15,7 @@ from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.evaluator.loop import Evaluator
 from asyncrl.tasks.system.run_paths import run_paths
-from asyncrl.tasks.evaluator.held_out import EvalResult
+from asyncrl.storage.evaluations import EvalResult
 
 
 def config(tmp_path: Path, every: int, max_steps: int) -> RunConfig:

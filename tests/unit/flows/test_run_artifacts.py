@@ -69,7 +69,7 @@ def test_report_and_summary_show_each_task() -> None:
 
 def test_report_and_summary_show_the_held_out_curve_evaluated_during_training() -> None:
     from asyncrl.flows.prefect_api.artifacts import PipelineSummary, summary_markdown
-    from asyncrl.tasks.evaluator.held_out import EvalResult
+    from asyncrl.storage.evaluations import EvalResult
 
     def result(version: int, math: float, code: float) -> EvalResult:
         return EvalResult(version, (math + code) / 2, 8, 2, 12.0, {"pass_at_1/math": math, "pass_at_1/code": code})
