@@ -58,7 +58,7 @@ def prepare_workload(work: Path, settings: E2EBenchSettings) -> Workload:
     import yaml
 
     from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, sample_budget
-    from asyncrl.tasks.scheduler.setup import load_codec
+    from asyncrl.tasks.model.codec import load_codec
     from asyncrl.tasks.data.loader import load_prompts
     from asyncrl.tasks.data.prompting import render_prompt
     from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, write_problems

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from asyncrl.storage.schema import Sample
 from asyncrl.configs.episode import EpisodeConfig, FailurePolicy
@@ -26,11 +27,17 @@ from asyncrl.tasks.agent.episode import (
     EpisodeFunction,
     EpisodeOutcome,
     EpisodeRecorder,
+    load_episode,
     run_episode,
 )
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.reward_requests import reward_request
-from asyncrl.tasks.reward.types import RewardRequest, RewardResult
+from asyncrl.tasks.inference.proxy import RecordingProxy
+from asyncrl.tasks.reward.types import RewardScorer
+
+if TYPE_CHECKING:
+    from asyncrl.tasks.inference.client import RolloutClient
+    from asyncrl.tasks.model.codec import HFCodec
 
 NO_MODEL_CALL = "no_model_call"
 OTHER_PROMPT = "other_prompt"
@@ -94,12 +101,8 @@ def episode_sample(record: PromptRecord, group_id: str, outcome: EpisodeOutcome,
     )
 
 
-class OutcomeScorer(Protocol):
-    async def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]: ...
-
-
 async def score_outcomes(
-    record: PromptRecord, outcomes: Sequence[EpisodeOutcome], scorer: OutcomeScorer
+    record: PromptRecord, outcomes: Sequence[EpisodeOutcome], scorer: RewardScorer
 ) -> list[tuple[float, str]]:
     """(reward, reason) of each outcome, in order: a failed episode or one that made no model
     call scores 0 (reason: the failure's kind, ``no_model_call``); an episode's own reward
@@ -154,3 +157,32 @@ class EpisodeRunner:
                 )
             )
         )
+
+
+@asynccontextmanager
+async def episode_runner_on(
+    client: RolloutClient,
+    codec: HFCodec,
+    episode: EpisodeConfig,
+    max_episode_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    model: str = "asyncrl-policy",
+) -> AsyncIterator[EpisodeRunner]:
+    """An :class:`EpisodeRunner` of ``episode`` behind a recording endpoint on 127.0.0.1 in
+    front of ``client``'s servers (stopped on exit). The user's function is imported first:
+    a bad import path fails here, naming the field, before any model call."""
+    function = load_episode(episode.function)
+    proxy = RecordingProxy(
+        client,
+        codec.tokenizer,
+        default_temperature=temperature,
+        default_top_p=top_p,
+        max_episode_tokens=max_episode_tokens,
+        max_context_tokens=episode.max_context_tokens,
+    )
+    await proxy.start(host="127.0.0.1", port=0)
+    try:
+        yield EpisodeRunner(function, proxy, episode, model=model)
+    finally:
+        await proxy.stop()

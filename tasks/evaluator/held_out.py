@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from asyncrl.tasks.scheduler.protocols import RewardScorer, TextCodec
+from asyncrl.tasks.model.codec import TextCodec, load_codec
+from asyncrl.tasks.reward.types import RewardScorer
 from asyncrl.tasks.data.loader import load_prompts
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
@@ -25,8 +26,7 @@ from asyncrl.tasks.data.reward_requests import reward_request
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.configs.episode import EpisodeConfig
 from asyncrl.storage.evaluations import EvalResult
-from asyncrl.tasks.agent.runner import EpisodeRunner, score_outcomes
-from asyncrl.tasks.scheduler.setup import episode_runner_on, load_codec
+from asyncrl.tasks.agent.runner import EpisodeRunner, episode_runner_on, score_outcomes
 
 if TYPE_CHECKING:
     from pathlib import Path

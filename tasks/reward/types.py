@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, get_args
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, get_args
 
 _NUMBER = (int, float)
 
@@ -333,3 +334,9 @@ def _reason(data: dict[str, Any], where: str) -> Reason:
         return Reason(value)
     except ValueError:
         raise ValueError(f"{where}.reason: {value!r} is not one of {[r.value for r in Reason]}") from None
+
+
+class RewardScorer(Protocol):
+    """What a caller needs of the reward service: a batch of requests scored in order."""
+
+    async def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]: ...

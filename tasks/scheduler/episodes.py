@@ -18,7 +18,9 @@ from asyncrl.tasks.reward.types import RewardResult
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
 from asyncrl.tasks.scheduler.controller_stats import ControllerStats
 from asyncrl.tasks.scheduler.group_schedule import group_id, sample_budget
-from asyncrl.tasks.scheduler.protocols import GroupGenerator, RewardScorer, TextCodec
+from asyncrl.tasks.model.codec import TextCodec
+from asyncrl.tasks.reward.types import RewardScorer
+from asyncrl.tasks.scheduler.protocols import GroupGenerator
 
 LOG = logging.getLogger("asyncrl.scheduler")
 

@@ -35,7 +35,8 @@ from asyncrl.tasks.scheduler.written_index import written_group_indices
 from asyncrl.tasks.scheduler.cycle_stats import CYCLE_STATS_FILE, append_cycle_stats
 from asyncrl.tasks.scheduler.gate_state import load_gate_state
 from asyncrl.tasks.scheduler.process import MODULE
-from asyncrl.tasks.scheduler.setup import HFCodec, load_codec, run_scheduler
+from asyncrl.tasks.model.codec import HFCodec, load_codec
+from asyncrl.tasks.scheduler.setup import run_scheduler
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weights import WeightStore, final_step_published
 from asyncrl.tasks.data.loader import load_prompts

@@ -11,7 +11,6 @@ from typing import Any, Protocol
 
 from asyncrl.storage.schema import Sample
 from asyncrl.tasks.data.records import PromptRecord
-from asyncrl.tasks.reward.types import RewardRequest, RewardResult
 from asyncrl.tasks.inference.samples import SampleOutput, UpdateStats
 from asyncrl.tasks.scheduler.controller_stats import ControllerStats
 
@@ -48,13 +47,3 @@ class GroupEpisodes(Protocol):
         """The rows of group ``index`` (prompt ``record``), scored, counted into ``stats``;
         empty when none could be kept."""
         ...
-
-
-class RewardScorer(Protocol):
-    async def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]: ...
-
-
-class TextCodec(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, token_ids: Sequence[int]) -> str: ...

@@ -1,4 +1,4 @@
-"""How the scheduler process is built from the run config: the tokenizer codec, the
+"""How the scheduler process is built from the run config: the
 controller settings, the group's episodes (single-turn or the user's agent episodes), and
 the controller run itself."""
 
@@ -6,62 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-from asyncrl.configs.episode import EpisodeConfig
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.agent.episode import load_episode
-from asyncrl.tasks.agent.runner import EpisodeRunner
+from asyncrl.tasks.agent.runner import episode_runner_on
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.inference.client import RolloutClient
-from asyncrl.tasks.inference.proxy import RecordingProxy
 from asyncrl.tasks.inference.server import RolloutServerHandle
 from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
-from asyncrl.tasks.model.checks import require_model_dir
+from asyncrl.tasks.model.codec import HFCodec, load_codec
 from asyncrl.tasks.reward.remote import RemoteRewardScorer
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.controller_stats import ControllerStats
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
 from asyncrl.tasks.scheduler.episodes import AgentEpisodes, SingleTurnEpisodes
-from asyncrl.tasks.scheduler.protocols import GroupEpisodes, RewardScorer
+from asyncrl.tasks.reward.types import RewardScorer
+from asyncrl.tasks.scheduler.protocols import GroupEpisodes
 from asyncrl.tasks.system.run_paths import RunPaths
-
-
-class HFCodec:
-    """Prompt text <-> token ids with the model's own tokenizer."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
-
-
-def load_codec(model_dir: str, key: str = "model.path") -> tuple[HFCodec, tuple[int, ...]]:
-    """The tokenizer and the stop token ids (eos of the tokenizer and generation config).
-
-    A local ``model_dir`` that is missing (or holds no ``config.json``) raises
-    :class:`~asyncrl.tasks.model.checks.ModelPathError` naming ``key`` and the path."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    require_model_dir(model_dir, key)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    stop: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        stop.add(int(tokenizer.eos_token_id))
-    try:
-        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-    except OSError:
-        eos = None
-    stop.update([eos] if isinstance(eos, int) else list(eos or []))
-    return HFCodec(tokenizer), tuple(sorted(stop))
 
 
 def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_groups: int | None) -> ControllerSettings:
@@ -160,32 +124,3 @@ async def group_episodes(
         config.rollout.top_p, model=config.model.path,
     ) as runner:  # fmt: skip
         yield AgentEpisodes(runner, scorer, settings.n_samples)
-
-
-@asynccontextmanager
-async def episode_runner_on(
-    client: RolloutClient,
-    codec: HFCodec,
-    episode: EpisodeConfig,
-    max_episode_tokens: int,
-    temperature: float,
-    top_p: float = 1.0,
-    model: str = "asyncrl-policy",
-) -> AsyncIterator[EpisodeRunner]:
-    """An :class:`EpisodeRunner` of ``episode`` behind a recording endpoint on 127.0.0.1 in
-    front of ``client``'s servers (stopped on exit). The user's function is imported first:
-    a bad import path fails here, naming the field, before any model call."""
-    function = load_episode(episode.function)
-    proxy = RecordingProxy(
-        client,
-        codec.tokenizer,
-        default_temperature=temperature,
-        default_top_p=top_p,
-        max_episode_tokens=max_episode_tokens,
-        max_context_tokens=episode.max_context_tokens,
-    )
-    await proxy.start(host="127.0.0.1", port=0)
-    try:
-        yield EpisodeRunner(function, proxy, episode, model=model)
-    finally:
-        await proxy.stop()

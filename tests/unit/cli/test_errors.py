@@ -131,7 +131,7 @@ def test_run_with_a_missing_model_directory_names_model_path(
 
 def test_load_codec_names_a_missing_model_path(tmp_path: Path) -> None:
     from asyncrl.tasks.model.checks import ModelPathError
-    from asyncrl.tasks.scheduler.setup import load_codec
+    from asyncrl.tasks.model.codec import load_codec
 
     with pytest.raises(ModelPathError, match=rf"^model.path: {tmp_path / 'nope'} does not exist \(run init-model"):
         load_codec(str(tmp_path / "nope"))
