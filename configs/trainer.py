@@ -134,7 +134,7 @@ class TrainerConfig(StrictModel):
         None, ge=1, description="CPU threads of each RL trainer process (OMP_NUM_THREADS); None: shared out."
     )
     """PyTorch's intra-op threads. None: the trainer's CPUs shared out among the processes
-    computing on them at once (see ``rl_trainer_threads``); spinning OpenMP threads on CPUs
+    computing on them at once (see ``trainer_threads``); spinning OpenMP threads on CPUs
     that a rollout server also uses slows training steps many times over. The SFT stage, alone
     on the machine, uses every CPU."""
 

@@ -31,7 +31,7 @@ from asyncrl.tasks.launch.components import (
     scheduler_component,
     trainer_component,
 )
-from asyncrl.tasks.placement.launch_settings import rl_trainer_launch
+from asyncrl.tasks.placement.launch_settings import trainer_launch
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.launch.kinds import ComponentKind, component_name
 
@@ -59,7 +59,7 @@ def hosted_components(config: RunConfig, paths: RunPaths, kind: ComponentKind, i
     if kind == "rollout-server":
         return [run_rollout_component(index, config, paths)]
     if kind == "trainer":
-        return [trainer_component(rl_trainer_launch(config, paths))]
+        return [trainer_component(trainer_launch(config, paths))]
     if kind == "scheduler":
         token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
         return [reward_component(paths, token), scheduler_component(config, paths, drain=drain, reward_token=token)]

@@ -43,7 +43,7 @@ from asyncrl.tasks.launch.components import (
 from asyncrl.tasks.launch.bound_watch import METRIC as BOUND_METRIC
 from asyncrl.tasks.launch.bound_watch import EffectiveBoundWatch
 from asyncrl.tasks.launch.canary import CanaryAlarm, MismatchCanary, log_alarm
-from asyncrl.tasks.placement.launch_settings import rl_trainer_launch
+from asyncrl.tasks.placement.launch_settings import trainer_launch
 from asyncrl.tasks.launch.context import RunContext, open_run_context
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.launch.kinds import ComponentKind
@@ -218,7 +218,7 @@ def run_components(
         components.append(("reward-service", reward_component(paths, token)))
     components.append(
         ("trainer", remote(config, paths, "trainer", 0, drain, stop) if placement.trainer != "local"
-         else trainer_component(rl_trainer_launch(config, paths)))
+         else trainer_component(trainer_launch(config, paths)))
     )  # fmt: skip
     components.append(
         ("scheduler", remote(config, paths, "scheduler", 0, drain, stop) if remote_scheduler

@@ -23,9 +23,8 @@ from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import dataset_files, load_prompts
 from asyncrl.tasks.data.prepared_stamp import file_state, write_stamp
-from asyncrl.tasks.placement.launch_settings import server_config, server_start_dir
+from asyncrl.tasks.placement.launch_settings import server_config, server_start_dir, trainer_launch
 from asyncrl.tasks.system.run_paths import RunPaths
-from asyncrl.tasks.placement.devices import detect_machine, trainer_placement
 from asyncrl.storage.evaluations import EvalResult
 from asyncrl.tasks.evaluator.held_out import held_out_task
 from asyncrl.tasks.tracking.lineage_recorder import file_ref
@@ -240,17 +239,7 @@ def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
             f"this config's SFT stage (pipeline.sft_*, its data or model) differs: set a new storage.root "
             "to redo SFT and RL, or run the config this run root was started with"
         )
-    placement = trainer_placement(config, detect_machine())
-    launch = TrainerLaunch(
-        config_path=run_paths.private_config,
-        log_path=run_paths.log("sft.log"),
-        mode="sft",
-        work_dir=run_paths.work_dir / "sft",
-        metrics_file=run_paths.work_dir / "sft-metrics.jsonl",
-        nproc=config.trainer.processes,
-        cpu_cores=placement.cpu_cores,
-        env=dict(placement.env),
-    )
+    launch = trainer_launch(config, run_paths, "sft")
     launch.metrics_file.unlink(missing_ok=True)  # type: ignore[union-attr] - set just above
     progress = StageProgress(run_paths.work_dir, "sft", config.pipeline.sft_steps, "steps")
     run_with_metrics(launch, lambda step, m: progress.update(step, f"loss {m.get('sft_loss', m.get('loss', 0.0)):.4f}"))

@@ -7,6 +7,7 @@ the servers start from. Device ids are mapped on the machine where the process s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.system.run_paths import RunPaths
@@ -135,13 +136,14 @@ def _vllm_launch(
     )
 
 
-def rl_trainer_threads(config: RunConfig, machine: Machine | None = None) -> int:
-    """CPU threads of each RL trainer process: ``trainer.threads`` when set, else
+def trainer_threads(config: RunConfig, machine: Machine | None = None, *, beside_servers: bool = True) -> int:
+    """CPU threads of each trainer process: ``trainer.threads`` when set, else
 
         threads = max(1, floor(C / (P + S)))
 
     with C the trainer's CPUs, P = ``trainer.processes`` (its processes compute on them at
-    once) and S the rollout servers on the trainer's placement whose CPUs meet the trainer's.
+    once) and S the rollout servers on the trainer's placement whose CPUs meet the trainer's
+    (0 when not ``beside_servers``: the SFT stage runs before any server starts).
     A component's CPUs: its ``cpu_cores``, else (on a machine without GPUs) its device set,
     else every CPU of the machine. On a GPU machine the formula is the same: the processes
     still share the CPUs for data handling, and a vLLM server keeps CPUs busy beside its GPU.
@@ -162,33 +164,41 @@ def rl_trainer_threads(config: RunConfig, machine: Machine | None = None) -> int
     inference = config.inference
     trainer_cpus = cpus_of(trainer.cpu_cores, trainer.devices)
     sharing = 0
-    if config.placement.rollout_server == config.placement.trainer:
+    if beside_servers and config.placement.rollout_server == config.placement.trainer:
         for index in range(inference.num_servers):
             devices = inference.devices[index] if inference.devices is not None else None
             sharing += bool(cpus_of(inference.cpu_cores, devices) & trainer_cpus)
     return max(1, len(trainer_cpus) // (trainer.processes + sharing))
 
 
-def rl_trainer_launch(config: RunConfig, paths: RunPaths, machine: Machine | None = None) -> TrainerLaunch:
-    """The RL trainer of the run on ``machine`` (default: this one, detected now): the private
-    config, `logs/trainer.log`, metrics in `trainer-metrics.jsonl` of the work directory,
-    ``trainer.processes`` processes per node on ``trainer.nodes`` nodes meeting at
-    ``trainer.rendezvous``, its device set mapped by :func:`~asyncrl.tasks.placement.devices.place`
-    (``CUDA_VISIBLE_DEVICES`` on a GPU machine, CPU pinning on one without; else pinned to
-    ``trainer.cpu_cores``), with :func:`rl_trainer_threads` CPU threads per process. Call it
-    where the trainer starts: device ids mean that machine's devices."""
+def trainer_launch(
+    config: RunConfig, paths: RunPaths, mode: Literal["rl", "sft"] = "rl", machine: Machine | None = None
+) -> TrainerLaunch:
+    """The trainer process of the run on ``machine`` (default: this one, detected now), for RL
+    or for the SFT stage: the private config, ``logs/trainer.log`` (``logs/sft.log``), metrics
+    in ``trainer-metrics.jsonl`` (``sft-metrics.jsonl``) of the work directory,
+    ``trainer.processes`` processes per node, its device set mapped by
+    :func:`~asyncrl.tasks.placement.devices.place` (``CUDA_VISIBLE_DEVICES`` on a GPU machine,
+    CPU pinning on one without; else pinned to ``trainer.cpu_cores``), with
+    :func:`trainer_threads` CPU threads per process. RL runs on ``trainer.nodes`` nodes meeting
+    at ``trainer.rendezvous``; SFT, a stage of the head node, on this node alone, with no
+    rollout server beside it. Call it where the trainer starts: device ids mean that
+    machine's devices."""
     machine = machine or detect_machine()
     trainer = config.trainer
     placement = trainer_placement(config, machine)
+    rl = mode == "rl"
+    name = "trainer" if rl else "sft"
+    threads = trainer_threads(config, machine, beside_servers=rl)
     return TrainerLaunch(
         config_path=paths.private_config,
-        log_path=paths.log("trainer.log"),
-        mode="rl",
-        work_dir=paths.work_dir / "trainer",
-        metrics_file=paths.work_dir / "trainer-metrics.jsonl",
+        log_path=paths.log(f"{name}.log"),
+        mode=mode,
+        work_dir=paths.work_dir / name,
+        metrics_file=paths.work_dir / f"{name}-metrics.jsonl",
         nproc=trainer.processes,
-        nnodes=trainer.nodes,
-        rendezvous=trainer.rendezvous,
+        nnodes=trainer.nodes if rl else 1,
+        rendezvous=trainer.rendezvous if rl else None,
         cpu_cores=placement.cpu_cores,
-        env={"OMP_NUM_THREADS": str(rl_trainer_threads(config, machine)), **placement.env},
+        env={"OMP_NUM_THREADS": str(threads), **placement.env},
     )

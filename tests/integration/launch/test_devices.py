@@ -24,7 +24,7 @@ from asyncrl.tasks.system.process_group import kill_group, usable_cpus
 from asyncrl.configs.cpus import machine_cpus
 from asyncrl.tasks.inference.server import RolloutServer, server_env
 from asyncrl.tasks.inference.vllm_command import server_command
-from asyncrl.tasks.placement.launch_settings import evaluator_server_config, rl_trainer_launch, server_config
+from asyncrl.tasks.placement.launch_settings import evaluator_server_config, trainer_launch, server_config
 from asyncrl.tasks.system.run_paths import run_paths
 from asyncrl.tasks.placement.devices import (
     CUDA_ENV,
@@ -170,8 +170,8 @@ def test_cpu_machine_refuses_devices_and_cpu_cores_together(tmp_path: Path) -> N
         place((0,), "inference.devices[0]", NO_GPU, cpu_cores=(0,), cpu_cores_field="inference.cpu_cores")
     both = run_config(tmp_path, trainer={"devices": [0], "cpu_cores": [0]})
     with pytest.raises(DeviceError, match=r"^trainer\.cpu_cores: set together with trainer\.devices"):
-        rl_trainer_launch(both, run_paths(both), NO_GPU)
-    assert rl_trainer_launch(both, run_paths(both), GPUS_4).cpu_cores == (0,)  # fine beside GPUs
+        trainer_launch(both, run_paths(both), NO_GPU)
+    assert trainer_launch(both, run_paths(both), GPUS_4).cpu_cores == (0,)  # fine beside GPUs
 
 
 def test_server_configs_on_a_gpu_machine(tmp_path: Path) -> None:
@@ -214,12 +214,12 @@ def test_shared_gpus_split_the_memory(tmp_path: Path) -> None:
 
 def test_trainer_launch_on_a_gpu_machine(tmp_path: Path) -> None:
     config = run_config(tmp_path, trainer={"processes": 2, "devices": [2, 3]})
-    launch = rl_trainer_launch(config, run_paths(config), GPUS_4)
+    launch = trainer_launch(config, run_paths(config), GPUS_4)
     assert launch.nproc == 2 and launch.nnodes == 1 and launch.rendezvous is None
     assert launch.env[CUDA_ENV] == "2,3" and launch.cpu_cores is None
     assert "--nproc-per-node=2" in trainer_command(launch)
     with pytest.raises(DeviceError, match=r"^trainer\.devices: device 2, 3 is not on this machine"):
-        rl_trainer_launch(config, run_paths(config), Machine(gpus=("0", "1"), gpu_source="fake"))
+        trainer_launch(config, run_paths(config), Machine(gpus=("0", "1"), gpu_source="fake"))
 
 
 def test_trainer_launch_takes_nodes_and_rendezvous(tmp_path: Path) -> None:
@@ -227,7 +227,7 @@ def test_trainer_launch_takes_nodes_and_rendezvous(tmp_path: Path) -> None:
         tmp_path, trainer={"nodes": 2, "rendezvous": "trainer-0:29400"},
         placement={"trainer": {"deployment": "component/trainer"}},
     )  # fmt: skip
-    launch = rl_trainer_launch(config, run_paths(config), NO_GPU)
+    launch = trainer_launch(config, run_paths(config), NO_GPU)
     assert (launch.nproc, launch.nnodes, launch.rendezvous) == (1, 2, "trainer-0:29400")
     assert "--rdzv-endpoint=trainer-0:29400" in trainer_command(launch)
 
@@ -284,7 +284,7 @@ def test_trainer_devices_pin_the_started_trainer_here(tmp_path: Path, monkeypatc
     if detect_machine().has_gpus:
         pytest.skip("this machine has GPUs: device ids are GPU ids here")
     config = run_config(tmp_path, trainer={"devices": [TARGET]}, inference={"cpu_cores": [TARGET]})
-    launch = rl_trainer_launch(config, run_paths(config))  # this machine, detected
+    launch = trainer_launch(config, run_paths(config))  # this machine, detected
     monkeypatch.setattr(trainer_module, "trainer_command", lambda launch: [sys.executable, "-c", REPORTER])
     process = start_trainer(launch)
     try:
