@@ -168,7 +168,7 @@ def relocated(base: RunConfig, work: Path, name: str) -> dict[str, Any]:
 RL_ONLY_ROLLOUT = ("eta", "interrupt_mode", "adaptive_staleness", "dynamic_filter")
 RL_ONLY_TRAINER = ("batch_groups", "mini_batches", "max_steps", "objective", "eps_clip", "eps_clip_high",
                    "behav_weight_cap", "behav_cap_mode", "behav_weight_floor", "behav_weight_level", "advantage",
-                   "negative_advantage_scale", "max_staleness", "checkpoint_every", "keep_versions")  # fmt: skip
+                   "negative_advantage_scale", "kl_coef", "max_staleness", "checkpoint_every", "keep_versions")  # fmt: skip
 """Settings RL reads and SFT does not: the warm start's run root holds their defaults."""
 
 

@@ -86,6 +86,12 @@ class TrainerConfig(StrictModel):
         1.0, ge=0.0, le=1.0, description="Factor on below-mean advantages; 0 trains on better-than-mean samples only."
     )
     """A' = A for A >= 0, scale * A for A < 0 (:func:`asyncrl.tasks.algo.advantages.scale_negative_advantages`)."""
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="beta of the KL penalty to the reference policy (the run's first weights); 0: none."
+    )
+    """loss += beta * mean_t k3_t, k3_t = exp(d_t) - d_t - 1, d_t = log pi_ref - log pi_theta
+    (:func:`asyncrl.tasks.algo.loss.reference_kl_loss`). The trainer holds a frozen full copy of
+    the reference on each rank (LoRA: none, the base with its adapters off)."""
     micro_batch_tokens: int = Field(4096, ge=1, description="Token budget of one micro-batch (dynamic micro-batching).")
     logit_chunk_tokens: int | None = Field(
         1024,
@@ -175,6 +181,15 @@ class TrainerConfig(StrictModel):
         # need gathers the LoRA path does not do (stages 0-2 hold whole weights on every rank).
         if self.lora is not None and self.zero_stage == 3:
             raise ValueError("trainer.lora: not supported with trainer.zero_stage 3; use 0-2")
+        return self
+
+    @model_validator(mode="after")
+    def _kl_stage(self) -> TrainerConfig:
+        if self.kl_coef > 0 and self.zero_stage == 3 and self.lora is None:
+            raise ValueError(
+                "trainer.kl_coef: the reference policy is a whole model on every rank, which ZeRO stage 3 "
+                "exists to avoid; use trainer.zero_stage 0-2 or kl_coef 0"
+            )
         return self
 
     @model_validator(mode="after")

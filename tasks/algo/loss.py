@@ -21,7 +21,7 @@ from asyncrl.tasks.algo.corrections import (
     token_log_weight,
 )
 
-__all__ = ["BEHAV_CAP_MODES", "BehavCapMode", "BehavWeightLevel", "PPOLossStats", "decoupled_ppo_loss"]
+__all__ = ["BEHAV_CAP_MODES", "BehavCapMode", "BehavWeightLevel", "PPOLossStats", "decoupled_ppo_loss", "reference_kl_loss"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,44 @@ def decoupled_ppo_loss(
             approx_kl=torch.where(mask, ref - theta.detach(), zero).sum() / n_mask,
         )
     return loss, stats
+
+
+def reference_kl_loss(
+    logp_theta: torch.Tensor,
+    logp_ref: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    kl_coef: float,
+    token_normaliser: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KL penalty to a fixed reference policy pi_ref (the run's first weights), added to
+    the PPO loss, and the mean per-token KL estimate (detached):
+
+        d_t   = logp_ref_t - logp_theta_t
+        k3_t  = exp(d_t) - d_t - 1            (>= 0; unbiased for KL(pi_theta || pi_ref) on
+                                               tokens sampled from pi_theta; GRPO's estimator)
+        loss  = beta * sum_t m_t * k3_t / N
+
+    beta = ``kl_coef``, m_t = ``loss_mask``, N = ``token_normaliser`` if given, else the
+    mask count (as :func:`decoupled_ppo_loss`, so the two terms add per token). It pulls
+    every trained token's probability back toward pi_ref, which keeps a small model's
+    update noise from wearing away what the warm start learned. Only ``logp_theta``
+    receives gradient; computed in at least float32."""
+    if not kl_coef >= 0.0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if logp_ref.shape != logp_theta.shape or loss_mask.shape != logp_theta.shape:
+        raise ValueError(
+            f"logp_ref {tuple(logp_ref.shape)} and loss_mask {tuple(loss_mask.shape)} must have "
+            f"logp_theta's shape {tuple(logp_theta.shape)}"
+        )
+    dtype = torch.promote_types(logp_theta.dtype, torch.float32)
+    mask = loss_mask.to(torch.bool)
+    zero = torch.zeros((), dtype=dtype, device=logp_theta.device)
+    d = torch.where(mask, logp_ref.detach().to(dtype) - logp_theta.to(dtype), zero)
+    k3 = torch.where(mask, torch.exp(d) - d - 1.0, zero)
+    n_tokens = mask.sum().clamp(min=1).to(dtype)
+    normaliser = n_tokens if token_normaliser is None else token_normaliser
+    return kl_coef * k3.sum() / normaliser, k3.detach().sum() / n_tokens
 
 
 def _check_hyperparameters(

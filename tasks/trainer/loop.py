@@ -42,6 +42,7 @@ from asyncrl.tasks.trainer.engine import TrainEngine, save_hf_weights
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
 from asyncrl.tasks.trainer.metrics import MetricsSink
 from asyncrl.tasks.trainer.retention import prune_after_publish
+from asyncrl.tasks.trainer.reference import ReferencePolicy
 from asyncrl.tasks.trainer.step import run_rl_step
 from asyncrl.tasks.trainer.staleness import UpdateCount, sample_staleness
 from asyncrl.tasks.trainer.rl_settings import RLSettings
@@ -166,8 +167,10 @@ class RLTrainer:
         loop: LoopSettings,
         work_dir: Path,
         metrics: MetricsSink,
+        reference: ReferencePolicy | None = None,
     ) -> None:
         self._root = root
+        self._reference = reference
         self._run_id = run_id
         self._engine = engine
         self._rl = rl
@@ -251,7 +254,9 @@ class RLTrainer:
             self._reader.retire(step_input.shards)
         barrier()
         self._feed.forget(step_input.shards)
-        result = run_rl_step(self._engine, step_input.groups, self._rl, state.step, updates_of=self._updates)
+        result = run_rl_step(
+            self._engine, step_input.groups, self._rl, state.step, updates_of=self._updates, reference=self._reference
+        )
 
         figures = {
             **result.metrics(self._rl.pass_k),

@@ -59,25 +59,30 @@ class LogSink:
 
 
 def initial_model_dir(
-    root: RunRoot, model_path: str, work_dir: Path, *, fetch: bool = True, base: bool = False
+    root: RunRoot, model_path: str, work_dir: Path, *, fetch: bool = True, base: bool = False, first: bool = False
 ) -> tuple[Path, int | None]:
     """The weights the engine starts from: the store's latest version, else ``model.path``
     (:func:`~asyncrl.tasks.model.weight_fetch.model_weights`, cached in ``work_dir/weights-cache``,
     older versions pruned). Returns (local directory, version or None). With ``fetch`` False
     nothing is downloaded: the directory another process of the node fills. With ``base``
-    ``model.path`` whatever the store holds (a LoRA run's frozen base), version None."""
+    ``model.path`` whatever the store holds (a LoRA run's frozen base), version None. With
+    ``first`` the store's lowest version instead of its latest (the run's first weights,
+    which retention always keeps: the KL penalty's reference)."""
     from asyncrl.storage.weights import WeightStore
     from asyncrl.tasks.model.weight_fetch import model_weights, prune_weight_cache
 
-    latest = None if base else WeightStore(root).latest()
+    store = WeightStore(root)
+    latest = None if base else min(store.list_versions(), default=None) if first else store.latest()
     cache = work_dir / "weights-cache"
     model_dir = model_weights(root, model_path, latest, cache, fetch=fetch)
-    if fetch and latest is not None:
+    if fetch and latest is not None and not first:
         prune_weight_cache(cache, root.uri, latest)
     return model_dir, latest
 
 
-def node_model_dir(root: RunRoot, model_path: str, work_dir: Path, *, base: bool = False) -> tuple[Path, int | None]:
+def node_model_dir(
+    root: RunRoot, model_path: str, work_dir: Path, *, base: bool = False, first: bool = False
+) -> tuple[Path, int | None]:
     """:func:`initial_model_dir` for every process of the trainer (collective): the node's
     leader fetches into the node's ``work_dir``, the others wait for it (one download per
     node, not per process); every rank checks it holds the version rank 0 chose."""
@@ -85,10 +90,12 @@ def node_model_dir(root: RunRoot, model_path: str, work_dir: Path, *, base: bool
     from asyncrl.tasks.trainer.engine import init_distributed
 
     init_distributed()
-    chosen = broadcast_from_rank0(lambda: initial_model_dir(root, model_path, work_dir, fetch=False, base=base)[1])
+    chosen = broadcast_from_rank0(
+        lambda: initial_model_dir(root, model_path, work_dir, fetch=False, base=base, first=first)[1]
+    )
 
     def fetch() -> tuple[Path, int | None]:
-        found = initial_model_dir(root, model_path, work_dir, fetch=is_node_leader(), base=base)
+        found = initial_model_dir(root, model_path, work_dir, fetch=is_node_leader(), base=base, first=first)
         if found[1] != chosen:
             raise RuntimeError(
                 f"the weight store changed while the trainer started: rank 0 chose version {chosen}, this rank {found[1]}"
@@ -162,6 +169,12 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
         model_dir, adapter = lora_start(root, config, model_dir, latest, work_dir)
     total_updates = config.trainer.max_steps * config.trainer.mini_batches
     engine = _engine(config, model_dir, total_updates, config.trainer.optimizer, adapter)
+    reference = None
+    if config.trainer.kl_coef > 0:
+        from asyncrl.tasks.trainer.reference import load_reference
+
+        first_dir = None if config.trainer.lora is not None else node_model_dir(root, config.model.path, work_dir, first=True)[0]
+        reference = load_reference(engine, first_dir)
     loop = LoopSettings(
         batch_groups=config.trainer.batch_groups,
         max_steps=config.trainer.max_steps,
@@ -177,6 +190,7 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
         loop,
         work_dir,
         FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]),
+        reference,
     )
     report = trainer.start()
     if engine.rank == 0:

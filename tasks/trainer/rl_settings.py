@@ -27,6 +27,8 @@ class RLSettings:
     behav_weight_level: BehavWeightLevel = "token"
     advantage: AdvantageMethod = "grpo"
     negative_advantage_scale: float = 1.0
+    kl_coef: float = 0.0
+    """beta of the KL penalty to the reference policy (:func:`~asyncrl.tasks.algo.loss.reference_kl_loss`)."""
     mini_batches: int = 1
     micro_batch_tokens: int = 4096
     packer: str = "ffd"
@@ -47,6 +49,7 @@ class RLSettings:
             behav_weight_level=trainer.behav_weight_level,
             advantage=trainer.advantage,
             negative_advantage_scale=trainer.negative_advantage_scale,
+            kl_coef=trainer.kl_coef,
             mini_batches=trainer.mini_batches,
             micro_batch_tokens=trainer.micro_batch_tokens,
             packer=trainer.packer,

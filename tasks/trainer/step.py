@@ -27,8 +27,9 @@ from asyncrl.tasks.trainer.data_parallel import all_reduce_floats, balanced_part
 from asyncrl.tasks.trainer.engine import TrainEngine
 from asyncrl.tasks.trainer.logprobs import filler_passes, lockstep_passes, micro_batch_logprobs, sequence_logprobs
 from asyncrl.tasks.algo.corrections import sequence_index
-from asyncrl.tasks.algo.loss import decoupled_ppo_loss
+from asyncrl.tasks.algo.loss import decoupled_ppo_loss, reference_kl_loss
 from asyncrl.tasks.algo.packing import get_packer
+from asyncrl.tasks.trainer.reference import ReferencePolicy, reference_logprobs
 from asyncrl.tasks.trainer.rl_settings import RLSettings
 from asyncrl.tasks.trainer.staleness import UpdateCount, labels_as_updates, sample_staleness, update_lag
 from asyncrl.tasks.trainer.step_data import PreparedStep, TrainItem
@@ -204,6 +205,7 @@ def ppo_update(
     stats: UpdateStats,
     *,
     proximal_from_forward: dict[int, torch.Tensor] | None = None,
+    reference: dict[int, torch.Tensor] | None = None,
 ) -> None:
     """One optimizer update over ``batches``, this rank's micro-batches of one mini-batch of
     ``items`` (collective: every rank calls it for the same mini-batch).
@@ -212,7 +214,10 @@ def ppo_update(
     when the caller established :func:`reuses_update_forward`, ``proximal`` is None and
     ``proximal_from_forward`` an empty dict: each micro-batch's log pi_prox is then
     stop_gradient(log pi_theta) of its own forward pass, and the per-item values are
-    recorded into that dict (for the step's mismatch figures).
+    recorded into that dict (for the step's mismatch figures). ``reference``: log pi_ref of
+    each item's trained tokens when ``settings.kl_coef`` > 0; the KL penalty
+    (:func:`~asyncrl.tasks.algo.loss.reference_kl_loss`, same N) is then added to each
+    micro-batch's loss.
 
     Each micro-batch's loss is normalised by the trained-token count of the whole
     mini-batch, N = sum over ranks r of the trained tokens of rank r's micro-batches
@@ -270,7 +275,15 @@ def ppo_update(
                 decoupled=decoupled,
                 token_normaliser=normaliser,
             )
-            stats.add_micro(float(loss.item()), loss_stats.as_floats())
+            figures = loss_stats.as_floats()
+            if reference is not None:
+                logp_ref = batch.expand([reference[i] for i in batch.sample_ids]).to(device)
+                kl_loss, ref_kl = reference_kl_loss(
+                    logp_theta, logp_ref, batch.loss_mask.to(device), kl_coef=settings.kl_coef, token_normaliser=normaliser
+                )
+                loss = loss + kl_loss
+                figures["ref_kl"] = float(ref_kl)
+            stats.add_micro(float(loss.item()), figures)
         else:
             # This rank has fewer micro-batches than another: a zero-weighted forward over two
             # tokens keeps the gradient reductions of backward (ZeRO 2) in lockstep.
@@ -295,9 +308,12 @@ def run_rl_step(
     layout: Layout = "packed",
     *,
     updates_of: UpdateCount = labels_as_updates,
+    reference: ReferencePolicy | None = None,
 ) -> RLStepResult:
     """Train on ``groups`` (one step: proximal recompute, then one update per mini-batch);
     ``trainer_updates`` and ``updates_of`` measure staleness (:func:`~asyncrl.tasks.trainer.staleness.sample_staleness`).
+    With ``settings.kl_coef`` > 0, ``reference`` gives log pi_ref of the trained tokens
+    (one pass, counted in the proximal time) for the KL penalty.
 
     Collective with several ranks: every rank passes the same ``groups`` and trains its
     share of each mini-batch (:func:`rank_shares`); the result describes the whole step
@@ -321,6 +337,16 @@ def run_rl_step(
         started = time.perf_counter()
         proximal = compute_proximal(engine, items, [i for local in plan for i in local], settings)
         proximal_time = time.perf_counter() - started
+    reference_values = None
+    if settings.kl_coef > 0:
+        if reference is None:
+            raise ValueError("trainer.kl_coef > 0 needs the reference policy")
+        started = time.perf_counter()
+        trained = [i for local in plan for i in local]
+        reference_values = reference_logprobs(
+            reference, engine, items, trained, settings.packer, settings.micro_batch_tokens
+        )
+        proximal_time += time.perf_counter() - started
 
     started = time.perf_counter()
     stats = UpdateStats()
@@ -331,7 +357,9 @@ def run_rl_step(
         index_groups = packer(lengths, settings.micro_batch_tokens) if lengths else []
         # Micro-batch sample ids index into `items` (packer indices mapped through `local`).
         batches = [_reindex(batch, local) for batch in build_micro_batches(sequences, index_groups, layout)]
-        ppo_update(engine, items, proximal, batches, settings, stats, proximal_from_forward=from_forward)
+        ppo_update(
+            engine, items, proximal, batches, settings, stats, proximal_from_forward=from_forward, reference=reference_values
+        )
         sequence_tokens += sum(lengths)
         output_tokens += sum(s.trained_count for s in sequences)
         context_tokens += sum(len(s.output_ids) - s.trained_count for s in sequences)

@@ -33,6 +33,8 @@ class UpdateStats:
     behav_weight_max: float = 0.0
     capped: float = 0.0
     kl_sum: float = 0.0
+    ref_kl_sum: float = 0.0
+    """Sum over loss tokens of the k3 estimate of KL(pi_theta || pi_ref) (``trainer.kl_coef`` > 0)."""
     grad_norms: list[float] = field(default_factory=list)
     fillers: int = 0
     """Zero-weighted micro-batches this rank ran to keep in step with a rank that had more."""
@@ -47,6 +49,7 @@ class UpdateStats:
         self.behav_weight_max = max(self.behav_weight_max, stats["behav_weight_max"])
         self.capped += stats["behav_capped_fraction"] * n_tokens
         self.kl_sum += stats["approx_kl"] * n_tokens
+        self.ref_kl_sum += stats.get("ref_kl", 0.0) * n_tokens
 
     def means(self) -> dict[str, float]:
         """loss = mean over updates of the mini-batch loss; clip fraction over contributing
@@ -61,6 +64,7 @@ class UpdateStats:
             "behav_weight_max": self.behav_weight_max,
             "behav_capped_fraction": self.capped / tokens,
             "approx_kl": self.kl_sum / tokens,
+            "ref_kl": self.ref_kl_sum / tokens,
             "grad_norm": max(norms) if norms else math.nan,  # NaN: DeepSpeed reported none
             "optimizer_updates": float(self.updates),
         }
@@ -155,7 +159,7 @@ def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepRes
     rank the same figures).
 
     - summed over ranks: the loss sums (each rank's part of the mini-batch loss, so the
-      sum is the mini-batch loss), token counts, clipped / capped / KL / behaviour-weight
+      sum is the mini-batch loss), token counts, clipped / capped / KL / reference-KL / behaviour-weight
       sums, sequence, output and context tokens, micro-batches and fillers;
     - max over ranks: ``behav_weight_max``, and the proximal and update times (the step
       waits for the slowest rank, so tokens/s = all ranks' tokens / the slowest time);
@@ -169,14 +173,16 @@ def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepRes
     stats = local.update
     sums = all_reduce_floats(
         [stats.loss, stats.tokens, stats.active, stats.clipped, stats.behav_weight_sum, stats.capped, stats.kl_sum,
-         stats.fillers, local.sequence_tokens, local.output_tokens, local.micro_batches, 1.0,
+         stats.ref_kl_sum, stats.fillers, local.sequence_tokens, local.output_tokens, local.micro_batches, 1.0,
          local.context_tokens],
         "sum",
     )  # fmt: skip
     maxes = all_reduce_floats(
         [stats.behav_weight_max, local.proximal_time_s, local.update_time_s, local.sequence_tokens], "max"
     )
-    loss, tokens, active, clipped, weight_sum, capped, kl_sum, fillers, seq_tokens, out_tokens, micro, ranks, ctx = sums
+    loss, tokens, active, clipped, weight_sum, capped, kl_sum, ref_kl_sum, fillers, seq_tokens, out_tokens, micro, ranks, ctx = (
+        sums
+    )
     weight_max, proximal_time, update_time, rank_tokens_max = maxes
     update = replace(
         stats,
@@ -188,6 +194,7 @@ def all_reduce_step_figures(local: RLStepResult, token_budget: int) -> RLStepRes
         behav_weight_max=weight_max,
         capped=capped,
         kl_sum=kl_sum,
+        ref_kl_sum=ref_kl_sum,
         grad_norms=list(stats.grad_norms),
         fillers=int(fillers),
     )

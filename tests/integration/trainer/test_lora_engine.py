@@ -333,3 +333,24 @@ def test_the_entry_point_trains_and_publishes_adapters_in_sft_mode_and_refuses_z
     assert json.loads((versions[1] / LINEAGE_FILE).read_text())["parent_version"] == 0
 
     assert main([*args, "trainer.zero_stage=3"]) == 2
+
+
+def test_a_lora_run_s_kl_reference_is_its_base_with_the_adapters_off(lora_engine: Any, trajectories: Any) -> None:
+    from asyncrl.tasks.trainer.reference import load_reference, reference_logprobs
+
+    reference = load_reference(lora_engine, None)
+    assert reference.adapters_off and reference.model is lora_engine.ds  # no copy of the model
+    groups = _groups(trajectories)
+    settings = RLSettings(micro_batch_tokens=128, kl_coef=0.5)
+    first = run_rl_step(lora_engine, groups, settings, 0, reference=reference)
+    assert first.update.means()["ref_kl"] == pytest.approx(0.0, abs=1e-9)  # B = 0: the policy is the base
+    later = run_rl_step(lora_engine, groups, settings, 1, reference=reference)
+    assert later.update.means()["ref_kl"] > 0
+
+    items = first.prepared.items
+    ref = reference_logprobs(reference, lora_engine, items, range(len(items)), "ffd", 128)
+    base = sequence_logprobs(lora_engine.ds, [items[0].sequence], [[0]])[0]
+    with lora_engine.module.disable_adapter():
+        off = sequence_logprobs(lora_engine.ds, [items[0].sequence], [[0]])[0]
+    assert not torch.allclose(base, off)  # the adapters have moved the policy
+    assert torch.allclose(ref[0], off) and lora_engine.module.training  # base log-probs; train mode restored

@@ -193,3 +193,38 @@ def test_per_task_figures_follow_each_group_s_task(trajectories: Any) -> None:
     code_group = [dataclasses.replace(s, task="code") for s in trajectories.group("g1", [0.5, 0.0], versions=[0, 0])]
     prepared = prepare_step([math_group, code_group], RLSettings(), trainer_updates=0)
     assert prepared.group_rewards == (("math", (1.0, 0.0)), ("code", (0.5, 0.0)))
+
+
+def test_the_kl_penalty_to_the_reference_is_zero_at_the_first_step_then_grows_and_holds_theta_back(
+    shared_engine: Any, engine: Any, trajectories: Any, model_logprobs: Any, tiny_model_dir: Any
+) -> None:
+    from asyncrl.tasks.trainer.reference import load_reference
+
+    reference = load_reference(engine, tiny_model_dir)
+    group = trajectories.group("g0", [1.0, 0.0], logprobs=model_logprobs, output_len=(8, 8))
+    settings = RLSettings(micro_batch_tokens=256, kl_coef=1.0)
+    first = run_rl_step(engine, [group], settings, trainer_updates=0, reference=reference)
+    assert first.update.means()["ref_kl"] == pytest.approx(0.0, abs=1e-9)  # theta = ref at the start
+    steps = [run_rl_step(engine, [group], settings, trainer_updates=k, reference=reference) for k in (1, 2, 3)]
+    assert all(s.update.means()["ref_kl"] > 0 for s in steps)
+    with_kl = _output_logprob_sums(engine, group)
+
+    shared_engine.reset()
+    for k in range(4):
+        run_rl_step(engine, [group], RLSettings(micro_batch_tokens=256), trainer_updates=k)
+    without_kl = _output_logprob_sums(engine, group)
+    # The penalty pulls the pushed-down sample's log-prob back toward the reference's.
+    assert with_kl[1] > without_kl[1], (with_kl, without_kl)
+
+    with pytest.raises(ValueError, match="needs the reference policy"):
+        run_rl_step(engine, [group], settings, trainer_updates=4)
+
+
+def test_a_kl_penalty_is_refused_with_zero_stage_3_naming_the_field() -> None:
+    from pydantic import ValidationError
+
+    from asyncrl.configs.trainer import TrainerConfig
+
+    with pytest.raises(ValidationError, match="trainer.kl_coef"):
+        TrainerConfig(kl_coef=0.05, zero_stage=3)
+    assert TrainerConfig(kl_coef=0.05, zero_stage=2).kl_coef == 0.05

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.tasks.algo.loss import decoupled_ppo_loss
+from asyncrl.tasks.algo.loss import decoupled_ppo_loss, reference_kl_loss
 
 
 @dataclass
@@ -273,3 +273,31 @@ def test_shape_mismatch_names_shapes() -> None:
 def test_bad_hyperparameters_raise(kwargs: dict[str, float], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         decoupled_ppo_loss(**to_torch(make_tokens(0, 4)), **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_reference_kl_is_zero_at_the_reference_and_its_gradient_pulls_theta_back() -> None:
+    ref = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    mask = torch.tensor([1, 1, 1, 0])
+    at_ref = ref.clone().requires_grad_(True)
+    loss, mean_kl = reference_kl_loss(at_ref, ref, mask, kl_coef=0.1)
+    loss.backward()
+    assert float(loss) == 0.0 and float(mean_kl) == 0.0
+    assert at_ref.grad is not None and torch.all(at_ref.grad == 0)
+
+    theta = torch.tensor([-0.5, -2.5, -0.5, 0.0], requires_grad=True)
+    loss, mean_kl = reference_kl_loss(theta, ref, mask, kl_coef=0.1, token_normaliser=4.0)
+    d = (ref - theta.detach())[:3]
+    k3 = torch.exp(d) - d - 1
+    assert float(loss) == pytest.approx(0.1 * float(k3.sum()) / 4.0)
+    assert float(mean_kl) == pytest.approx(float(k3.mean()))
+    loss.backward()
+    assert theta.grad is not None
+    assert theta.grad[0] > 0 > theta.grad[1]  # descent lowers theta above ref, raises it below
+    assert theta.grad[2] == 0 and theta.grad[3] == 0  # at ref; outside the mask
+
+
+def test_the_reference_kl_refuses_a_negative_coefficient_and_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match="kl_coef must be >= 0"):
+        reference_kl_loss(torch.zeros(2), torch.zeros(2), torch.ones(2), kl_coef=-0.1)
+    with pytest.raises(ValueError, match="logp_ref"):
+        reference_kl_loss(torch.zeros(2), torch.zeros(3), torch.ones(2), kl_coef=0.1)
