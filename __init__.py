@@ -6,8 +6,9 @@ order, ``pyproject.toml`` names it):
 - ``cli``: the ``asyncrl`` command; ``bench`` and ``chaos``: the benchmarks and the chaos
   harness it runs;
 - ``flows``: the Prefect flows and deployments, the only code that touches Prefect;
-- ``tasks``: the components (rollout server and client, scheduler, reward service, trainer,
-  evaluator) and what they share (algorithm, model, data, launch, tracking, system);
+- ``tasks``: the pipeline's stages, the RL run's launch, and the components (rollout server
+  and client, scheduler, reward service, trainer, evaluator) with what they share
+  (algorithm, model, data, placement, tracking, system);
 - ``configs``: the validated run config and its YAML files;
 - ``storage``: the run root where components meet (shards, ledger, weights, lineage),
   importing nothing above it.

@@ -193,7 +193,7 @@ def prepare_warm_start(base: RunConfig, work: Path) -> Path:
     """The pipeline's inputs and SFT stage in the base run (:func:`warm_start_config`; skipped
     when already done); returns a local directory with the warm-start weights
     (``base.model.path`` without SFT)."""
-    from asyncrl.tasks.launch.stages import prepare_inputs, run_sft
+    from asyncrl.tasks.pipeline.stages import prepare_inputs, run_sft
     from asyncrl.tasks.launch.context import prepare_run
     from asyncrl.tasks.model.weight_fetch import model_weights
 
@@ -208,7 +208,7 @@ def run_ablation(base: RunConfig, settings: AblationSettings, progress: Callable
     """Warm start once, then every (eta, objective) of the sweep; a configuration that fails
     is recorded with its ``error`` and the sweep goes on. JSON and PNG are rewritten after
     every configuration, so a long sweep keeps what it measured."""
-    from asyncrl.tasks.launch.stages import evaluate_versions
+    from asyncrl.tasks.pipeline.stages import evaluate_versions
     from asyncrl.tasks.launch.context import prepare_run
     from asyncrl.tasks.launch.rl import train_run
 

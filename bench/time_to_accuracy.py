@@ -233,7 +233,7 @@ def evaluate_arm(run: Mapping[str, Any], versions: Sequence[int], start_pass: fl
     warm start every arm shares, is evaluated only while ``start_pass`` is None; after that it
     keeps ``start_pass``."""
     from asyncrl.tasks.launch.context import prepare_run
-    from asyncrl.tasks.launch.stages import evaluate_versions
+    from asyncrl.tasks.pipeline.stages import evaluate_versions
 
     if start_pass is not None:
         versions = [v for v in versions if v != run["start"]]

@@ -1,6 +1,6 @@
 """Chaos run: the asynchronous RL run under the same supervisors as the `train` flow
 (:mod:`asyncrl.tasks.launch.rl`), plus a seeded kill plan, then an audit of the run root
-(:mod:`asyncrl.tasks.launch.audit`).
+(:mod:`asyncrl.chaos.audit`).
 
 Each kind of component (trainer, rollout server, scheduler, reward service) is SIGKILLed
 K times. The kills are paced by training progress, not by the clock: the seeded plan
@@ -30,12 +30,12 @@ from asyncrl.storage import fs, paths
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.launch.audit import AuditReport, audit_run
+from asyncrl.chaos.audit import AuditReport, audit_run
 from asyncrl.tasks.launch.components import sigkill_group
 from asyncrl.tasks.launch.context import prepare_run
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.launch.rl import RLRunSettings, run_rl, thread_runner
-from asyncrl.tasks.launch.stages import prepare_inputs
+from asyncrl.tasks.pipeline.stages import prepare_inputs
 from asyncrl.tasks.launch.supervisor import ComponentFailed, ComponentStatus, RestartPolicy
 
 CHAOS_REPORT = "chaos.json"

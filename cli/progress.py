@@ -1,6 +1,6 @@
 """Live progress for `asyncrl run`: one line per pipeline stage (data, model, SFT step and
 loss, RL step and reward, evaluation prompts), read from the run's ``progress.json``
-(:mod:`asyncrl.tasks.launch.progress`), which the stages write as they go.
+(:mod:`asyncrl.tasks.pipeline.progress`), which the stages write as they go.
 
 On a terminal the lines are live bars. Elsewhere (CI, a log file, ``make demo | tee``) a bar
 would print nothing until the end, so each stage prints a plain line when it starts, when its
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.launch.progress import StageState, clear_progress, read_progress
+from asyncrl.tasks.pipeline.progress import StageState, clear_progress, read_progress
 
 MARKS = {"done": "[green]done", "cached": "[cyan]cached", "failed": "[red]failed", "running": ""}
 LINE_EVERY_S = 30.0

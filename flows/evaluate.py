@@ -9,7 +9,7 @@ from prefect.artifacts import create_table_artifact
 
 from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.launch.stages import evaluate_versions
+from asyncrl.tasks.pipeline.stages import evaluate_versions
 from asyncrl.tasks.launch.context import prepare_run
 from asyncrl.storage.weights import WeightStore
 

@@ -1,7 +1,7 @@
 """The `pipeline` flow: `prepare-data` -> `init-model` (when asked) -> `sft` -> `train`
 (child flow run) -> `evaluate` -> `register`, each its own task or flow run.
 
-The batch stages are cached by content (:mod:`asyncrl.tasks.launch.stage_cache`): their keys
+The batch stages are cached by content (:mod:`asyncrl.tasks.pipeline.stage_cache`): their keys
 are built from their config section, the content of their inputs and the code version, and
 their results are persisted under the run's work directory. Re-running a config after a
 failure in RL skips data and SFT (state "Cached"); a changed setting or input file redoes the
@@ -25,12 +25,12 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.secrets import strip_uri_password
 from asyncrl.flows.train import train
 from asyncrl.storage import fs
-from asyncrl.tasks.launch import stages
+from asyncrl.tasks.pipeline import stages
 from asyncrl.flows.prefect_api.artifacts import PipelineSummary, artifact_key, stage_progress_artifact, summary_markdown
 from asyncrl.tasks.launch.context import RunContext, open_run_context, system_metrics
 from asyncrl.tasks.system.run_paths import run_paths
 from asyncrl.tasks.tracking.lineage_recorder import file_ref
-from asyncrl.tasks.launch.progress import StageProgress, clear_progress
+from asyncrl.tasks.pipeline.progress import StageProgress, clear_progress
 from asyncrl.tasks.tracking.run_report import log_run_report
 
 SUMMARY_FILE = "summary.json"

@@ -36,9 +36,9 @@ from asyncrl.tasks.launch.rl import (
     restart_policy,
     run_rl,
 )
-from asyncrl.tasks.launch.progress import StageProgress
+from asyncrl.tasks.pipeline.progress import StageProgress
 from asyncrl.tasks.tracking.run_report import log_run_report
-from asyncrl.tasks.launch.stages import eval_results_to_json
+from asyncrl.tasks.pipeline.stages import eval_results_to_json
 from asyncrl.flows.prefect_api.prefect_reporting import event_reporter, kill_run_processes, outcome_state
 from asyncrl.tasks.launch.supervisor import ComponentOutcome
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from asyncrl.tasks.launch.progress import read_progress
+from asyncrl.tasks.pipeline.progress import read_progress
 
 if TYPE_CHECKING:
     from asyncrl.storage.evaluations import EvalResult
@@ -38,7 +38,7 @@ def artifact_key(run_name: str, suffix: str) -> str:
 @contextmanager
 def stage_progress_artifact(work_dir: Path, run_name: str, stage: str, every_s: float = 2.0) -> Iterator[None]:
     """While the block runs a pipeline stage inside a task or flow run, mirror the stage's entry
-    of ``progress.json`` (:class:`~asyncrl.tasks.launch.progress.StageProgress`) into the
+    of ``progress.json`` (:class:`~asyncrl.tasks.pipeline.progress.StageProgress`) into the
     progress artifact ``<run>-<stage>-progress``: every ``every_s`` seconds when it moved, and
     once at the end, so the stage itself knows nothing of Prefect."""
     artifact_id = create_progress_artifact(

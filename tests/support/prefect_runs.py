@@ -10,7 +10,7 @@ from uuid import UUID
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.inference.server_ports import free_port
-from asyncrl.tasks.launch.stages import prepare_inputs
+from asyncrl.tasks.pipeline.stages import prepare_inputs
 
 
 def run_tree(flow_run_id: Any) -> dict[str, str]:  # noqa: ANN401 - a UUID

@@ -34,7 +34,7 @@ from asyncrl.storage.heartbeats import read_heartbeat
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.inference.server_registry import list_servers, read_server
-from asyncrl.tasks.launch.audit import audit_run
+from asyncrl.chaos.audit import audit_run
 
 pytestmark = pytest.mark.slow
 

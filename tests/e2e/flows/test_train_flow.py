@@ -20,7 +20,7 @@ from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.synthetic import write_synthetic_splits
 from asyncrl.tasks.inference.server_ports import free_port
-from asyncrl.tasks.launch.audit import audit_run
+from asyncrl.chaos.audit import audit_run
 from asyncrl.tasks.launch.components import sigkill_group
 from asyncrl.tasks.launch.rl import PROCESS_GROUPS_FILE
 

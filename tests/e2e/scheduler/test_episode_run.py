@@ -15,7 +15,7 @@ import pytest
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.shards import ShardReader
-from asyncrl.tasks.launch.audit import audit_run
+from asyncrl.chaos.audit import audit_run
 from asyncrl.tasks.launch.rl import train_run
 from asyncrl.tasks.inference.server_ports import free_port
 

@@ -24,7 +24,7 @@ from asyncrl.tasks.data.synthetic_code import FINALS, READ_LINE, STEPS, CodeProb
 from asyncrl.configs.synthetic_specs import CodeSpec
 from asyncrl.tasks.reward.code_reward import code_tests_from_json, score_code
 from asyncrl.configs.reward import CodeRewardConfig
-from asyncrl.tasks.launch.stages import prepare_inputs
+from asyncrl.tasks.pipeline.stages import prepare_inputs
 from asyncrl.tasks.trainer.sft import sft_target
 
 REPO = Path(__file__).resolve().parents[3]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from asyncrl.flows.prefect_api.artifacts import stage_progress_artifact
-from asyncrl.tasks.launch.progress import StageProgress, read_progress
+from asyncrl.tasks.pipeline.progress import StageProgress, read_progress
 
 
 def _artifact(key: str) -> Any:  # noqa: ANN401 - a prefect Artifact

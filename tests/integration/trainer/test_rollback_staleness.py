@@ -26,7 +26,7 @@ from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardWriter
 from asyncrl.storage.weight_lineage import LINEAGE_FILE, VersionUpdates, lineage_updates, read_lineage
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.launch.audit import audit_run
+from asyncrl.chaos.audit import audit_run
 from asyncrl.tasks.scheduler.gate_state import save_gate_state
 from asyncrl.tasks.scheduler.group_schedule import group_id
 from asyncrl.tasks.algo.staleness_gate import GateState

@@ -10,7 +10,7 @@ import pytest
 from run_root_builder import ETA, RUN_ID, RunRootBuilder, SAMPLES_PER_GROUP as N
 
 from asyncrl.storage import fs, paths
-from asyncrl.tasks.launch.audit import AuditReport, audit_run
+from asyncrl.chaos.audit import AuditReport, audit_run
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.schema import Sample

@@ -16,7 +16,7 @@ from asyncrl.chaos.run import KINDS, ChaosReport, ChaosSettings, KillRecord, kil
 from asyncrl.cli.chaos import format_report
 from asyncrl.tasks.scheduler.main import EXIT_CONFIG, ServerSource, main, wait_for_servers
 from asyncrl.storage.weights import final_step_published
-from asyncrl.tasks.launch.audit import audit_run
+from asyncrl.chaos.audit import audit_run
 from asyncrl.storage.fs import open_root
 from asyncrl.tasks.inference.server_registry import register_server
 from asyncrl.tasks.inference.server import RolloutServerHandle

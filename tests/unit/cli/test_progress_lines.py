@@ -10,7 +10,7 @@ from rich.console import Console
 
 from asyncrl.cli.progress import PlainLines, live_progress, stage_line
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.launch.progress import StageProgress, StageState
+from asyncrl.tasks.pipeline.progress import StageProgress, StageState
 
 
 class Clock:

@@ -13,7 +13,7 @@ import pytest
 from asyncrl.configs.loading import ConfigError
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.data.prepared_stamp import file_state, write_stamp
-from asyncrl.tasks.launch.stages import data_present, prepare_inputs, synthetic_settings
+from asyncrl.tasks.pipeline.stages import data_present, prepare_inputs, synthetic_settings
 from asyncrl.tasks.data.synthetic import make_arithmetic_dataset, split_train_heldout
 
 

@@ -34,7 +34,7 @@ from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult
 from asyncrl.tasks.inference.samples import SampleOutput, SampleTimings, UpdateStats
-from asyncrl.tasks.launch.audit import audit_run
+from asyncrl.chaos.audit import audit_run
 from asyncrl.tasks.scheduler import controller as controller_module
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index

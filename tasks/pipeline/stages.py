@@ -29,9 +29,9 @@ from asyncrl.storage.evaluations import EvalResult
 from asyncrl.tasks.evaluator.held_out import held_out_task
 from asyncrl.tasks.tracking.lineage_recorder import file_ref
 from asyncrl.tasks.launch.components import trainer_component
-from asyncrl.tasks.launch.progress import StageProgress
+from asyncrl.tasks.pipeline.progress import StageProgress
 from asyncrl.tasks.launch.supervisor import RestartPolicy, supervise
-from asyncrl.tasks.launch.stage_cache import content_digest, stage_key
+from asyncrl.tasks.pipeline.stage_cache import content_digest, stage_key
 from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
 from asyncrl.tasks.trainer.process import TrainerLaunch
 

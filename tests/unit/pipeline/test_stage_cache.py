@@ -15,9 +15,9 @@ import pytest
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage import fs
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.launch import stages
+from asyncrl.tasks.pipeline import stages
 from asyncrl.tasks.launch.context import prepare_run
-from asyncrl.tasks.launch.stage_cache import content_digest, stage_key
+from asyncrl.tasks.pipeline.stage_cache import content_digest, stage_key
 
 
 def config(tmp_path: Path, **pipeline: Any) -> RunConfig:
