@@ -163,6 +163,13 @@ def _fetch_cached(
     return target, False
 
 
+def fetch_version(root: RunRoot, version: int, cache_dir: Path) -> Path:
+    """Local directory of published ``version`` of the open run root ``root``, fetched into
+    ``cache_dir`` once and verified (as :func:`fetch_weight_version`, through the caller's
+    own handle on the store)."""
+    return _fetch_cached(root.uri, lambda: WeightStore(root), version, cache_dir)[0]
+
+
 def model_weights(root: RunRoot, model_path: str, version: int | None, cache_dir: Path, *, fetch: bool = True) -> Path:
     """Local directory of the weights of the run at ``root`` at ``version``.
 
@@ -183,7 +190,7 @@ def model_weights(root: RunRoot, model_path: str, version: int | None, cache_dir
     if version is not None and (version != 0 or fs.exists(root, paths.weights_complete_marker(0))):
         if not fetch:
             return cached_version_dir(cache_dir, root.uri, version)
-        return _fetch_cached(root.uri, lambda: WeightStore(root), version, cache_dir)[0]
+        return fetch_version(root, version, cache_dir)
     require_model_dir(model_path)  # a local one; a remote one is checked once copied
     if "://" not in model_path or model_path.startswith("file://"):
         return Path(model_path.removeprefix("file://")).expanduser()

@@ -15,6 +15,7 @@ from pathlib import Path
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.model.lora_adapter import is_adapter_dir, merge_adapter
+from asyncrl.tasks.model.weight_fetch import fetch_version
 from asyncrl.tasks.tracking.mlflow_run import RunLineage
 
 
@@ -45,8 +46,8 @@ def register_version(
     aliases: Sequence[str],
     base_model_dir: Path | None = None,
 ) -> str:
-    """Pin weight ``version`` in the store, log its HF files (downloaded from the store and
-    checked against its manifest) into LoggedModel ``model_id`` in the transformers flavor
+    """Pin weight ``version`` in the store, log its HF files (fetched from the store and
+    checked against its manifest by the one weight fetch, :func:`~asyncrl.tasks.model.weight_fetch.fetch_version`) into LoggedModel ``model_id`` in the transformers flavor
     unless it holds them already, and register it as ``name`` with ``aliases``; the registered
     version number (the existing one when the model is registered under ``name`` already).
 
@@ -59,7 +60,7 @@ def register_version(
     store.pin(version)
     if not lineage.has_hf_model(model_id):
         with tempfile.TemporaryDirectory(prefix="asyncrl-register-") as tmp:
-            files = store.download(version, Path(tmp) / f"v{version}")
+            files = fetch_version(root, version, Path(tmp) / "weights-cache")
             if is_adapter_dir(files):
                 if base_model_dir is None:
                     raise ValueError(
