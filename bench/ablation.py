@@ -22,7 +22,7 @@ from typing import Any, get_args
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.trainer import TrainerConfig
-from asyncrl.bench.sweep_checks import check_distinct_ints, parse_int_list
+from asyncrl.bench.sweep_checks import check_distinct_ints
 from asyncrl.bench.e2e_report import format_staleness
 from asyncrl.bench.e2e_figures import staleness_counts, wasted_tokens
 
@@ -376,25 +376,3 @@ def cmd_bench_ablation(args: argparse.Namespace) -> int:
     print(format_table(result))
     print(f"curves: {settings.png_path}; figures: {settings.json_path}")
     return 1 if any("error" in r for r in result["runs"]) else 0
-
-
-def add_ablation_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``ablation`` on the ``bench`` sub-command."""
-    parser = subparsers.add_parser(
-        "ablation", help="held-out accuracy for eta in {0, 4, 8} with the decoupled objective and standard PPO"
-    )
-    defaults = AblationSettings()
-    parser.add_argument("config", help="run config (YAML) whose warm start and RL settings every run shares")
-    parser.add_argument("overrides", nargs="*", help="a.b=value overrides of the config")
-    parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated staleness bounds (default 0,4,8)")
-    parser.add_argument("--objectives", type=_objectives, default=defaults.objectives,
-                        help="comma-separated: decoupled,standard (default both)")  # fmt: skip
-    parser.add_argument("--adaptive", type=parse_int_list, default=defaults.adaptive_etas,
-                        help="comma-separated bounds to run again with adaptive staleness (default none)")  # fmt: skip
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="evaluate every N versions (0: first and last)")
-    parser.add_argument("--smooth", type=int, default=defaults.smooth, help="reward curve moving-mean window (steps)")
-    parser.add_argument("--work-dir", default=None, help="run roots, MLflow and logs (default <work_dir>/<name>-ablation)")
-    parser.add_argument("--json", default=None, help="result JSON (default <work-dir>/ablation.json)")
-    parser.add_argument("--png", default=None, help="curves PNG (default <work-dir>/ablation.png)")
-    parser.set_defaults(handler=cmd_bench_ablation)
-    return parser

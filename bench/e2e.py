@@ -344,32 +344,3 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
     print(format_tables(result))
     print(json.dumps(result))
     return 1 if any("error" in r for r in result["runs"]) else 0
-
-
-def add_e2e_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``e2e`` on the ``bench`` sub-command."""
-    parser = subparsers.add_parser(
-        "e2e", help="async speed-up end to end: eta = 0 vs eta > 0 in both interrupt modes, and the ideal overlap bound"
-    )
-    defaults = E2EBenchSettings()
-    parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated, must include 0 (default 0,1,2,4,8)")
-    parser.add_argument("--modes", type=_modes, default=defaults.modes, help="comma-separated interrupt modes (default recompute,keep)")
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps per run")
-    parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help="prompt groups per step (B)")
-    parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help="samples per prompt (n)")
-    parser.add_argument("--workload", choices=list(WORKLOADS), default=defaults.workload,
-                        help="balanced (default), generation-bound (4x longer outputs) or mixed (half code, scored in the sandbox)")  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"budget of the longest reference solution (default {defaults.max_new_tokens}, or the workload's)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--max-groups-in-flight", type=int, default=None,
-                        help="rollout.max_groups_in_flight of every run (default: none, the staleness gate alone)")  # fmt: skip
-    parser.add_argument("--rollout-cores", default="auto", help="comma-separated CPU ids, 'auto' (first half) or 'none'")
-    parser.add_argument("--trainer-cores", default="auto", help="comma-separated CPU ids, 'auto' (second half) or 'none'")
-    parser.add_argument("--gpus", type=parse_int_list, default=None,
-                        help="GPU ids: one, shared by the rollout server and the trainer, or server,trainer "
-                             "(default: none, CPUs; with GPUs 'auto' cores pin nothing)")  # fmt: skip
-    parser.add_argument("--work-dir", default=None, help="keep the model, prompts, run roots and logs here")
-    parser.add_argument("--json", default=None, help="also write the result as JSON here (updated after every run)")
-    parser.set_defaults(handler=cmd_bench_e2e)
-    return parser

@@ -92,18 +92,3 @@ def cmd_bench_learning(args: argparse.Namespace) -> int:
     json_path.write_text(json.dumps(result, indent=1))
     print(format_check(result))
     return 1 if result["passed"] is False else 0
-
-
-def add_learning_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``learning`` on the ``bench`` sub-command."""
-    parser = subparsers.add_parser(
-        "learning", help="held-out pass@1 gain of the config's RL over N runs from one warm start; fails below --min-gain"
-    )
-    parser.add_argument("config", help="run config (YAML), e.g. configs/demo.yaml")
-    parser.add_argument("overrides", nargs="*", help="a.b=value overrides of the config")
-    parser.add_argument("--repeats", type=int, default=3, help="RL runs, seeds seed..seed+N-1 (default 3)")
-    parser.add_argument("--min-gain", type=float, default=None, help="fail (exit 1) when the mean gain in points is below this")
-    parser.add_argument("--work-dir", default=None, help="run roots, MLflow and logs (default <work_dir>/<name>-learning)")
-    parser.add_argument("--json", default=None, help="result JSON (default <work-dir>/learning.json)")
-    parser.set_defaults(handler=cmd_bench_learning)
-    return parser

@@ -29,7 +29,7 @@ from asyncrl.tasks.inference.samples import INTERRUPT_MODES
 
 
 @dataclass(frozen=True)
-class BenchSettings:
+class RolloutBenchSettings:
     concurrencies: tuple[int, ...] = (1, 4, 16, 64)
     requests: int = 64
     min_tokens: int = 16
@@ -70,7 +70,7 @@ class StallRow:
     """Fetching the version before the pause (generation running), mean."""
 
 
-def long_tailed_lengths(n: int, settings: BenchSettings) -> list[int]:
+def long_tailed_lengths(n: int, settings: RolloutBenchSettings) -> list[int]:
     """L ~ P(L) proportional to L^-a on [min_tokens, max_tokens] (a = length_exponent)."""
     rng = random.Random(settings.seed)
     support = range(settings.min_tokens, settings.max_tokens + 1)
@@ -156,7 +156,7 @@ def perturbed_versions(model_dir: Path, store_uri: str, count: int, seed: int, w
     return list(range(1, count + 1))
 
 
-def run_rollout_bench(model_dir: Path | None, settings: BenchSettings, work_dir: Path | None = None) -> dict[str, Any]:
+def run_rollout_bench(model_dir: Path | None, settings: RolloutBenchSettings, work_dir: Path | None = None) -> dict[str, Any]:
     """Throughput by concurrency, then the stall of each interrupt mode's updates, on one
     server. Its model, weight versions and log go to ``work_dir`` (kept), else to a temporary
     directory removed afterwards (two copies of the model per weight version: ~250 MB for the
@@ -168,7 +168,7 @@ def run_rollout_bench(model_dir: Path | None, settings: BenchSettings, work_dir:
     return _measure_rollout(model_dir, settings, work_dir)
 
 
-def _measure_rollout(model_dir: Path | None, settings: BenchSettings, work: Path) -> dict[str, Any]:
+def _measure_rollout(model_dir: Path | None, settings: RolloutBenchSettings, work: Path) -> dict[str, Any]:
     from asyncrl.tasks.model.tiny import write_tiny_model
     from asyncrl.tasks.inference.client import RolloutClient
     from asyncrl.tasks.inference.server import RolloutServer, server_env
@@ -236,7 +236,7 @@ def format_tables(result: dict[str, Any]) -> str:
 
 
 def cmd_bench_rollout(args: argparse.Namespace) -> int:
-    settings = BenchSettings(
+    settings = RolloutBenchSettings(
         concurrencies=tuple(args.concurrency), requests=args.requests, max_tokens=args.max_tokens,
         updates_per_mode=args.updates, seed=args.seed, worker_in_engine_process=not args.worker_in_own_process,
         fork_engine_core=not args.spawn_engine_core,
@@ -248,24 +248,3 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
-
-
-def add_rollout_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register `rollout` on the `bench` sub-command."""
-    parser = subparsers.add_parser("rollout", help="vLLM tokens/s by concurrency and weight-update stall by mode")
-    defaults = BenchSettings()
-    parser.add_argument("--model", default=None, help="HF model directory (default: a fresh tiny Qwen2)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=list(defaults.concurrencies))
-    parser.add_argument("--requests", type=int, default=defaults.requests)
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    parser.add_argument("--updates", type=int, default=defaults.updates_per_mode, help="weight updates per mode")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--worker-in-own-process", action="store_true",
-                        help="run vLLM's model worker in a process of its own (vLLM's CPU default)")
-    parser.add_argument("--spawn-engine-core", action="store_true",
-                        help="spawn vLLM's engine core as vLLM's CPU platform asks, instead of forking it")
-    parser.add_argument("--work-dir", default=None,
-                        help="keep the model, weight versions and server log here (default: a temporary directory, removed)")
-    parser.add_argument("--json", default=None, help="also write the result as JSON here")
-    parser.set_defaults(handler=cmd_bench_rollout)
-    return parser

@@ -30,7 +30,6 @@ from asyncrl.bench.e2e import (
     standalone_server_config,
 )
 from asyncrl.bench.e2e_settings import E2EBenchSettings, Workload, split_cores
-from asyncrl.bench.sweep_checks import parse_int_list
 from asyncrl.bench.scale_figures import (
     memory_figures,
     scaling_exponents,
@@ -40,7 +39,6 @@ from asyncrl.bench.scale_figures import (
 )
 from asyncrl.bench.scale_report import format_tables, plot_curves
 from asyncrl.bench.scale_settings import (
-    DEFAULT_SIZES,
     MODEL_DTYPE,
     SIZE_SPECS,
     ScaleBenchSettings,
@@ -248,35 +246,3 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
         print(f"curves: {plot_curves(result, settings.png_path)}", file=sys.stderr)
     failed = [e["size"] for e in result["sizes"] if "error" in e or not e.get("hashes_verified")]
     return 1 if failed else 0
-
-
-def add_scale_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``scale`` on the ``bench`` sub-command."""
-    parser = subparsers.add_parser(
-        "scale", help="RL step, publish, fetch, load, stall and peak memory from 5M to 0.5B parameters, and their exponents"
-    )
-    defaults = ScaleBenchSettings()
-    parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
-                        help=f"comma-separated sizes of {', '.join(SIZE_SPECS)}, run smallest first "
-                             f"(default {','.join(DEFAULT_SIZES)})")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=defaults.steps,
-                        help=f"RL steps per size (default {defaults.steps}); figures average the steps after the first")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=defaults.repeats, help=f"fresh versions published, fetched and loaded per size (default {defaults.repeats})")
-    parser.add_argument("--eta", type=int, default=defaults.eta, help="rollout.eta of the runs (default 0: the same samples at every size)")
-    parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help=f"prompt groups per step (B, default {defaults.batch_groups})")
-    parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help=f"samples per prompt (n, default {defaults.n_samples})")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"budget of the longest reference solution (default {defaults.max_new_tokens})")
-    parser.add_argument("--micro-batch-tokens", type=int, default=defaults.micro_batch_tokens, help=f"trainer.micro_batch_tokens (default {defaults.micro_batch_tokens})")
-    parser.add_argument("--logit-chunk-tokens", type=int, default=defaults.logit_chunk_tokens, help=f"trainer.logit_chunk_tokens (default {defaults.logit_chunk_tokens})")
-    parser.add_argument("--activation-checkpointing", action="store_true", help="trainer.activation_checkpointing: recompute decoder layers in backward")
-    parser.add_argument("--zero-stage", type=int, default=defaults.zero_stage, help=f"trainer.zero_stage of the one trainer process (default {defaults.zero_stage})")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--gpus", type=parse_int_list, default=None,
-                        help="GPU ids: one, shared by the rollout server and the trainer, or server,trainer "
-                             "(default: none; the CPUs are split between them)")  # fmt: skip
-    parser.add_argument("--work-dir", default=None,
-                        help="models, prompts, runs and logs, one directory per size (a size's model is reused)")  # fmt: skip
-    parser.add_argument("--json", default=None, help="also write the result as JSON here (after every size)")
-    parser.add_argument("--png", default=None, help="also plot each cost against parameters (log-log) to this PNG")
-    parser.set_defaults(handler=cmd_bench_scale)
-    return parser

@@ -362,26 +362,3 @@ def cmd_bench_storage(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     return 0
-
-
-def add_storage_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``storage`` on the ``bench`` sub-command."""
-    parser = subparsers.add_parser(
-        "storage", help="storage operations and seconds per training step, early vs late in a synthetic run"
-    )
-    defaults = StorageBenchSettings()
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps to run")
-    parser.add_argument("--sample-at", type=_steps_list, default=defaults.sample_at,
-                        help="comma-separated steps to report (default 10,1000); the ratio is last/first")  # fmt: skip
-    parser.add_argument("--window", type=int, default=defaults.window, help="steps averaged at each sample point")
-    parser.add_argument("--shards-per-step", type=int, default=defaults.shards_per_step)
-    parser.add_argument("--groups-per-shard", type=int, default=defaults.groups_per_shard)
-    parser.add_argument("--max-ops-ratio", type=float, default=defaults.max_ops_ratio,
-                        help="exit 1 if ops/step at the last sample exceed this multiple of the first")  # fmt: skip
-    parser.add_argument("--s3-endpoint", default=None,
-                        help="also run on this S3 endpoint (credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")  # fmt: skip
-    parser.add_argument("--s3-bucket", default="asyncrl-bench", help="bucket on --s3-endpoint (created if missing)")
-    parser.add_argument("--work-dir", default=None, help="keep the local run root here (default: a temporary dir)")
-    parser.add_argument("--json", default=None, help="also write the JSON report here")
-    parser.set_defaults(handler=cmd_bench_storage)
-    return parser

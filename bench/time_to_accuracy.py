@@ -26,7 +26,7 @@ from asyncrl.bench.ablation import eval_versions, prepare_warm_start, relocated
 from asyncrl.bench.accuracy_curves import (
     accuracy_target, centred_mean, first_crossing, generation_share, seed_mean_curve, value_at, version_wall_times,
 )  # fmt: skip
-from asyncrl.bench.sweep_checks import check_distinct_ints, check_includes_sync, check_modes, parse_int_list
+from asyncrl.bench.sweep_checks import check_distinct_ints, check_includes_sync, check_modes
 from asyncrl.bench.e2e_figures import staleness_counts
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.inference.samples import INTERRUPT_MODES
@@ -336,26 +336,3 @@ def cmd_bench_time_to_accuracy(args: argparse.Namespace) -> int:
 
 def _modes(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def add_time_to_accuracy_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``time-to-accuracy`` on the ``bench`` sub-command."""
-    defaults = TimeToAccuracySettings()
-    parser = subparsers.add_parser(
-        "time-to-accuracy",
-        help="held-out pass@1 against wall time: synchronous run vs asynchronous arms, from one warm start",
-    )
-    parser.add_argument("config", help="run config (YAML), e.g. configs/reasoning.yaml")
-    parser.add_argument("overrides", nargs="*", help="a.b=value overrides of the config")
-    parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated, with 0 (default 0,1,2,4)")
-    parser.add_argument("--modes", type=_modes, default=defaults.modes, help="interrupt modes of eta > 0 (default recompute,keep)")
-    parser.add_argument("--seeds", type=parse_int_list, default=defaults.seeds, help="comma-separated seeds (default 0,1)")
-    parser.add_argument("--objective-etas", type=parse_int_list, default=defaults.objective_etas,
-                        help="also run standard PPO beside decoupled at these etas, e.g. 4,8 (default none)")  # fmt: skip
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="evaluate every N versions")
-    parser.add_argument("--smooth", type=int, default=defaults.smooth, help="centred moving mean over N evaluated versions (odd)")
-    parser.add_argument("--work-dir", default=None, help="run roots, MLflow and logs (default <work_dir>/<name>-time-to-accuracy)")
-    parser.add_argument("--json", default=None, help="result JSON (default <work-dir>/time-to-accuracy.json)")
-    parser.add_argument("--png", default=None, help="curves PNG (default <work-dir>/time-to-accuracy.png)")
-    parser.set_defaults(handler=cmd_bench_time_to_accuracy)
-    return parser

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class BenchSettings:
+class TrainerBenchSettings:
     sequences: int = 64
     min_len: int = 16
     max_len: int = 512
@@ -75,7 +75,7 @@ def long_tailed_lengths(n: int, min_len: int, max_len: int, seed: int, alpha: fl
     return [min(max_len, math.floor(min_len * (1.0 - rng.random()) ** (-1.0 / alpha))) for _ in range(n)]
 
 
-def _items(settings: BenchSettings, vocab_size: int) -> list[Any]:
+def _items(settings: TrainerBenchSettings, vocab_size: int) -> list[Any]:
     import torch
 
     from asyncrl.tasks.trainer.batch import TokenSequence
@@ -114,7 +114,7 @@ def timed_row(
     )
 
 
-def run_trainer_bench(engine: TrainEngine, settings: BenchSettings) -> list[BenchRow]:
+def run_trainer_bench(engine: TrainEngine, settings: TrainerBenchSettings) -> list[BenchRow]:
     """Time ``repeats`` PPO updates per variant (after one warm-up update each)."""
     from asyncrl.tasks.trainer.batch import build_micro_batches
     from asyncrl.tasks.trainer.step import ppo_update
@@ -139,7 +139,7 @@ def run_trainer_bench(engine: TrainEngine, settings: BenchSettings) -> list[Benc
     return rows
 
 
-def run_proximal_bench(engine: TrainEngine, settings: BenchSettings) -> list[BenchRow]:
+def run_proximal_bench(engine: TrainEngine, settings: TrainerBenchSettings) -> list[BenchRow]:
     """Time ``repeats`` decoupled steps of one mini-batch (packed) per way of getting log
     pi_prox (after one warm-up step each): ``separate`` (:func:`compute_proximal`, then the
     update) and ``reused`` (the update's own forward pass)."""
@@ -184,7 +184,7 @@ def cmd_bench_trainer(args: argparse.Namespace) -> int:
     from asyncrl.tasks.model.tiny import write_tiny_model
     from asyncrl.tasks.trainer.engine import EngineSettings, build_engine
 
-    settings = BenchSettings(
+    settings = TrainerBenchSettings(
         sequences=args.sequences,
         min_len=args.min_len,
         max_len=args.max_len,
@@ -213,23 +213,3 @@ def cmd_bench_trainer(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
-
-
-def add_trainer_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``trainer`` on a ``bench`` sub-command's subparsers (handler in ``handler``)."""
-    parser = subparsers.add_parser(
-        "trainer", help="trained tokens/s and packing efficiency: dynamic vs fixed-count micro-batches"
-    )
-    defaults = BenchSettings()
-    parser.add_argument("--model", default=None, help="HF model directory (default: a fresh tiny Qwen2)")
-    parser.add_argument("--sequences", type=int, default=defaults.sequences)
-    parser.add_argument("--min-len", type=int, default=defaults.min_len)
-    parser.add_argument("--max-len", type=int, default=defaults.max_len)
-    parser.add_argument("--budget", type=int, default=defaults.budget, help="micro-batch token budget")
-    parser.add_argument("--fixed-count", type=int, default=defaults.fixed_count, help="sequences per fixed micro-batch")
-    parser.add_argument("--repeats", type=int, default=defaults.repeats)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3), help="trainer.zero_stage (default 1)")
-    parser.add_argument("--json", default=None, help="also write the result as JSON here")
-    parser.set_defaults(handler=cmd_bench_trainer)
-    return parser

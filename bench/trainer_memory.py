@@ -329,32 +329,3 @@ def cmd_bench_trainer_memory(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
-
-
-def add_trainer_memory_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``trainer-memory`` on the ``bench`` sub-command."""
-    parser = subparsers.add_parser(
-        "trainer-memory", help="the trainer's resident memory per phase (steps and a publish) and step seconds, by malloc heap and ZeRO stage"
-    )
-    defaults = MemorySettings(model_dir=Path())
-    parser.add_argument("--model", default=None, help="HF model directory to train (or --size)")
-    parser.add_argument("--size", default=None, help=f"write and train a random Qwen2 of this size: {', '.join(SIZE_SPECS)}")
-    parser.add_argument("--work-dir", default=None, help="where --size writes its model (reused when it holds one)")
-    parser.add_argument("--heaps", default=f"{GLIBC_DEFAULT},1",
-                        help="comma-separated heaps, each measured in its own process: glibc (its own settings) "
-                             "or an mmap threshold in MiB (the trainer's: 1); default glibc,1")  # fmt: skip
-    parser.add_argument("--tokens", type=int, default=defaults.tokens, help=f"positions of the micro-batch (default {defaults.tokens})")
-    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"steps per heap (default {defaults.steps})")
-    parser.add_argument("--logit-chunk-tokens", type=int, default=defaults.logit_chunk_tokens,
-                        help=f"trainer.logit_chunk_tokens (default {defaults.logit_chunk_tokens}; 0: whole)")  # fmt: skip
-    parser.add_argument("--no-activation-checkpointing", action="store_true", help="keep every layer's activations")
-    parser.add_argument("--zero-stage", type=int, default=defaults.zero_stage, help=f"trainer.zero_stage (default {defaults.zero_stage})")
-    parser.add_argument("--world-size", type=int, default=defaults.world_size,
-                        help=f"ranks of the engine, under torchrun above 1 (default {defaults.world_size}); "
-                             "with --zero-stage 3 the publish gathers one parameter at a time")  # fmt: skip
-    parser.add_argument("--zero3-live-elements", type=int, default=defaults.zero3_live_elements,
-                        help=f"trainer.zero3_live_elements (default {defaults.zero3_live_elements:,}; 0: DeepSpeed's defaults)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="also write the result as JSON here")
-    parser.set_defaults(handler=cmd_bench_trainer_memory)
-    return parser

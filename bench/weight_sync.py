@@ -30,8 +30,6 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.bench.weight_sync_settings import (
     CHUNK_BYTES,
     MIB,
-    SERVER_DTYPES,
-    SIZES,
     WeightSyncBenchSettings,
     dir_bytes,
     model_spec,
@@ -546,29 +544,3 @@ def cmd_bench_lora_sync(settings: WeightSyncBenchSettings, args: argparse.Namesp
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0 if result["fingerprints_verified"] else 1
-
-
-def add_weight_sync_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``weight-sync`` on the ``bench`` sub-command."""
-    parser = subparsers.add_parser(
-        "weight-sync", help="publish, fetch and in-place vLLM load of a 0.5B checkpoint, against disk and memory"
-    )
-    defaults = WeightSyncBenchSettings()
-    parser.add_argument("--size", choices=SIZES, default=defaults.size,
-                        help="model preset: 0.5b (Qwen2.5-0.5B shape, bf16) or tiny (3 M parameters)")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=defaults.repeats, help="fresh versions per backend")
-    parser.add_argument("--probe-mib", type=int, default=defaults.probe_mib,
-                        help="MiB of the disk and memory link probes (a multiple of 8)")  # fmt: skip
-    parser.add_argument("--kv-cache-gib", type=float, default=defaults.kv_cache_gib)
-    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
-    parser.add_argument("--server-dtype", choices=SERVER_DTYPES, default=defaults.server_dtype,
-                        help="the rollout server's dtype (the checkpoint is bfloat16)")  # fmt: skip
-    parser.add_argument("--s3-endpoint", default=None,
-                        help="also run on this S3 endpoint (credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")  # fmt: skip
-    parser.add_argument("--s3-bucket", default="asyncrl-bench", help="bucket on --s3-endpoint (created if missing)")
-    parser.add_argument("--work-dir", default=None, help="keep model, stores and caches here (default: a temporary dir)")
-    parser.add_argument("--json", default=None, help="also write the JSON report here")
-    parser.add_argument("--lora", type=int, default=None, metavar="RANK",
-                        help="instead: publish and load rank-RANK LoRA adapters of the model into a LoRA server")  # fmt: skip
-    parser.set_defaults(handler=cmd_bench_weight_sync)
-    return parser

@@ -24,19 +24,21 @@ from pathlib import Path
 from asyncrl.configs.loading import ConfigError, frozen_yaml, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.errors import StorageOperationError
-from asyncrl.bench.ablation import add_ablation_bench
-from asyncrl.bench.e2e import add_e2e_bench
-from asyncrl.bench.learning_check import add_learning_bench
-from asyncrl.bench.scale import add_scale_bench
-from asyncrl.bench.time_to_accuracy import add_time_to_accuracy_bench
-from asyncrl.bench.storage import add_storage_bench
-from asyncrl.bench.weight_sync import add_weight_sync_bench
 from asyncrl.cli.chaos import add_chaos_command
 from asyncrl.cli.lineage import add_lineage_commands
+from asyncrl.cli.bench import (
+    add_ablation_bench,
+    add_e2e_bench,
+    add_learning_bench,
+    add_rollout_bench,
+    add_scale_bench,
+    add_storage_bench,
+    add_time_to_accuracy_bench,
+    add_trainer_bench,
+    add_trainer_memory_bench,
+    add_weight_sync_bench,
+)
 from asyncrl.cli.reward import add_reward_bench, add_reward_commands
-from asyncrl.bench.rollout import add_rollout_bench
-from asyncrl.bench.trainer import add_trainer_bench
-from asyncrl.bench.trainer_memory import add_trainer_memory_bench
 
 
 class CommandError(Exception):

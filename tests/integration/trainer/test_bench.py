@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from asyncrl.cli.bench import add_trainer_bench
 from asyncrl.bench.trainer import (
-    BenchSettings,
-    add_trainer_bench,
+    TrainerBenchSettings,
     format_table,
     run_proximal_bench,
     run_trainer_bench,
@@ -20,7 +20,7 @@ from asyncrl.bench.trainer import (
 
 
 def test_bench_rows_compare_packed_and_padded(engine: Any) -> None:
-    settings = BenchSettings(sequences=16, min_len=16, max_len=128, budget=256, fixed_count=4, repeats=1)
+    settings = TrainerBenchSettings(sequences=16, min_len=16, max_len=128, budget=256, fixed_count=4, repeats=1)
     packed, fixed = run_trainer_bench(engine, settings)
     assert (packed.variant, fixed.variant) == ("packed", "fixed")
     assert packed.real_tokens == fixed.real_tokens
@@ -33,7 +33,7 @@ def test_bench_rows_compare_packed_and_padded(engine: Any) -> None:
 
 
 def test_proximal_rows_time_both_ways_on_one_batch(engine: Any) -> None:
-    settings = BenchSettings(sequences=16, min_len=16, max_len=128, budget=256, repeats=1)
+    settings = TrainerBenchSettings(sequences=16, min_len=16, max_len=128, budget=256, repeats=1)
     separate, reused = run_proximal_bench(engine, settings)
     assert (separate.variant, reused.variant) == ("separate", "reused")
     assert separate.real_tokens == reused.real_tokens and separate.micro_batches == reused.micro_batches > 1

@@ -10,10 +10,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from asyncrl.cli.bench import add_trainer_memory_bench
 from asyncrl.bench.trainer_memory import (
     HEAP_ENV,
     MemorySettings,
-    add_trainer_memory_bench,
     format_table,
     heap_figures,
     parse_heaps,

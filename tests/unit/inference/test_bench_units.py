@@ -10,12 +10,12 @@ import pytest
 
 import asyncrl.bench.rollout as bench_module
 from asyncrl.cli.main import build_parser
-from asyncrl.bench.rollout import BenchSettings, format_tables, long_tailed_lengths, run_rollout_bench, stall_row
+from asyncrl.bench.rollout import RolloutBenchSettings, format_tables, long_tailed_lengths, run_rollout_bench, stall_row
 from asyncrl.tasks.inference.samples import UpdateStats
 
 
 def test_lengths_are_bounded_long_tailed_and_seeded() -> None:
-    settings = BenchSettings(requests=2000, min_tokens=16, max_tokens=512, seed=3)
+    settings = RolloutBenchSettings(requests=2000, min_tokens=16, max_tokens=512, seed=3)
     lengths = long_tailed_lengths(2000, settings)
     assert min(lengths) >= 16 and max(lengths) <= 512
     median = statistics.median(lengths)
@@ -65,7 +65,7 @@ def test_the_bench_keeps_its_files_only_in_a_work_dir_it_is_given(tmp_path: Path
     removed afterwards, even when the measurement fails; ``--work-dir`` keeps them."""
     used: list[Path] = []
 
-    def measure(model_dir: Path | None, settings: BenchSettings, work: Path) -> dict[str, Any]:
+    def measure(model_dir: Path | None, settings: RolloutBenchSettings, work: Path) -> dict[str, Any]:
         used.append(work)
         (work / "server.log").write_text("log")
         if settings.seed == 1:
@@ -73,12 +73,12 @@ def test_the_bench_keeps_its_files_only_in_a_work_dir_it_is_given(tmp_path: Path
         return {"work": str(work)}
 
     monkeypatch.setattr(bench_module, "_measure_rollout", measure)
-    assert run_rollout_bench(None, BenchSettings()) == {"work": str(used[0])}
+    assert run_rollout_bench(None, RolloutBenchSettings()) == {"work": str(used[0])}
     with pytest.raises(RuntimeError, match="server failed"):
-        run_rollout_bench(None, BenchSettings(seed=1))
+        run_rollout_bench(None, RolloutBenchSettings(seed=1))
     assert not used[0].exists() and not used[1].exists()
     kept = tmp_path / "kept"
-    run_rollout_bench(None, BenchSettings(), kept)
+    run_rollout_bench(None, RolloutBenchSettings(), kept)
     assert used[2] == kept and (kept / "server.log").read_text() == "log"
     args = build_parser().parse_args(["bench", "rollout", "--work-dir", str(kept)])
     assert args.work_dir == str(kept) and build_parser().parse_args(["bench", "rollout"]).work_dir is None
