@@ -39,7 +39,7 @@ from asyncrl.tasks.tracking.lineage_recorder import VersionFollower, version_man
 from asyncrl.tasks.scheduler.written_index import WrittenGroups, save_written_groups, written_group_indices
 from asyncrl.tasks.scheduler.group_schedule import group_id
 from asyncrl.tasks.trainer.feed import ShardFeed
-from asyncrl.tasks.trainer.retention import prune_after_publish
+from asyncrl.tasks.trainer.retention import RetentionPolicy, prune_after_publish
 
 COUNTED = (
     "read_bytes", "read_many", "exists", "list_dir", "put_if_absent", "put_atomic_replace",
@@ -236,7 +236,7 @@ class SyntheticRun:
             lineage = {"version": step, "parent_version": self.version, "step": step, "shards": list(taken.shards)}
             (self.weights / LINEAGE_FILE).write_text(json.dumps(lineage))
             self.store.publish(step, self.weights)
-            prune_after_publish(self.store, step)
+            prune_after_publish(self.store, step, RetentionPolicy(max_staleness=BENCH_ETA))
             self.version = step
         with self.counter.within("lineage"):
             for version in self.follower.new_versions():

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.configs.trainer import TrainerConfig
 from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.ledger import Ledger
@@ -41,7 +42,7 @@ from asyncrl.tasks.trainer.data_parallel import barrier, broadcast_from_rank0
 from asyncrl.tasks.trainer.engine import TrainEngine, save_hf_weights
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
 from asyncrl.tasks.trainer.metrics import MetricsSink
-from asyncrl.tasks.trainer.retention import prune_after_publish
+from asyncrl.tasks.trainer.retention import RetentionPolicy, prune_after_publish
 from asyncrl.tasks.trainer.reference import ReferencePolicy
 from asyncrl.tasks.trainer.step import run_rl_step
 from asyncrl.tasks.trainer.staleness import UpdateCount, sample_staleness
@@ -83,6 +84,23 @@ class LoopSettings:
     """Longest wait between looks for shards; the scheduler's doorbell ends a wait as soon as a shard is written."""
     wait_timeout_s: float | None = None
     """Give up (:class:`TrainerWaitTimeout`) after waiting this long for one batch; None waits forever."""
+    retention: RetentionPolicy | None = None
+    """Which published versions to keep after each publish; None prunes nothing."""
+
+    @staticmethod
+    def from_config(
+        trainer: TrainerConfig, max_staleness: int, poll_interval_s: float = 1.0, wait_timeout_s: float | None = None
+    ) -> LoopSettings:
+        """The RL trainer's loop: the ``trainer`` section's batch, steps and checkpoint cadence,
+        and retention by the run's staleness bound and ``trainer.keep_versions``."""
+        return LoopSettings(
+            batch_groups=trainer.batch_groups,
+            max_steps=trainer.max_steps,
+            checkpoint_every=trainer.checkpoint_every,
+            poll_interval_s=poll_interval_s,
+            wait_timeout_s=wait_timeout_s,
+            retention=RetentionPolicy(max_staleness=max_staleness, keep_versions=trainer.keep_versions),
+        )
 
 
 @dataclass(frozen=True)
@@ -134,13 +152,18 @@ class StartReport:
 
 
 def publish_weights(
-    store: WeightStore, engine: TrainEngine, version: int, lineage: dict[str, object], work_dir: Path
+    store: WeightStore,
+    engine: TrainEngine,
+    version: int,
+    lineage: dict[str, object],
+    work_dir: Path,
+    retention: RetentionPolicy | None = None,
 ) -> None:
     """Write the engine's weights as an HF directory and publish it as ``version``.
 
     Collective: every rank calls it (under ZeRO 3 the weights are gathered from all ranks,
     :func:`~asyncrl.tasks.trainer.engine.save_hf_weights`); rank 0 alone touches the
-    staging directory and the store."""
+    staging directory and the store, and prunes older versions under ``retention``."""
     writer = engine.rank == 0
     staging = Path(work_dir) / "publish" / f"v{version}"
     if writer:
@@ -149,7 +172,7 @@ def publish_weights(
         save_hf_weights(engine, staging, {LINEAGE_FILE: json.dumps({"version": version, **lineage}, indent=1)})
         if writer:
             store.publish(version, staging)
-            prune_after_publish(store, version)
+            prune_after_publish(store, version, retention)
     finally:
         if writer:
             shutil.rmtree(staging, ignore_errors=True)
@@ -210,7 +233,9 @@ class RLTrainer:
             latest = self._store.newest_complete()
             barrier()
             if latest is None:
-                publish_weights(self._store, self._engine, 0, {"parent_version": None, "step": 0}, self._work_dir)
+                publish_weights(
+                    self._store, self._engine, 0, {"parent_version": None, "step": 0}, self._work_dir, self._loop.retention
+                )
                 published_initial, latest = True, 0
             state = TrainerState(0, latest)
             save_checkpoint(self._root, self._engine, CheckpointState(0, latest), self._work_dir)
@@ -269,7 +294,7 @@ class RLTrainer:
         # The step's figures travel with its weights: a run whose trainer is on another
         # machine logs them from here (asyncrl.tasks.tracking.lineage_recorder).
         lineage = step_lineage(state, self._run_id, step_input.shards, figures)
-        publish_weights(self._store, self._engine, version, lineage, self._work_dir)
+        publish_weights(self._store, self._engine, version, lineage, self._work_dir, self._loop.retention)
         if writer:
             self._weights_bell.ring()  # the scheduler loads it at once
         barrier()

@@ -175,13 +175,7 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
 
         first_dir = None if config.trainer.lora is not None else node_model_dir(root, config.model.path, work_dir, first=True)[0]
         reference = load_reference(engine, first_dir)
-    loop = LoopSettings(
-        batch_groups=config.trainer.batch_groups,
-        max_steps=config.trainer.max_steps,
-        checkpoint_every=config.trainer.checkpoint_every,
-        poll_interval_s=args.poll_interval,
-        wait_timeout_s=args.wait_timeout,
-    )
+    loop = LoopSettings.from_config(config.trainer, config.max_staleness, args.poll_interval, args.wait_timeout)
     trainer = RLTrainer(
         root,
         config.name,

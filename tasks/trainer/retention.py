@@ -1,23 +1,21 @@
 """Retention of published weight versions: what the trainer keeps after each publish.
 
 After every publish the writer rank calls :func:`prune_after_publish`. With C the version just
-published, U(v) the update count of v (its lineage ``step``), m the max staleness
-(``trainer.max_staleness``, else ``rollout.eta``) and K ``trainer.keep_versions``, v is kept
+published, U(v) the update count of v (its lineage ``step``), m the max staleness (the run
+config's staleness bound, handed to the trainer) and K ``trainer.keep_versions``, v is kept
 iff: (1) v >= C; (2) U(v) >= U(C) - (m + 1), the staleness window plus one update of margin;
 (3) v is the lowest complete version; (4) v is a complete checkpoint's version; (5) v is
 pinned; (6) v is one of the K newest besides C; (7) the evaluator may still load v. Every
-other version is pruned (:meth:`WeightStore.prune`); when in doubt (config or manifests
-unreadable, the store failing) nothing is. The same call aborts incomplete multipart uploads
+other version is pruned (:meth:`WeightStore.prune`); when in doubt (manifests unreadable,
+the store failing) nothing is. The same call aborts incomplete multipart uploads
 under ``weights/`` and ``checkpoints/``. Why each rule: ``docs/internals/trainer.md``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-
-import yaml
 
 from asyncrl.storage import fs, paths
 from asyncrl.storage.evaluations import EvaluationStore
@@ -27,10 +25,6 @@ from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.trainer.checkpoint import CheckpointError, checkpoint_versions
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_ETA = 4
-"""``rollout.eta``'s default, used when the frozen config omits it."""
-
 
 @dataclass(frozen=True)
 class RetentionPolicy:
@@ -55,36 +49,6 @@ class RetentionReport:
     kept: tuple[int, ...]
     deleted: tuple[int, ...]
     aborted_uploads: tuple[str, ...]
-
-
-def policy_from_config(config: Mapping[str, object]) -> RetentionPolicy:
-    """The policy of a run config as plain data (the frozen ``config.yaml``): m =
-    ``trainer.max_staleness``, else ``rollout.eta``; K = ``trainer.keep_versions`` (0 if
-    absent). ``ValueError`` names a bad value."""
-    trainer = config.get("trainer") or {}
-    rollout = config.get("rollout") or {}
-    if not isinstance(trainer, Mapping) or not isinstance(rollout, Mapping):
-        raise ValueError("run config: trainer and rollout must be mappings")
-    staleness = trainer.get("max_staleness")
-    if staleness is None:
-        staleness = rollout.get("eta", DEFAULT_ETA)
-    keep = trainer.get("keep_versions", 0)
-    return RetentionPolicy(max_staleness=staleness, keep_versions=0 if keep is None else keep)  # type: ignore[arg-type]
-
-
-def run_root_policy(root: RunRoot) -> RetentionPolicy | None:
-    """The policy of the run's frozen ``config.yaml`` in ``root``; None if there is none."""
-    try:
-        raw = fs.read_bytes(root, paths.CONFIG)
-    except FileNotFoundError:
-        return None
-    content = yaml.safe_load(raw)
-    if not isinstance(content, Mapping):
-        raise ValueError(f"{root.display(paths.CONFIG)}: not a mapping")
-    try:
-        return policy_from_config(content)
-    except ValueError as exc:
-        raise ValueError(f"{root.display(paths.CONFIG)}: {exc}") from None
 
 
 def versions_to_keep(
@@ -140,18 +104,18 @@ def abort_trainer_uploads(root: RunRoot) -> list[str]:
     return aborted
 
 
-def prune_after_publish(store: WeightStore, version: int) -> RetentionReport | None:
+def prune_after_publish(store: WeightStore, version: int, policy: RetentionPolicy | None) -> RetentionReport | None:
     """The trainer's call right after publishing ``version``: :func:`abort_trainer_uploads`,
-    then :func:`prune_weights` under the run root's frozen config (:func:`run_root_policy`);
-    None, pruning nothing, without one (or when the pass failed: a warning says why)."""
+    then :func:`prune_weights` under ``policy`` (the trainer's own settings); None, pruning
+    nothing, without a policy (the SFT stage's one version) or when the pass failed (a
+    warning says why)."""
     try:
         aborted = abort_trainer_uploads(store.root)
-        policy = run_root_policy(store.root)
         if policy is None:
             return None
         report = prune_weights(store, version, policy)
         return RetentionReport(kept=report.kept, deleted=report.deleted, aborted_uploads=tuple(aborted))
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except (OSError, ValueError) as exc:
         logger.warning("weight retention after publishing version %d failed, retried after the next publish: %r",
                        version, exc)
         return None
