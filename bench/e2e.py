@@ -57,7 +57,8 @@ def prepare_workload(work: Path, settings: E2EBenchSettings) -> Workload:
     of the arithmetic file and a synthetic code file; budgets follow the reference programs."""
     import yaml
 
-    from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, sample_budget
+    from asyncrl.tasks.data.records import sample_budget
+    from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
     from asyncrl.tasks.model.codec import load_codec
     from asyncrl.tasks.data.loader import load_prompts
     from asyncrl.tasks.data.prompting import render_prompt

@@ -6,7 +6,7 @@ phase's wall time, as plain functions of measured numbers (``docs/algorithm.md``
 1.0 is running the two in turn, 2.0 a perfect overlap of two equal halves; below 1.0 the
 phase had time with neither side busy. The generation busy time is measured
 by the scheduler (``generation_busy_s`` of its cycle figures,
-:class:`~asyncrl.tasks.scheduler.busy_time.BusyTime`); the others come from the trainer's
+:class:`~asyncrl.tasks.system.busy_time.BusyTime`); the others come from the trainer's
 step metrics here.
 """
 

@@ -67,3 +67,9 @@ def check_task(task: Any, plugins: Collection[str], where: str, field_name: str 
             "a plug-in task must be configured under reward.plugins"
         )
     return task
+
+
+def sample_budget(record: PromptRecord, max_new_tokens: int) -> int:
+    """Output-token budget of each sample of ``record``: min(record.max_new_tokens, max_new_tokens),
+    or ``max_new_tokens`` when the prompt sets none."""
+    return max_new_tokens if record.max_new_tokens is None else min(record.max_new_tokens, max_new_tokens)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asyncrl.tasks.model.codec import TextCodec, load_codec
@@ -22,11 +22,12 @@ from asyncrl.tasks.data.loader import load_prompts
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.reward.pass_at_k import CORRECT_REWARD, task_figures
-from asyncrl.tasks.data.reward_requests import reward_request
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.configs.episode import EpisodeConfig
 from asyncrl.storage.evaluations import EvalResult
-from asyncrl.tasks.agent.runner import EpisodeRunner, episode_runner_on, score_outcomes
+from asyncrl.tasks.agent.episodes import AgentEpisodes, SamplingSettings, SingleTurnEpisodes
+from asyncrl.tasks.agent.runner import episode_runner_on
+from asyncrl.tasks.system.busy_time import BusyTime
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -43,6 +44,21 @@ def pass_at_1(correct_counts: Sequence[int], samples_per_prompt: int) -> float:
     return sum(c / samples_per_prompt for c in correct_counts) / len(correct_counts)
 
 
+@dataclass
+class HeldOutTally:
+    """The :class:`~asyncrl.tasks.agent.episodes.EpisodeStats` of an evaluation: the tokens
+    the model sampled per answer; the other figures are a training run's and are dropped."""
+
+    generation: BusyTime = field(default_factory=BusyTime)
+    reward_wait_s: float = 0.0
+    context_tokens: int = 0
+    episodes_left_out: dict[str, int] = field(default_factory=dict)
+    lengths: list[int] = field(default_factory=list)
+
+    def count_sample(self, task: str, output_tokens: int, reward: float, reason: str) -> None:
+        self.lengths.append(output_tokens)
+
+
 async def evaluate(
     client: RolloutClient,
     version: int,
@@ -53,6 +69,7 @@ async def evaluate(
     *,
     samples_per_prompt: int,
     max_new_tokens: int,
+    max_prompt_tokens: int,
     temperature: float,
     stop_token_ids: Sequence[int],
     concurrency: int = 64,
@@ -60,51 +77,46 @@ async def evaluate(
     pass_k: Sequence[int] = (),
     episode: EpisodeConfig | None = None,
 ) -> EvalResult:
-    """Generate `samples_per_prompt` answers per held-out prompt and score them, with at most
-    `concurrency` prompt groups in flight (the server batches their samples, so more groups in
-    flight keep a CPU server busier). With ``episode`` (``rollout.episode``), each answer is
-    one run of the user's episode through a recording endpoint on ``client``, scored as in
-    training (:func:`~asyncrl.tasks.agent.runner.score_outcomes`: a failed episode is
-    wrong); its length is the tokens the model sampled in all its turns."""
+    """Generate ``samples_per_prompt`` answers per held-out prompt and score them, with at most
+    ``concurrency`` prompt groups in flight (the server batches their samples, so more groups
+    in flight keep a CPU server busier). The answers come from training's own episodes
+    (:mod:`asyncrl.tasks.agent.episodes`): single-turn samples within the row's token budget,
+    or with ``episode`` (``rollout.episode``) runs of the user's episode through a recording
+    endpoint on ``client``, scored as in training. An answer that is not a row (a failed
+    episode left out, one that made no model call) counts as wrong; a length is the tokens the
+    model sampled in all its turns."""
     limit = asyncio.Semaphore(concurrency)
-    lengths: list[int] = []
+    tally = HeldOutTally()
+    sampling = SamplingSettings(
+        n_samples=samples_per_prompt,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=max_prompt_tokens,
+        temperature=temperature,
+        stop_token_ids=tuple(stop_token_ids),
+    )
 
-    async def single_turn(record: PromptRecord) -> list[float]:
+    async def one(index: int, record: PromptRecord, episodes: SingleTurnEpisodes | AgentEpisodes) -> list[float]:
         async with limit:
-            outputs = await client.generate_group(
-                codec.encode(render(record)), samples_per_prompt, max_new_tokens, temperature,
-                stop_token_ids=stop_token_ids,
-            )
-        lengths.extend(len(o.output_token_ids) for o in outputs)
-        results = await scorer.score(
-            [reward_request(record, codec.decode(o.output_token_ids)) for o in outputs]
-        )
-        return [r.reward for r in results]
-
-    async def episodes(runner: EpisodeRunner, record: PromptRecord) -> list[float]:
-        async with limit:
-            outcomes = await runner.run_group(record, samples_per_prompt)
-        lengths.extend(sum(o.tokens.output_mask) if o.tokens else 0 for o in outcomes)
-        return [reward for reward, _ in await score_outcomes(record, outcomes, scorer)]
-
-    async def one(record: PromptRecord, runner: EpisodeRunner | None) -> list[float]:
-        rewards = await (single_turn(record) if runner is None else episodes(runner, record))
+            samples = await episodes.produce(f"eval-{index:06d}", record, tally)
         if on_prompt_done is not None:
             on_prompt_done()
-        return rewards
+        return [s.reward for s in samples] + [0.0] * (samples_per_prompt - len(samples))
+
+    async def run_all(episodes: SingleTurnEpisodes | AgentEpisodes) -> list[list[float]]:
+        return await asyncio.gather(*(one(i, record, episodes) for i, record in enumerate(prompts)))
 
     if episode is None:
-        rewards = await asyncio.gather(*(one(record, None) for record in prompts))
+        rewards = await run_all(SingleTurnEpisodes(sampling, render, codec, client, scorer))
     else:
         async with episode_runner_on(client, codec, episode, max_new_tokens, temperature) as runner:
-            rewards = await asyncio.gather(*(one(record, runner) for record in prompts))
+            rewards = await run_all(AgentEpisodes(runner, scorer, samples_per_prompt))
     counts = [sum(1 for r in prompt_rewards if r >= CORRECT_REWARD) for prompt_rewards in rewards]
     return EvalResult(
         version=version,
         pass_at_1=pass_at_1(counts, samples_per_prompt),
         prompts=len(prompts),
         samples_per_prompt=samples_per_prompt,
-        mean_output_tokens=sum(lengths) / max(len(lengths), 1),
+        mean_output_tokens=sum(tally.lengths) / max(len(tally.lengths), 1),
         by_task=task_figures(zip((record.task for record in prompts), rewards, strict=True), pass_k),
     )
 
@@ -120,6 +132,7 @@ class HeldOutTask:
     codec: TextCodec
     samples_per_prompt: int
     max_new_tokens: int
+    max_prompt_tokens: int
     temperature: float
     stop_token_ids: Sequence[int]
     pass_k: Sequence[int] = ()
@@ -133,7 +146,7 @@ class HeldOutTask:
         return await evaluate(
             client, version, self.prompts, self.render, self.codec, scorer,
             samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature, stop_token_ids=self.stop_token_ids, on_prompt_done=on_prompt_done,
+            max_prompt_tokens=self.max_prompt_tokens, temperature=self.temperature, stop_token_ids=self.stop_token_ids, on_prompt_done=on_prompt_done,
             pass_k=self.pass_k, episode=self.episode,
         )  # fmt: skip
 
@@ -153,6 +166,7 @@ def held_out_task(config: RunConfig, model_dir: Path, prompts: int | None, sampl
         codec=codec,
         samples_per_prompt=samples,
         max_new_tokens=config.rollout.max_new_tokens,
+        max_prompt_tokens=config.data.max_prompt_tokens,
         temperature=config.rollout.temperature,
         stop_token_ids=stop_ids,
         pass_k=[k for k in config.tracking.pass_k if k <= samples],

@@ -54,7 +54,8 @@ from asyncrl.tasks.scheduler.gate_state import (
     save_gate_state,
 )
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_id, group_index
-from asyncrl.tasks.scheduler.protocols import GroupEpisodes, GroupGenerator
+from asyncrl.tasks.agent.episodes import GroupGenerator
+from asyncrl.tasks.scheduler.protocols import GroupEpisodes
 from asyncrl.tasks.scheduler.written_index import (
     WrittenGroups,
     learn_quarantines,
@@ -85,7 +86,7 @@ class RolloutController:
         self.prompts = prompts
         self.generator = generator
         self.episodes = episodes
-        """Produces each admitted group's rows (:mod:`asyncrl.tasks.scheduler.episodes`)."""
+        """Produces each admitted group's rows (:mod:`asyncrl.tasks.agent.episodes`)."""
         self.weight_loader = weight_loader
         self.weight_prefetch = weight_prefetch
         """Fetches a version onto the servers' host before its update pauses generation
@@ -374,7 +375,7 @@ class RolloutController:
         """Group ``index``'s rows from its episodes (either kind: one path), then left out
         (none kept, or dynamic filtering) or queued for its turn to be written."""
         record = self.prompts.record(index)
-        samples = await self.episodes.produce(index, record, self.stats)
+        samples = await self.episodes.produce(group_id(index), record, self.stats)
         if not samples:
             await asyncio.to_thread(save_left_out, self.root, index, record.prompt_id, NO_EPISODE_KEPT, [])
             self._leave_out(index)

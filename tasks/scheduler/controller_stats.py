@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from asyncrl.tasks.inference.samples import UpdateStats
-from asyncrl.tasks.scheduler.busy_time import BusyTime
+from asyncrl.tasks.system.busy_time import BusyTime
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ControllerStats:
     """The adaptive bound's figures (:meth:`AdaptiveEta.summary`; empty without it)."""
     generation: BusyTime = field(default_factory=BusyTime)
     """The samples in flight on the rollout servers (the episodes start and finish them:
-    :mod:`~asyncrl.tasks.scheduler.episodes`); its busy time is ``generation_busy_s``."""
+    :mod:`~asyncrl.tasks.agent.episodes`); its busy time is ``generation_busy_s``."""
     started_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     """When the controller stopped (None while it runs): rates are over its lifetime only,

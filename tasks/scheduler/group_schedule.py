@@ -1,6 +1,6 @@
 """Which prompt group k is: its id ``g{k:08d}`` (and back) and its prompt, chosen by a seeded
-per-epoch permutation, with each sample's output-token budget. Kept apart from the
-controller because the trainer's feed, the audit and the benchmarks name groups the same way.
+per-epoch permutation. Kept apart from the controller because the trainer's feed, the audit
+and the benchmarks name groups the same way.
 """
 
 from __future__ import annotations
@@ -49,9 +49,3 @@ class PromptSchedule:
             random.Random(f"{self._seed}:{epoch}").shuffle(order)
             self._orders = {epoch: order}  # one epoch at a time is all the controller needs
         return self._records[order[position]]
-
-
-def sample_budget(record: PromptRecord, max_new_tokens: int) -> int:
-    """Output-token budget of each sample of ``record``: min(record.max_new_tokens, max_new_tokens),
-    or ``max_new_tokens`` when the prompt sets none."""
-    return max_new_tokens if record.max_new_tokens is None else min(record.max_new_tokens, max_new_tokens)

@@ -22,7 +22,7 @@ from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.controller_stats import ControllerStats
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
-from asyncrl.tasks.scheduler.episodes import AgentEpisodes, SingleTurnEpisodes
+from asyncrl.tasks.agent.episodes import AgentEpisodes, SingleTurnEpisodes
 from asyncrl.tasks.reward.types import RewardScorer
 from asyncrl.tasks.scheduler.protocols import GroupEpisodes
 from asyncrl.tasks.system.run_paths import RunPaths

@@ -22,7 +22,7 @@ from asyncrl.configs.adaptive_staleness import AdaptiveStalenessConfig
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import load_adaptive_state
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
-from asyncrl.tasks.scheduler.episodes import SingleTurnEpisodes
+from asyncrl.tasks.agent.episodes import SingleTurnEpisodes
 from asyncrl.tasks.algo.staleness_gate import StalenessGate
 
 from tests.unit.scheduler.test_gate_after_rollback import FixedGenerator, NoCodec, NoScorer, PromptRecord, PromptSchedule

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.tasks.scheduler.busy_time import BusyTime
+from asyncrl.tasks.system.busy_time import BusyTime
 
 
 class FakeClock:

@@ -21,7 +21,7 @@ from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import load_gate_state
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
-from asyncrl.tasks.scheduler.episodes import SingleTurnEpisodes
+from asyncrl.tasks.agent.episodes import SingleTurnEpisodes
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.shards import ShardReader

@@ -27,7 +27,7 @@ from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult
 from asyncrl.tasks.scheduler import setup
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
-from asyncrl.tasks.scheduler.episodes import AgentEpisodes, SingleTurnEpisodes
+from asyncrl.tasks.agent.episodes import AgentEpisodes, SingleTurnEpisodes
 from asyncrl.tasks.scheduler.filtered import filtered_groups
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index
 from tests.unit.agent.test_episode_runner import Recorder

@@ -23,7 +23,7 @@ from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import save_gate_state
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
-from asyncrl.tasks.scheduler.episodes import SingleTurnEpisodes
+from asyncrl.tasks.agent.episodes import SingleTurnEpisodes
 from asyncrl.tasks.algo.staleness_gate import GateState
 
 B, ETA = 2, 1

@@ -39,7 +39,7 @@ from asyncrl.tasks.scheduler import controller as controller_module
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
-from asyncrl.tasks.scheduler.episodes import SingleTurnEpisodes
+from asyncrl.tasks.agent.episodes import SingleTurnEpisodes
 from asyncrl.tasks.scheduler.filtered import filtered_groups
 from asyncrl.tasks.scheduler.written_index import written_group_indices
 from asyncrl.tasks.trainer.feed import ShardFeed, StepInput

@@ -1,28 +1,109 @@
-"""The two kinds of episode behind :class:`~asyncrl.tasks.scheduler.protocols.GroupEpisodes`:
-:class:`SingleTurnEpisodes`, the built-in one (a sample of the rendered prompt, scored by
-the row's reward), and :class:`AgentEpisodes`, the user's function of ``rollout.episode``.
-Either turns an admitted prompt into its group's rows, so the controller has one path.
+"""The two kinds of episode, one path for training and evaluation: :class:`SingleTurnEpisodes`,
+the built-in one (n samples of the rendered prompt, scored by the row's reward), and
+:class:`AgentEpisodes`, the user's function of ``rollout.episode``. Either turns a prompt into
+its group's scored rows; the scheduler's controller trains on them
+(:class:`~asyncrl.tasks.scheduler.protocols.GroupEpisodes`) and the held-out evaluation
+counts their rewards (:func:`~asyncrl.tasks.evaluator.held_out.evaluate`), so a prompt is
+sampled, bounded and scored the same way in both.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from asyncrl.storage.schema import Sample
 from asyncrl.tasks.agent.runner import EpisodeRunner, episode_sample, kept_outcomes, score_outcomes
-from asyncrl.tasks.data.records import PromptRecord
+from asyncrl.tasks.data.records import PromptRecord, sample_budget
 from asyncrl.tasks.data.reward_requests import reward_request
-from asyncrl.tasks.reward.types import RewardResult
-from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
-from asyncrl.tasks.scheduler.controller_stats import ControllerStats
-from asyncrl.tasks.scheduler.group_schedule import group_id, sample_budget
+from asyncrl.tasks.inference.samples import SampleOutput, UpdateStats
 from asyncrl.tasks.model.codec import TextCodec
-from asyncrl.tasks.reward.types import RewardScorer
-from asyncrl.tasks.scheduler.protocols import GroupGenerator
+from asyncrl.tasks.reward.types import RewardResult, RewardScorer
 
-LOG = logging.getLogger("asyncrl.scheduler")
+LOG = logging.getLogger("asyncrl.episodes")
+
+
+class GroupGenerator(Protocol):
+    """What the controller needs of the rollout client."""
+
+    @property
+    def current_version(self) -> int: ...
+
+    def streamed_tokens(self) -> dict[str, int]: ...
+
+    async def generate_group(
+        self,
+        prompt_token_ids: Sequence[int],
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        *,
+        ignore_eos: bool = False,
+        stop_token_ids: Sequence[int] = (),
+    ) -> list[SampleOutput]: ...
+
+    async def update_weights(self, version: int, load: Callable[[Any], Any]) -> UpdateStats: ...
+
+
+class BusyClock(Protocol):
+    def running(self) -> AbstractContextManager[object]: ...
+
+
+class EpisodeStats(Protocol):
+    """What the episodes count into: generation busy time, time waiting for rewards, each
+    sample (task, tokens sampled, reward, reason), context tokens of multi-turn rows and
+    episodes left out by reason. The controller's :class:`~asyncrl.tasks.scheduler.controller_stats.ControllerStats`
+    is one; the evaluation's tally another."""
+
+    reward_wait_s: float
+    context_tokens: int
+    episodes_left_out: dict[str, int]
+
+    @property
+    def generation(self) -> BusyClock: ...
+
+    def count_sample(self, task: str, output_tokens: int, reward: float, reason: str) -> None: ...
+
+
+class EpisodeSampling(Protocol):
+    """How a group is sampled: ``n_samples`` samples, each within :func:`sample_budget` of its
+    row and ``max_new_tokens``, from a prompt of at most ``max_prompt_tokens`` tokens; with
+    ``ignore_eos`` no end-of-sequence or stop token ends a sample. The controller's settings
+    are one (:class:`~asyncrl.tasks.scheduler.controller_settings.ControllerSettings`), the
+    evaluation's :class:`SamplingSettings` another."""
+
+    @property
+    def n_samples(self) -> int: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def max_prompt_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def ignore_eos(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """An :class:`EpisodeSampling` of its own (the held-out evaluation's)."""
+
+    n_samples: int
+    max_new_tokens: int
+    max_prompt_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
 
 class SingleTurnEpisodes:
@@ -31,7 +112,7 @@ class SingleTurnEpisodes:
 
     def __init__(
         self,
-        settings: ControllerSettings,
+        settings: EpisodeSampling,
         render: Callable[[PromptRecord], str],
         codec: TextCodec,
         generator: GroupGenerator,
@@ -43,8 +124,8 @@ class SingleTurnEpisodes:
         self.generator = generator
         self.scorer = scorer
 
-    async def produce(self, index: int, record: PromptRecord, stats: ControllerStats) -> list[Sample]:
-        """The group's single-turn samples, generated and scored; a prompt over
+    async def produce(self, group: str, record: PromptRecord, stats: EpisodeStats) -> list[Sample]:
+        """Group ``group``'s single-turn samples, generated and scored; a prompt over
         ``max_prompt_tokens`` fails the run, naming it."""
         settings = self.settings
         prompt_ids = self.codec.encode(self.render(record))
@@ -74,7 +155,7 @@ class SingleTurnEpisodes:
         samples = [
             Sample(
                 prompt_id=record.prompt_id,
-                group_id=group_id(index),
+                group_id=group,
                 prompt_token_ids=prompt_ids,
                 output_token_ids=o.output_token_ids,
                 behaviour_logprobs=o.behaviour_logprobs,
@@ -102,8 +183,8 @@ class AgentEpisodes:
         self.scorer = scorer
         self.n_samples = n_samples
 
-    async def produce(self, index: int, record: PromptRecord, stats: ControllerStats) -> list[Sample]:
-        """The group's kept episodes as masked rows; the others counted by reason in
+    async def produce(self, group: str, record: PromptRecord, stats: EpisodeStats) -> list[Sample]:
+        """Group ``group``'s kept episodes as masked rows; the others counted by reason in
         ``episodes_left_out``, and each failure logged. The episodes count as generation
         (``generation_busy_s``) from their start to the end of the group's last one, their
         tool calls and user turns included: an episode is its row's sample."""
@@ -114,13 +195,13 @@ class AgentEpisodes:
             stats.episodes_left_out[reason] = stats.episodes_left_out.get(reason, 0) + count
         for outcome in outcomes:
             if outcome.failure is not None:
-                LOG.warning("group %s: episode failed: %s", group_id(index), outcome.failure)
+                LOG.warning("group %s: episode failed: %s", group, outcome.failure)
         scoring_started = time.monotonic()
         scored = await score_outcomes(record, chosen.kept, self.scorer)
         stats.reward_wait_s += time.monotonic() - scoring_started
         samples = []
         for outcome, (reward, reason) in zip(chosen.kept, scored, strict=True):
-            sample = episode_sample(record, group_id(index), outcome, reward)
+            sample = episode_sample(record, group, outcome, reward)
             generated = sample.model_token_count
             stats.count_sample(record.task, generated, reward, reason)
             stats.context_tokens += len(sample.output_token_ids) - generated
