@@ -134,6 +134,15 @@ class RunConfig(StrictModel):
                 f"(inference.tensor_parallel_size={tp}): the evaluator's server shards the model as the rollout servers do"
             )
         synthetic = self.pipeline.synthetic_data
+        if synthetic is not None and synthetic.task == "tool" and synthetic.n_sft > 0:
+            tools = episode.options.get("tools") if episode is not None else None
+            names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+            if "calc" not in names:
+                raise ValueError(
+                    "rollout.episode.options.tools: the tool task's demonstrations call the `calc` tool with the "
+                    "tools the episode offers the model; list them there (OpenAI tool schemas, one named calc: "
+                    "configs/demo-tool.yaml has it)"
+                )
         if synthetic is not None and synthetic.n_sft > 0 and self.data.sft_path is None:
             raise ValueError("pipeline.synthetic_data.n_sft: set data.sft_path, where the warm-start problems go")
         for name in ("sft_answer_only_share", "sft_styles"):

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.tasks.agent.episode import EpisodeContext
-from asyncrl.tasks.data.synthetic_tool import TOOLS
 
 MAX_TURNS = 3
 """Model calls per episode unless ``rollout.episode.options.max_turns`` says otherwise."""
@@ -77,9 +76,10 @@ async def solve(context: EpisodeContext) -> float | None:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=context.base_url, api_key=context.api_key, max_retries=0)
+    tools = context.options["tools"]  # rollout.episode.options.tools: the calculator's schema
     messages: list[dict[str, Any]] = [{"role": "user", "content": context.row.prompt}]
     for _ in range(int(context.options.get("max_turns", MAX_TURNS))):
-        reply = await client.chat.completions.create(model=context.model, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        reply = await client.chat.completions.create(model=context.model, messages=messages, tools=tools)  # type: ignore[arg-type]
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls or reply.choices[0].finish_reason == "length":

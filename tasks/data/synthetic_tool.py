@@ -127,20 +127,3 @@ def write_calc_splits(
             Path(sft_path), sft, [demonstration(p, k, tools) for p, k in zip(sft, kinds, strict=True)]
         )
     return written
-
-
-CALC_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "calc",
-        "description": "Evaluate an integer expression with + - * and parentheses.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expr": {"type": "string", "description": "e.g. 482*37+5"}},
-            "required": ["expr"],
-        },
-    },
-}
-
-
-TOOLS = [CALC_TOOL]

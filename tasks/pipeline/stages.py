@@ -119,10 +119,12 @@ def prepare_data(config: RunConfig) -> dict[str, str]:
             "seed": config.seed,
         }
         if synthetic.task == "tool":
-            from asyncrl.tasks.data.synthetic_tool import TOOLS
             from asyncrl.tasks.data.synthetic_tool import write_calc_splits
 
-            write_calc_splits(**splits, tool_share=synthetic.sft_tool_share, tools=TOOLS)
+            # The tools the episode offers the model (checked by the run config when demonstrations are asked for).
+            episode = config.rollout.episode
+            tools = episode.options.get("tools", []) if episode is not None else []
+            write_calc_splits(**splits, tool_share=synthetic.sft_tool_share, tools=tools)
         elif synthetic.task == "code":
             from asyncrl.tasks.data.synthetic_code import write_code_splits
 

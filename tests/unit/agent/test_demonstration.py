@@ -4,15 +4,20 @@ between them (masked), as the tiny tokenizer's chat template renders the convers
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 from typing import Any
 
 import pytest
 
-from asyncrl.tasks.data.synthetic_tool import TOOLS
 from asyncrl.tasks.agent.demonstration import demonstration_tokens
 from asyncrl.tasks.data.synthetic_tool import demonstration, make_calc_dataset
 from asyncrl.tasks.model.tokenizer import CHAT_TEMPLATE, build_tokenizer
+from asyncrl.configs.loading import load_config
+
+TOOLS = load_config(str(Path(__file__).resolve().parents[3] / "configs" / "demo-tool.yaml")).rollout.episode.options["tools"]  # type: ignore[union-attr]
+"""The tools configs/demo-tool.yaml offers the calculator episode, and its demonstrations use."""
 
 
 @pytest.fixture(scope="module")

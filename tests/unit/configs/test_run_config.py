@@ -145,3 +145,14 @@ def test_secret_values_are_not_echoed_in_errors() -> None:
         config_from_dict(raw)
     assert "inference.api_key" in str(info.value)
     assert "'not'" not in str(info.value)
+
+
+def test_the_tool_task_s_demonstrations_need_the_episode_s_calc_tool_named_in_its_options() -> None:
+    demo = REPO / "configs" / "demo-tool.yaml"
+    raw = yaml.safe_load(demo.read_text())
+    assert load_config(str(demo)).rollout.episode.options["tools"][0]["function"]["name"] == "calc"  # type: ignore[union-attr]
+    del raw["rollout"]["episode"]["options"]["tools"]
+    with pytest.raises(ValueError, match=r"rollout\.episode\.options\.tools: the tool task's demonstrations call the `calc` tool"):
+        RunConfig.model_validate(raw)
+    raw["pipeline"]["synthetic_data"]["n_sft"] = 0  # no demonstrations: nothing to render them with
+    RunConfig.model_validate(raw)

@@ -12,10 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from asyncrl.examples.calculator import calc, run_tool
-from asyncrl.tasks.data.synthetic_tool import TOOLS
 from asyncrl.tasks.data.loader import load_prompts
 from asyncrl.tasks.data.records import DatasetError
 from asyncrl.tasks.data.synthetic_tool import demonstration, make_calc_dataset, write_calc_splits
+from asyncrl.configs.loading import load_config
+
+TOOLS = load_config(str(Path(__file__).resolve().parents[3] / "configs" / "demo-tool.yaml")).rollout.episode.options["tools"]  # type: ignore[union-attr]
+"""The tools configs/demo-tool.yaml offers the calculator episode, and its demonstrations use."""
 
 
 def test_splits_are_disjoint_and_demonstrations_follow_the_share(tmp_path: Path) -> None:
