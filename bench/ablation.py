@@ -350,10 +350,6 @@ def plot_curves(result: Mapping[str, Any], path: Path, smooth: int) -> Path:
     return path
 
 
-def _objectives(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
 def cmd_bench_ablation(args: argparse.Namespace) -> int:
     import os
 

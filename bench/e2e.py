@@ -302,10 +302,6 @@ def auto_cores(text: str, default: tuple[int, ...] | None, gpus: tuple[int, ...]
     return _cores(text)
 
 
-def _modes(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
 def settings_from_args(args: argparse.Namespace) -> E2EBenchSettings:
     """The settings of ``asyncrl bench e2e``: the workload's values (:data:`WORKLOADS`) under
     explicit options; the micro-batch budget fits the longest sequence."""

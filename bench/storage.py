@@ -326,14 +326,6 @@ def format_table(results: list[BackendResult]) -> str:
     return "\n".join(lines)
 
 
-def _steps_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part.replace("_", "")) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated step numbers, got {text!r}") from None
-    return values
-
-
 def cmd_bench_storage(args: argparse.Namespace) -> int:
     try:
         settings = StorageBenchSettings(

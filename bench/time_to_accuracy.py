@@ -332,7 +332,3 @@ def cmd_bench_time_to_accuracy(args: argparse.Namespace) -> int:
     print(format_table(result))
     print(f"curves: {settings.png_path}; figures: {settings.json_path}; MLflow run {result['mlflow_run_id']}")
     return 0
-
-
-def _modes(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
