@@ -241,7 +241,7 @@ def run_sft(config: RunConfig, run_paths: RunPaths) -> int:
             f"this config's SFT stage (pipeline.sft_*, its data or model) differs: set a new storage.root "
             "to redo SFT and RL, or run the config this run root was started with"
         )
-    launch = trainer_launch(config, run_paths, "sft")
+    launch = trainer_launch(config, run_paths, mode="sft")
     launch.metrics_file.unlink(missing_ok=True)  # type: ignore[union-attr] - set just above
     progress = StageProgress(run_paths.work_dir, "sft", config.pipeline.sft_steps, "steps")
     run_with_metrics(launch, lambda step, m: progress.update(step, f"loss {m.get('sft_loss', m.get('loss', 0.0)):.4f}"))

@@ -172,7 +172,7 @@ def trainer_threads(config: RunConfig, machine: Machine | None = None, *, beside
 
 
 def trainer_launch(
-    config: RunConfig, paths: RunPaths, mode: Literal["rl", "sft"] = "rl", machine: Machine | None = None
+    config: RunConfig, paths: RunPaths, machine: Machine | None = None, *, mode: Literal["rl", "sft"] = "rl"
 ) -> TrainerLaunch:
     """The trainer process of the run on ``machine`` (default: this one, detected now), for RL
     or for the SFT stage: the private config, ``logs/trainer.log`` (``logs/sft.log``), metrics
@@ -184,6 +184,8 @@ def trainer_launch(
     at ``trainer.rendezvous``; SFT, a stage of the head node, on this node alone, with no
     rollout server beside it. Call it where the trainer starts: device ids mean that
     machine's devices."""
+    if mode not in ("rl", "sft"):
+        raise ValueError(f"trainer launch mode must be 'rl' or 'sft', got {mode!r}")
     machine = machine or detect_machine()
     trainer = config.trainer
     placement = trainer_placement(config, machine)

@@ -92,13 +92,15 @@ def test_the_sft_stage_launch_runs_on_this_node_alone_with_no_server_sharing_its
     cfg = config(tmp_path, trainer={"processes": 2, "nodes": 2, "rendezvous": "head:29400"}, inference={"num_servers": 2},
                  placement={"trainer": {"deployment": "component/trainer"}})
     paths = run_paths(cfg)
-    rl = trainer_launch(cfg, paths, "rl", eight)
-    sft = trainer_launch(cfg, paths, "sft", eight)
+    rl = trainer_launch(cfg, paths, eight, mode="rl")
+    sft = trainer_launch(cfg, paths, eight, mode="sft")
     assert (rl.mode, rl.nnodes, rl.rendezvous) == ("rl", 2, "head:29400")
     assert (sft.mode, sft.nnodes, sft.rendezvous) == ("sft", 1, None)
     assert sft.nproc == rl.nproc == 2 and sft.cpu_cores == rl.cpu_cores
     assert (sft.log_path.name, sft.metrics_file.name, sft.work_dir.name) == ("sft.log", "sft-metrics.jsonl", "sft")
     assert (rl.log_path.name, rl.metrics_file.name, rl.work_dir.name) == ("trainer.log", "trainer-metrics.jsonl", "trainer")
     beside = config(tmp_path, trainer={"processes": 2}, inference={"num_servers": 2})
-    assert trainer_launch(beside, paths, "rl", eight).env["OMP_NUM_THREADS"] == str(8 // (2 + 2))
-    assert trainer_launch(beside, paths, "sft", eight).env["OMP_NUM_THREADS"] == str(8 // 2)
+    assert trainer_launch(beside, paths, eight, mode="rl").env["OMP_NUM_THREADS"] == str(8 // (2 + 2))
+    assert trainer_launch(beside, paths, eight, mode="sft").env["OMP_NUM_THREADS"] == str(8 // 2)
+    with pytest.raises(ValueError, match="trainer launch mode must be 'rl' or 'sft'"):
+        trainer_launch(beside, paths, eight, mode="eval")  # type: ignore[arg-type]
