@@ -72,12 +72,17 @@ def initial_model_dir(
     from asyncrl.tasks.model.weight_fetch import model_weights, prune_weight_cache
 
     store = WeightStore(root)
-    latest = None if base else min(store.list_versions(), default=None) if first else store.latest()
+    if base:
+        version = None
+    elif first:
+        version = min(store.list_versions(), default=None)
+    else:
+        version = store.latest()
     cache = work_dir / "weights-cache"
-    model_dir = model_weights(root, model_path, latest, cache, fetch=fetch)
-    if fetch and latest is not None and not first:
-        prune_weight_cache(cache, root.uri, latest)
-    return model_dir, latest
+    model_dir = model_weights(root, model_path, version, cache, fetch=fetch)
+    if fetch and version is not None and not first:  # the engine's weights: older cached versions go
+        prune_weight_cache(cache, root.uri, version)
+    return model_dir, version
 
 
 def node_model_dir(

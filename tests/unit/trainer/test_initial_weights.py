@@ -42,3 +42,17 @@ def test_the_trainer_starts_from_the_latest_version_else_model_path(tmp_path: Pa
     restarted, version = initial_model_dir(root, str(base), work)
     assert version == 2 and restarted == cached_version_dir(cache, root.uri, 2)
     assert not first.exists()  # the version of the previous start is pruned
+
+
+def test_the_kl_reference_is_the_run_s_first_version_else_model_path(tmp_path: Path) -> None:
+    root = open_root(f"file://{tmp_path / 'run'}")
+    base = model_dir(tmp_path / "base", 0)
+    work = tmp_path / "work"
+    assert initial_model_dir(root, str(base), work, first=True) == (base, None)  # nothing published yet
+    store = WeightStore(root)
+    for version in (0, 1, 2):
+        store.publish(version, model_dir(tmp_path / f"v{version}", 10 + version))
+    latest, _ = initial_model_dir(root, str(base), work)
+    reference, version = initial_model_dir(root, str(base), work, first=True)
+    assert version == 0 and json.loads((reference / "config.json").read_text()) == {"v": 10}
+    assert latest.exists()  # fetching the reference prunes nothing of the engine's weights
