@@ -28,7 +28,8 @@ LOG = logging.getLogger("asyncrl.episodes")
 
 
 class GroupGenerator(Protocol):
-    """What the controller needs of the rollout client."""
+    """What the episodes (a group's samples) and the controller (versions, weight updates)
+    need of the rollout client."""
 
     @property
     def current_version(self) -> int: ...
@@ -51,6 +52,8 @@ class GroupGenerator(Protocol):
 
 
 class BusyClock(Protocol):
+    """Counts the time some piece of work is running (:class:`~asyncrl.tasks.system.busy_time.BusyTime`)."""
+
     def running(self) -> AbstractContextManager[object]: ...
 
 
