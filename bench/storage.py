@@ -26,9 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from asyncrl.storage import fs, paths
+from asyncrl.storage import fs
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.schema import Sample
@@ -206,7 +204,6 @@ class SyntheticRun:
         self.version = 0
 
     def start(self) -> None:
-        fs.put_if_absent(self.root, paths.CONFIG, yaml.safe_dump({"name": RUN_ID, "rollout": {"eta": BENCH_ETA}}).encode())
         (self.weights / LINEAGE_FILE).write_text(json.dumps({"version": 0, "parent_version": None, "step": 0}))
         self.store.publish(0, self.weights)
 

@@ -328,6 +328,7 @@ def run_rl_step(
         if members:  # empty when every sample of these groups was dropped as stale
             plan.append(rank_shares(items, members, world)[rank])
 
+    trained = [i for local in plan for i in local]  # the item indices this rank trains
     proximal = None
     from_forward: dict[int, torch.Tensor] | None = None
     proximal_time = 0.0
@@ -335,14 +336,13 @@ def run_rl_step(
         from_forward = {}
     elif settings.objective == "decoupled":
         started = time.perf_counter()
-        proximal = compute_proximal(engine, items, [i for local in plan for i in local], settings)
+        proximal = compute_proximal(engine, items, trained, settings)
         proximal_time = time.perf_counter() - started
     reference_values = None
     if settings.kl_coef > 0:
         if reference is None:
             raise ValueError("trainer.kl_coef > 0 needs the reference policy")
         started = time.perf_counter()
-        trained = [i for local in plan for i in local]
         reference_values = reference_logprobs(
             reference, engine, items, trained, settings.packer, settings.micro_batch_tokens
         )
