@@ -39,6 +39,20 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def ephemeral_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int] | None:
+    """The kernel's range of ports for outgoing connections (Linux), or None where unreadable.
+
+    A listening port inside it can be taken, while its server is down, as the local end of
+    any outgoing connection on the machine, so a restarted server may find it in use.
+    """
+    try:
+        with open(path) as file:
+            low, high = (int(value) for value in file.read().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
 def check_port_free(host: str, port: int) -> None:
     """Raise :class:`PortInUseError` naming ``host:port`` if a process listens there now.
 
@@ -54,7 +68,14 @@ def check_port_free(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise RolloutServerError(f"rollout server cannot bind {_url_host(host)}:{port}: {exc.strerror}") from None
+            ephemeral = ephemeral_port_range()
+            hint = (
+                f"; it lies in this machine's range for outgoing connections ({ephemeral[0]}-{ephemeral[1]}), "
+                f"which any connection may take while the server is down: choose a base_port below {ephemeral[0]}"
+                if ephemeral is not None and ephemeral[0] <= port <= ephemeral[1]
+                else ""
+            )
             raise PortInUseError(
                 f"rollout server port {port} on {host} is already in use by another process; stop that "
-                f"process (`ss -ltnp 'sport = :{port}'` shows it) or choose another port (inference.base_port)"
+                f"process (`ss -ltnp 'sport = :{port}'` shows it) or choose another port (inference.base_port){hint}"
             ) from None

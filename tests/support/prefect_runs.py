@@ -8,8 +8,9 @@ from typing import Any
 from pathlib import Path
 from uuid import UUID
 
+from ports import restartable_base_port
+
 from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.inference.server_ports import free_port
 from asyncrl.tasks.pipeline.stages import prepare_inputs
 
 
@@ -121,7 +122,7 @@ def train_config(tmp_path: Path, model_dir: Path, name: str, max_steps: int) -> 
         "model": {"path": str(model_dir)},
         "data": {"train_path": str(tmp_path / "data" / "train.parquet"), "max_prompt_tokens": 64},
         "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "shard_groups": 2, "shard_seconds": 2.0},
-        "inference": {"base_port": free_port("127.0.0.1")},
+        "inference": {"base_port": restartable_base_port()},
         "trainer": {"batch_groups": 2, "max_steps": max_steps, "micro_batch_tokens": 256,
                     "checkpoint_every": max_steps, "optimizer": {"lr": 1.0e-4}},
         "reward": {"pool": {"workers": 1}},

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import restartable_base_port
 from process_scan import processes_with_env, wait_gone
 
 from asyncrl.chaos.run import CHAOS_REPORT
@@ -20,7 +21,6 @@ from asyncrl.cli.main import main
 from asyncrl.storage import fs
 from asyncrl.storage.fs import open_root
 from asyncrl.tasks.data.synthetic import write_synthetic_splits
-from asyncrl.tasks.inference.server_ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def chaos_config(tmp_path: Path, model_dir: Path) -> dict[str, Any]:
         "model": {"path": str(model_dir)},
         "data": {"train_path": str(splits["train"]), "max_prompt_tokens": 64},
         "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "shard_groups": 1, "shard_seconds": 1.0},
-        "inference": {"base_port": free_port("127.0.0.1")},
+        "inference": {"base_port": restartable_base_port()},
         "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": 1,
                     "optimizer": {"lr": 1.0e-4}},
         "reward": {"pool": {"workers": 1}},

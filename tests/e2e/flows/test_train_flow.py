@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import restartable_base_port
 from prefect_runs import result_error, run_tree
 from process_scan import processes_with_env, wait_gone
 
@@ -19,7 +20,6 @@ from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.synthetic import write_synthetic_splits
-from asyncrl.tasks.inference.server_ports import free_port
 from asyncrl.chaos.audit import audit_run
 from asyncrl.tasks.launch.components import sigkill_group
 from asyncrl.tasks.launch.rl import PROCESS_GROUPS_FILE
@@ -37,7 +37,7 @@ def train_config(tmp_path: Path, model_dir: Path, name: str, steps: int, max_res
         "model": {"path": str(model_dir)},
         "data": {"train_path": str(splits["train"]), "max_prompt_tokens": 64},
         "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "shard_groups": 1, "shard_seconds": 1.0},
-        "inference": {"base_port": free_port("127.0.0.1")},
+        "inference": {"base_port": restartable_base_port()},
         "trainer": {"batch_groups": 2, "max_steps": steps, "micro_batch_tokens": 256, "checkpoint_every": 1,
                     "optimizer": {"lr": 1.0e-4}},
         "reward": {"pool": {"workers": 1}},

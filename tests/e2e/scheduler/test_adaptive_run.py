@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from ports import restartable_base_port
+
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.launch.bound_watch import METRIC
 from asyncrl.tasks.launch.rl import train_run
-from asyncrl.tasks.inference.server_ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ def test_an_over_budget_run_lowers_its_bound_and_keeps_the_rule(tmp_path: Path, 
         "rollout": {"n_samples": 4, "max_new_tokens": 24, "eta": ETA, "shard_groups": B, "shard_seconds": 2.0,
                     # any drift is over this budget, and the bound never comes back up
                     "adaptive_staleness": {"max_behav_weight_p99": 1.000001, "recover_steps": 1000}},
-        "inference": {"base_port": free_port("127.0.0.1")},
+        "inference": {"base_port": restartable_base_port()},
         "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": STEPS,
                     "optimizer": {"lr": 1.0e-3}},
         "reward": {"pool": {"workers": 1}, "plugins": {"vowels": {"function": f"{plugin}:score"}}},

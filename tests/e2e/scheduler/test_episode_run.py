@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from ports import restartable_base_port
+
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.shards import ShardReader
 from asyncrl.chaos.audit import audit_run
 from asyncrl.tasks.launch.rl import train_run
-from asyncrl.tasks.inference.server_ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,7 @@ def test_a_run_of_two_turn_episodes_trains_on_the_model_tokens_only(tmp_path: Pa
         "data": {"train_path": str(train), "max_prompt_tokens": 32},
         "rollout": {"n_samples": N, "max_new_tokens": 24, "eta": ETA, "shard_groups": B, "shard_seconds": 2.0,
                     "episode": {"function": f"{episode}:two_turns", "timeout_s": 120, "max_context_tokens": 256}},
-        "inference": {"base_port": free_port("127.0.0.1")},
+        "inference": {"base_port": restartable_base_port()},
         "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 512, "checkpoint_every": STEPS,
                     "optimizer": {"lr": 1.0e-3}},
         "reward": {"pool": {"workers": 1}},

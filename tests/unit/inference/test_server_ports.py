@@ -1,0 +1,35 @@
+"""The port checks before a rollout server starts: the kernel's outgoing range is read, and a
+taken port inside it is refused with the hint to choose a base_port below it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from asyncrl.tasks.inference import server_ports
+from asyncrl.tasks.inference.server_errors import PortInUseError
+
+
+def test_the_outgoing_range_is_read_and_an_unreadable_one_is_none(tmp_path: Path) -> None:
+    path = tmp_path / "ip_local_port_range"
+    path.write_text("32768\t60999\n")
+    assert server_ports.ephemeral_port_range(str(path)) == (32768, 60999)
+    path.write_text("garbage\n")
+    assert server_ports.ephemeral_port_range(str(path)) is None
+    assert server_ports.ephemeral_port_range(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_taken_port_names_the_outgoing_range_only_when_inside_it(monkeypatch: pytest.MonkeyPatch, inside: bool) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        span = (port - 5, port + 5) if inside else (port + 1, port + 5)
+        monkeypatch.setattr(server_ports, "ephemeral_port_range", lambda: span)
+        with pytest.raises(PortInUseError, match=f"port {port} on 127.0.0.1 is already in use") as caught:
+            server_ports.check_port_free("127.0.0.1", port)
+    hinted = f"choose a base_port below {span[0]}" in str(caught.value)
+    assert hinted is inside
