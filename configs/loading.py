@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from asyncrl.configs.inference import moved_key
 from asyncrl.configs.run_config import RunConfig
@@ -15,6 +15,9 @@ from asyncrl.configs.secrets import REDACTED, drop_uri_password, is_secret_key, 
 
 class ConfigError(ValueError):
     """A run config that cannot be used; the message names the key and the reason."""
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def parse_override(override: str) -> tuple[list[str], Any]:
@@ -111,7 +114,26 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     return config_from_dict(raw, source=str(path))
 
 
-def public_dict(config: RunConfig) -> dict[str, Any]:
+def load_process_config(path: str | Path, model: type[ModelT], overrides: list[str] | None = None) -> ModelT:
+    """Load the config the launcher wrote for one process
+    (:func:`~asyncrl.configs.processes.process_configs`) as ``model``, with `a.b=value`
+    overrides; errors name the file and the key (a whole run config here fails on the
+    sections the process does not take)."""
+    path = Path(path)
+    raw = apply_overrides(read_yaml_mapping(path), overrides or [])
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        message = format_validation_error(exc, str(path))
+        if any(error["type"] == "extra_forbidden" and len(error["loc"]) == 1 for error in exc.errors()):
+            message += (
+                f"\n{path}: a process reads the config its launcher wrote for it "
+                "(`<work_dir>/<name>/processes/<process>.yaml`), not a whole run config"
+            )
+        raise ConfigError(message) from None
+
+
+def public_dict(config: BaseModel) -> dict[str, Any]:
     """The config as plain data with every secret redacted (:func:`asyncrl.configs.secrets.redact`
     over the JSON dump, which already hides secret fields): safe for config.yaml, MLflow,
     Prefect artifacts, summaries and logs."""
@@ -129,12 +151,12 @@ def parameter_dict(config: RunConfig) -> dict[str, Any]:
     return data
 
 
-def private_dict(config: RunConfig) -> dict[str, Any]:
-    """The config with its secrets in full: only for the run's local private config file
-    (mode 0600) that the processes it starts read."""
+def private_dict(config: BaseModel) -> dict[str, Any]:
+    """The config with its secrets in full: only for the run's local process config files
+    (mode 0600, :func:`~asyncrl.configs.processes.process_configs`)."""
     return config.model_dump(mode="json", context=reveal_context())
 
 
-def frozen_yaml(config: RunConfig) -> str:
+def frozen_yaml(config: BaseModel) -> str:
     """The frozen run config written to `<run root>/config.yaml` (secrets redacted)."""
     return yaml.safe_dump(public_dict(config), sort_keys=False)

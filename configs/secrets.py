@@ -108,7 +108,7 @@ def secret_keys_in(value: Any, prefix: str = "") -> list[str]:  # noqa: ANN401
 
 
 def reveal_context() -> dict[str, bool]:
-    """The serialisation context that dumps secret fields in full (private config only):
+    """The serialisation context that dumps secret fields in full (process config files only):
     ``config.model_dump(mode="json", context=reveal_context())``."""
     return {_REVEAL: True}
 

@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
+from asyncrl.configs.rollout import RolloutConfig
 from asyncrl.storage.schema import Sample
 from asyncrl.tasks.agent.runner import EpisodeRunner, episode_sample, kept_outcomes, score_outcomes
 from asyncrl.tasks.data.records import PromptRecord, sample_budget
@@ -76,9 +77,8 @@ class EpisodeStats(Protocol):
 class EpisodeSampling(Protocol):
     """How a group is sampled: ``n_samples`` samples, each within :func:`sample_budget` of its
     row and ``max_new_tokens``, from a prompt of at most ``max_prompt_tokens`` tokens; with
-    ``ignore_eos`` no end-of-sequence or stop token ends a sample. The controller's settings
-    are one (:class:`~asyncrl.tasks.scheduler.controller_settings.ControllerSettings`), the
-    evaluation's :class:`SamplingSettings` another."""
+    ``ignore_eos`` no end-of-sequence or stop token ends a sample (:class:`SamplingSettings`,
+    the scheduler's and the evaluation's)."""
 
     @property
     def n_samples(self) -> int: ...
@@ -98,7 +98,8 @@ class EpisodeSampling(Protocol):
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """An :class:`EpisodeSampling` of its own (the held-out evaluation's)."""
+    """An :class:`EpisodeSampling`: the scheduler's (from the ``rollout`` section,
+    :meth:`from_rollout`) or the held-out evaluation's."""
 
     n_samples: int
     max_new_tokens: int
@@ -107,6 +108,16 @@ class SamplingSettings:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+
+    @classmethod
+    def from_rollout(cls, rollout: RolloutConfig, max_prompt_tokens: int, stop_token_ids: tuple[int, ...]) -> Self:
+        """The run's sampling: the ``rollout`` section's, prompts of ``data.max_prompt_tokens``,
+        stopping at the model's ``stop_token_ids``."""
+        return cls(
+            n_samples=rollout.n_samples, max_new_tokens=rollout.max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+            temperature=rollout.temperature, top_p=rollout.top_p, stop_token_ids=stop_token_ids,
+            ignore_eos=rollout.ignore_eos,
+        )  # fmt: skip
 
 
 class SingleTurnEpisodes:

@@ -32,7 +32,7 @@ from asyncrl.tasks.system.busy_time import BusyTime
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from asyncrl.configs.run_config import RunConfig
+    from asyncrl.configs.processes import EvaluatorProcessConfig
 
 
 def pass_at_1(correct_counts: Sequence[int], samples_per_prompt: int) -> float:
@@ -151,7 +151,7 @@ class HeldOutTask:
         )  # fmt: skip
 
 
-def held_out_task(config: RunConfig, model_dir: Path, prompts: int | None, samples: int) -> HeldOutTask:
+def held_out_task(config: EvaluatorProcessConfig, model_dir: Path, prompts: int | None, samples: int) -> HeldOutTask:
     """The run's held-out evaluation: the first ``prompts`` rows of ``data.eval_path`` (None:
     all), ``samples`` per prompt, rendered by ``data.prompt_format`` with the tokenizer of
     ``model_dir`` (a version's or ``model.path``), pass@k for the k of ``tracking.pass_k``
@@ -169,6 +169,6 @@ def held_out_task(config: RunConfig, model_dir: Path, prompts: int | None, sampl
         max_prompt_tokens=config.data.max_prompt_tokens,
         temperature=config.rollout.temperature,
         stop_token_ids=stop_ids,
-        pass_k=[k for k in config.tracking.pass_k if k <= samples],
+        pass_k=[k for k in config.pass_k if k <= samples],
         episode=config.rollout.episode,
     )

@@ -23,7 +23,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
 
-from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.processes import EvaluatorProcessConfig
 from asyncrl.storage import fs, paths
 from asyncrl.storage.evaluations import EvaluationStore, EvaluatorState
 from asyncrl.storage.weights import WeightStore
@@ -46,7 +46,7 @@ class Evaluator:
     """Steps 1, 2 and 4 of the module docstring over one run root, and the loop of step 3
     (:meth:`evaluate_versions`); :func:`serve` runs it all."""
 
-    def __init__(self, config: RunConfig, paths: RunPaths, stop: threading.Event, poll_s: float = 1.0) -> None:
+    def __init__(self, config: EvaluatorProcessConfig, paths: RunPaths, stop: threading.Event, poll_s: float = 1.0) -> None:
         if config.pipeline.eval_every < 1:
             raise ValueError(f"pipeline.eval_every: {config.pipeline.eval_every}; the evaluator needs it >= 1")
         self.config = config
@@ -151,7 +151,7 @@ class Evaluator:
         self.records.set_state(self.state)
 
 
-def serve(config: RunConfig, paths: RunPaths, stop: threading.Event) -> None:
+def serve(config: EvaluatorProcessConfig, paths: RunPaths, stop: threading.Event) -> None:
     """The evaluator until the end of the run or a stop (see the module docstring). Its server
     is stopped on the way out, whatever ends it."""
     settings = config.pipeline.training_eval

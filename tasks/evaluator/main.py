@@ -1,7 +1,8 @@
 """The evaluator as an OS process of its own (:mod:`asyncrl.tasks.evaluator.loop`):
-``python -m asyncrl.tasks.evaluator.main --config PRIVATE_CONFIG``.
+``python -m asyncrl.tasks.evaluator.main --config PROCESS_CONFIG``.
 
-``PRIVATE_CONFIG`` is the run's full config (``RunPaths.private_config``). The process lowers
+``PROCESS_CONFIG`` is the evaluator's config, written by the launcher
+(:class:`~asyncrl.configs.processes.EvaluatorProcessConfig`). The process lowers
 its whole session's CPU priority to ``pipeline.training_eval.nice`` first (its reward workers
 inherit it; its vLLM server, a session of its own, gets the same), so that on a machine with
 few cores generation and training keep the CPUs when they compete.
@@ -15,13 +16,12 @@ supervisor restarts it, and it resumes after its last record).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from asyncrl.configs.loading import ConfigError, load_config
+from asyncrl.configs.loading import ConfigError, frozen_yaml, load_process_config
+from asyncrl.configs.processes import EvaluatorProcessConfig
 from asyncrl.tasks.evaluator.process import MODULE
 from asyncrl.tasks.system.process_group import lower_own_session_priority
 from asyncrl.tasks.system.run_paths import run_paths
@@ -33,7 +33,7 @@ logger = logging.getLogger("asyncrl.evaluator")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="the run's private config (RunPaths.private_config)")
+    parser.add_argument("--config", required=True, help="the evaluator's process config (RunPaths.process_config)")
     return parser
 
 
@@ -42,10 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per generation request drowns the log
     try:
-        config = load_config(args.config)
+        config = load_process_config(args.config, EvaluatorProcessConfig)
     except ConfigError as exc:
         print(f"evaluator: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    logger.info("config (secrets redacted):\n%s", frozen_yaml(config))
     if config.pipeline.eval_every < 1:
         print("evaluator: config error: pipeline.eval_every is 0 (evaluation during training is off)", file=sys.stderr)
         return EXIT_CONFIG
@@ -54,9 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.install()
     from asyncrl.tasks.evaluator.loop import serve  # the heavy imports once the config is known good
 
-    paths = dataclasses.replace(run_paths(config), private_config=Path(args.config))
     try:
-        serve(config, paths, stop.event)
+        serve(config, run_paths(config), stop.event)
     except Exception:  # noqa: BLE001 - the traceback goes to the log the supervisor shows
         logger.exception("evaluator failed")
         return EXIT_ERROR

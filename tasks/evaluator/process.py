@@ -9,6 +9,6 @@ from pathlib import Path
 MODULE = "asyncrl.tasks.evaluator.main"
 
 
-def evaluator_command(private_config: Path, *, python: str = sys.executable) -> list[str]:
-    """``python -m asyncrl.tasks.evaluator.main --config PRIVATE_CONFIG``."""
-    return [python, "-m", MODULE, "--config", str(private_config)]
+def evaluator_command(process_config: Path, *, python: str = sys.executable) -> list[str]:
+    """``python -m asyncrl.tasks.evaluator.main --config PROCESS_CONFIG``."""
+    return [python, "-m", MODULE, "--config", str(process_config)]

@@ -136,7 +136,7 @@ def scheduler_component(config: RunConfig, paths: RunPaths, drain: bool, reward_
     (every admitted group written, :mod:`asyncrl.tasks.scheduler.main`); otherwise the run
     stops it when the trainer is done."""
     log_path = paths.log("scheduler.log")
-    command = scheduler_command(paths.private_config, drain=drain)
+    command = scheduler_command(paths.process_config("scheduler"), drain=drain)
     env = reward_token_env(reward_token)
     return ProcessComponent(
         "scheduler", lambda: spawn_session(command, log_path, env=env), log_path, ends_after_last_step(config, paths)
@@ -154,7 +154,7 @@ def evaluator_component(config: RunConfig, paths: RunPaths) -> ProcessComponent:
     finishes on its own once the last step is out and its last multiple of
     ``pipeline.eval_every`` is evaluated; until then the run may stop it."""
     log_path = paths.log("evaluator.log")
-    command = evaluator_command(paths.private_config)
+    command = evaluator_command(paths.process_config("evaluator"))
     return ProcessComponent(
         "evaluator", lambda: spawn_session(command, log_path), log_path, ends_after_last_step(config, paths)
     )
@@ -164,7 +164,7 @@ def reward_component(paths: RunPaths, reward_token: str) -> ProcessComponent:
     """The reward service process; ready once it has registered itself (its pid in the
     registration, so a stale entry of a killed predecessor does not count)."""
     log_path = paths.log("reward-service.log")
-    command = reward_service_command(paths.private_config)
+    command = reward_service_command(paths.process_config("reward"))
     root: RunRoot = paths.root
 
     def registered(pgid: int) -> bool:

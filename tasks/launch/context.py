@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from asyncrl.configs.loading import frozen_yaml, private_dict, public_dict
+from asyncrl.configs.processes import process_configs
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.secrets import strip_uri_password
 from asyncrl.storage import fs, paths
@@ -189,7 +190,8 @@ def _no_space(exc: OSError, where: str) -> OSError | None:
 
 
 def _write_private_config(path: Path, full: dict[str, Any]) -> None:
-    """The full config at ``path``, mode 0600; a full disk raises ``OSError(ENOSPC)`` naming it."""
+    """A process's config at ``path``, mode 0600; a full disk raises ``OSError(ENOSPC)`` naming it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
         with os.fdopen(descriptor, "w") as handle:
@@ -201,8 +203,8 @@ def _write_private_config(path: Path, full: dict[str, Any]) -> None:
 def prepare_run(config: RunConfig) -> RunPaths:
     """Open the root (the store's credentials in the environment: :func:`require_store_credentials`;
     the processes the run starts inherit them), write `config.yaml`
-    once (a restarted run must keep its config), and write the private config for child
-    processes.
+    once (a restarted run must keep its config), and write each process's config
+    (:func:`~asyncrl.configs.processes.process_configs`, secrets included, mode 0600).
 
     A run root frozen with another run's name or other trajectory settings
     (:data:`TRAJECTORY_KEYS`) is refused (:class:`RunRootMismatchError`, naming each differing
@@ -221,7 +223,8 @@ def prepare_run(config: RunConfig) -> RunPaths:
         except OSError as exc:
             raise _no_space(exc, root.display(paths.CONFIG)) or exc
     (run.work_dir / "logs").mkdir(parents=True, exist_ok=True)
-    _write_private_config(run.private_config, private_dict(config))
+    for process, process_config in process_configs(config).items():
+        _write_private_config(run.process_config(process), private_dict(process_config))
     return run
 
 
@@ -238,13 +241,17 @@ class RunContext:
 CONFIG_ARTIFACT = "config.yaml"
 """The frozen config (secrets redacted) as an artifact of the MLflow run."""
 
+PROCESS_CONFIG_ARTIFACTS = "processes"
+"""The MLflow run's folder of each process's config (secrets redacted), ``<process>.yaml``."""
+
 
 def open_run_context(config: RunConfig) -> RunContext:
     """:func:`prepare_run`, then the run's MLflow run: the one recorded in the run root's
     ``tracking.json`` (marked running again: a re-run or retry of a run continues its
     record), else a new one, recorded there before anything is logged to it. The record
     names the tracking URI without its password. The frozen config (:func:`frozen_yaml`,
-    secrets redacted) is the run's artifact :data:`CONFIG_ARTIFACT`."""
+    secrets redacted) is the run's artifact :data:`CONFIG_ARTIFACT`, and each process's
+    config (redacted) one in :data:`PROCESS_CONFIG_ARTIFACTS`."""
     run_paths = prepare_run(config)
     tracking = config.tracking
     shown_uri = strip_uri_password(tracking.mlflow_uri)
@@ -260,6 +267,8 @@ def open_run_context(config: RunConfig) -> RunContext:
         record = {"mlflow_uri": shown_uri, "mlflow_run_id": lineage.run_id}
         fs.put_atomic_replace(run_paths.root, TRACKING_FILE, json.dumps(record).encode())
     lineage.log_text(frozen_yaml(config), CONFIG_ARTIFACT)
+    for process, process_config in process_configs(config).items():
+        lineage.log_text(frozen_yaml(process_config), f"{PROCESS_CONFIG_ARTIFACTS}/{process}.yaml")
     return RunContext(config, run_paths, lineage)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.configs.loading import ConfigError
+from asyncrl.configs.processes import process_configs
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
@@ -329,7 +330,8 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     # A cache of its own: the loads below prune "weights-cache" under the server started from it.
     first = server_start_dir(config, run_paths, versions[0], run_paths.work_dir / "eval-weights-cache")
     adapters = config.trainer.lora is not None  # a LoRA run: the server starts on the base, loads each version
-    task = held_out_task(config, first, config.pipeline.eval_prompts, config.pipeline.eval_samples)
+    evaluator = process_configs(config).evaluator  # the prompts and sampling the evaluator uses
+    task = held_out_task(evaluator, first, config.pipeline.eval_prompts, config.pipeline.eval_samples)
     # Rollout server 0's devices, dtype and parallelism, on a port of its own.
     eval_server = replace(server_config(config, run_paths, first, 0), port=0, log_path=run_paths.log("eval-server.log"))
     progress = StageProgress(run_paths.work_dir, "evaluate", len(task.prompts) * len(versions), "prompts")

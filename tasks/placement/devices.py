@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrl.configs.inference import InferenceConfig
+from asyncrl.configs.processes import ServerLaunchConfig
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.cpus import machine_cpus
 
@@ -206,12 +207,12 @@ def trainer_placement(config: RunConfig, machine: Machine) -> DevicePlacement:
     return place(config.trainer.devices, "trainer.devices", machine, config.trainer.cpu_cores, "trainer.cpu_cores")
 
 
-def evaluator_placement(config: RunConfig, machine: Machine) -> DevicePlacement:
+def evaluator_placement(config: ServerLaunchConfig, machine: Machine) -> DevicePlacement:
     """The evaluator's vLLM server (evaluation during training): ``pipeline.training_eval.devices``."""
     return place(config.pipeline.training_eval.devices, "pipeline.training_eval.devices", machine)
 
 
-def _device_holders(config: RunConfig, place_of: object) -> list[set[int]]:
+def _device_holders(config: ServerLaunchConfig, place_of: object) -> list[set[int]]:
     """The device sets of the components on placement ``place_of``: each rollout server's,
     the trainer's, and the evaluator's (it runs ``local``, when on and given devices)."""
     holders: list[set[int]] = []
@@ -243,7 +244,7 @@ def shared_gpu_memory_fraction(config: RunConfig, index: int) -> float | None:
     return _memory_share(set(devices[index]), _device_holders(config, config.placement.rollout_server))
 
 
-def evaluator_gpu_memory_fraction(config: RunConfig) -> float | None:
+def evaluator_gpu_memory_fraction(config: ServerLaunchConfig) -> float | None:
     """``gpu_memory_utilization`` of the evaluator's server, by the rule of
     :func:`shared_gpu_memory_fraction` among the components on the ``local`` placement."""
     ids = config.pipeline.training_eval.devices

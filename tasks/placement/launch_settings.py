@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from asyncrl.configs.processes import ServerLaunchConfig
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.storage.weights import WeightStore
@@ -49,7 +50,7 @@ def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int, Vers
     return model_dir, 0 if latest is None else latest, lease
 
 
-def server_start_dir(config: RunConfig, paths: RunPaths, version: int, cache_dir: Path) -> Path:
+def server_start_dir(config: ServerLaunchConfig, paths: RunPaths, version: int, cache_dir: Path) -> Path:
     """The directory a vLLM server of the run starts from to serve ``version``: its weights
     (:func:`model_weights`, cached under ``cache_dir``), or in a LoRA run (``trainer.lora``)
     the base model, ``model.path``: every version there is an adapter, loaded into the running
@@ -81,7 +82,7 @@ def server_config(
 
 
 def evaluator_server_config(
-    config: RunConfig, paths: RunPaths, model_dir: Path, machine: Machine | None = None
+    config: ServerLaunchConfig, paths: RunPaths, model_dir: Path, machine: Machine | None = None
 ) -> RolloutServerConfig:
     """The evaluator's own vLLM server (evaluation during training), launched as a rollout
     server is (dtype, parallelism, KV cache, longest sequence) on a free port, with its log
@@ -100,7 +101,7 @@ def evaluator_server_config(
 
 
 def _vllm_launch(
-    config: RunConfig,
+    config: ServerLaunchConfig,
     model_dir: Path,
     machine: Machine,
     placement: DevicePlacement,
@@ -175,7 +176,7 @@ def trainer_launch(
     config: RunConfig, paths: RunPaths, machine: Machine | None = None, *, mode: Literal["rl", "sft"] = "rl"
 ) -> TrainerLaunch:
     """The trainer process of the run on ``machine`` (default: this one, detected now), for RL
-    or for the SFT stage: the private config, ``logs/trainer.log`` (``logs/sft.log``), metrics
+    or for the SFT stage: the trainer's process config, ``logs/trainer.log`` (``logs/sft.log``), metrics
     in ``trainer-metrics.jsonl`` (``sft-metrics.jsonl``) of the work directory,
     ``trainer.processes`` processes per node, its device set mapped by
     :func:`~asyncrl.tasks.placement.devices.place` (``CUDA_VISIBLE_DEVICES`` on a GPU machine,
@@ -193,7 +194,7 @@ def trainer_launch(
     name = "trainer" if rl else "sft"
     threads = trainer_threads(config, machine, beside_servers=rl)
     return TrainerLaunch(
-        config_path=paths.private_config,
+        config_path=paths.process_config("trainer"),
         log_path=paths.log(f"{name}.log"),
         mode=mode,
         work_dir=paths.work_dir / name,

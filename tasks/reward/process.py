@@ -9,6 +9,6 @@ from pathlib import Path
 MODULE = "asyncrl.tasks.reward.server"
 
 
-def reward_service_command(private_config: Path, *, python: str = sys.executable) -> list[str]:
-    """``python -m asyncrl.tasks.reward.server --config PRIVATE_CONFIG`` (loopback, a free port)."""
-    return [python, "-m", MODULE, "--config", str(private_config)]
+def reward_service_command(process_config: Path, *, python: str = sys.executable) -> list[str]:
+    """``python -m asyncrl.tasks.reward.server --config PROCESS_CONFIG`` (loopback, a free port)."""
+    return [python, "-m", MODULE, "--config", str(process_config)]

@@ -1,8 +1,8 @@
 """The reward service as an OS process of its own, so that it can be killed and restarted
-apart from the scheduler: ``python -m asyncrl.tasks.reward.server --config RUN_CONFIG
-[--host 127.0.0.1] [--port 0]``.
+apart from the scheduler: ``python -m asyncrl.tasks.reward.server --config PROCESS_CONFIG
+[--host 127.0.0.1] [--port 0]`` (:class:`~asyncrl.configs.processes.RewardProcessConfig`).
 
-It starts a :class:`RewardPool` from the run config's ``reward`` section, an HTTP server
+It starts a :class:`RewardPool` from the config's ``reward`` section, an HTTP server
 (``POST /score``, ``GET /health``, ``GET /stats``), and registers its URL in the run root
 (:mod:`asyncrl.tasks.reward.service_registry`) for clients
 (:class:`~asyncrl.tasks.reward.remote.RemoteRewardScorer`). With ``ASYNCRL_REWARD_TOKEN`` every
@@ -32,8 +32,8 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from asyncrl.configs.loading import ConfigError, load_config
-from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.loading import ConfigError, frozen_yaml, load_process_config
+from asyncrl.configs.processes import RewardProcessConfig
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.tasks.system.network import is_loopback
 from asyncrl.tasks.reward.process import MODULE
@@ -241,7 +241,7 @@ def wait_until_stopped(
     return None
 
 
-def serve(config: RunConfig, root: RunRoot, host: str, port: int, token: str | None) -> int:
+def serve(config: RewardProcessConfig, root: RunRoot, host: str, port: int, token: str | None) -> int:
     """Run the service until stopped or broken (see the module docstring); the exit status."""
     stop = threading.Event()
     install_stop_handlers(stop)
@@ -302,7 +302,7 @@ def check_arguments(host: str, port: int, token: str | None) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="the run's full config (its reward and storage sections)")
+    parser.add_argument("--config", required=True, help="the reward service's process config (RunPaths.process_config)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     parser.add_argument("--port", type=int, default=0, help="port to listen on; 0 (default) picks a free one")
     return parser
@@ -314,11 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     token = os.environ.get(TOKEN_ENV)
     try:
         check_arguments(args.host, args.port, token)
-        config = load_config(args.config)
+        config = load_process_config(args.config, RewardProcessConfig)
         root = open_root(config.storage.root, config.storage.options)
     except (ConfigError, ValueError) as exc:
         print(f"reward service: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    logger.info("config (secrets redacted):\n%s", frozen_yaml(config))
     try:
         return serve(config, root, args.host, args.port, token)
     except Exception as exc:  # noqa: BLE001 - one line for the supervisor's log; the traceback is logged

@@ -114,12 +114,12 @@ class RolloutController:
             saved = dataclasses.replace(saved, admitted=saved.admitted + regenerations.admitted)
         self.gate = StalenessGate(
             settings.batch_groups,
-            settings.eta,
+            settings.rollout.eta,
             _GeneratorUpdates(generator, self.version_updates),
             state=saved,
         )
         self.adaptive: AdaptiveEta | None = None
-        """The effective bound's controller (``settings.adaptive_staleness``); its state is
+        """The effective bound's controller (``rollout.adaptive_staleness``); its state is
         loaded when :meth:`run` starts."""
         self._order: deque[int] = deque()
         """Dispatched groups not yet written, in admission order: the order they are written in."""
@@ -204,13 +204,13 @@ class RolloutController:
 
     async def _start_adaptive(self) -> None:
         """Go on from the saved effective bound, else start at eta reading from the servers' version."""
-        config = self.settings.adaptive_staleness
+        config = self.settings.rollout.adaptive_staleness
         if config is None:
             return
         saved = await asyncio.to_thread(load_adaptive_state, self.root)
         if saved is None:
-            saved = AdaptiveState(self.settings.eta, self.generator.current_version, 0)
-        self.adaptive = AdaptiveEta(config, self.settings.eta, saved)
+            saved = AdaptiveState(self.settings.rollout.eta, self.generator.current_version, 0)
+        self.adaptive = AdaptiveEta(config, self.settings.rollout.eta, saved)
         self.gate.set_eta(self.adaptive.eta)
         self.stats.adaptive = self.adaptive.summary()
 
@@ -265,7 +265,7 @@ class RolloutController:
         return [index for _, index in sorted(order)]
 
     async def _admit_loop(self, stop: asyncio.Event, in_flight: set[asyncio.Task[None]]) -> None:
-        limit, cap = self.settings.max_groups, self.settings.max_groups_in_flight
+        limit, cap = self.settings.max_groups, self.settings.rollout.max_groups_in_flight
         while not stop.is_set():
             self._raise_failure()
             all_admitted = limit is not None and self._admitted_kept() >= limit
@@ -380,8 +380,8 @@ class RolloutController:
             await asyncio.to_thread(save_left_out, self.root, index, record.prompt_id, NO_EPISODE_KEPT, [])
             self._leave_out(index)
             LOG.warning("group %s left out: none of its %d episodes could be kept", group_id(index),
-                        self.settings.n_samples)  # fmt: skip
-        elif self.settings.dynamic_filter and all_equal_rewards(samples):
+                        self.settings.sampling.n_samples)  # fmt: skip
+        elif self.settings.rollout.dynamic_filter and all_equal_rewards(samples):
             await asyncio.to_thread(save_filtered, self.root, samples)  # durable before it is released
             self._leave_out(index)
             self.stats.filtered_tokens += sum(s.model_token_count for s in samples)
@@ -422,7 +422,7 @@ class RolloutController:
                 pieces.append(piece)
                 piece = []
         piece_kept = sum(1 for k in piece if self._done[k] is not None)
-        if piece and (partial or piece_kept == 0 or piece_kept >= self.settings.shard_groups):
+        if piece and (partial or piece_kept == 0 or piece_kept >= self.settings.rollout.shard_groups):
             pieces.append(piece)
         for _ in range(sum(len(p) for p in pieces)):
             self._order.popleft()
@@ -469,9 +469,9 @@ class RolloutController:
 
     async def _flush_periodically(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await _wait(stop, min(1.0, self.settings.shard_seconds))
+            await _wait(stop, min(1.0, self.settings.rollout.shard_seconds))
             oldest = min(self._done_at.values(), default=None)
-            if oldest is not None and time.monotonic() - oldest >= self.settings.shard_seconds:
+            if oldest is not None and time.monotonic() - oldest >= self.settings.rollout.shard_seconds:
                 await self._flush(partial=True)
 
     async def _watch_weights(self, stop: asyncio.Event) -> None:
@@ -498,9 +498,9 @@ class RolloutController:
             if stop.is_set():
                 break
             if self._weights_listener is None:
-                await _wait(stop, self.settings.weight_poll_seconds)
+                await _wait(stop, self.settings.rollout.weight_poll_seconds)
             else:
-                await _first_of(stop.wait(), self._weights_listener.wait_async(self.settings.weight_poll_seconds))
+                await _first_of(stop.wait(), self._weights_listener.wait_async(self.settings.rollout.weight_poll_seconds))
 
 
 class _GeneratorUpdates:

@@ -1,6 +1,7 @@
 """The scheduler (rollout controller) as an OS process of its own, scoring through the run's
 reward service (:mod:`asyncrl.tasks.reward.server`, found through its registration):
-``python -m asyncrl.tasks.scheduler.main --config PRIVATE_CONFIG [--server URL ...]``.
+``python -m asyncrl.tasks.scheduler.main --config PROCESS_CONFIG [--server URL ...]``
+(:class:`~asyncrl.configs.processes.SchedulerProcessConfig`).
 
 Cycle after cycle it finds the servers (``--server`` or the run's registry), brings each to
 the newest published weight version (a label is set only after its weights are loaded, so
@@ -14,7 +15,6 @@ finished, 2 bad config or arguments, 1 any other error. See ``docs/internals/sch
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -26,10 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from asyncrl.configs.loading import ConfigError, load_config
-from asyncrl.configs.run_config import RunConfig
-from asyncrl.tasks.system.run_paths import RunPaths
-from asyncrl.tasks.system.run_paths import run_paths as run_paths_of
+from asyncrl.configs.loading import ConfigError, frozen_yaml, load_process_config
+from asyncrl.configs.processes import SchedulerProcessConfig
+from asyncrl.tasks.system.run_paths import RunPaths, run_paths
 from asyncrl.tasks.system.stop_signal import StopSignal
 from asyncrl.tasks.scheduler.written_index import written_group_indices
 from asyncrl.tasks.scheduler.cycle_stats import CYCLE_STATS_FILE, append_cycle_stats
@@ -58,7 +57,7 @@ TERMINATED, FINISHED, SERVERS_CHANGED, NO_LIVE_SERVER, DRAINED = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="the run's private config (RunPaths.private_config)")
+    parser.add_argument("--config", required=True, help="the scheduler's process config (RunPaths.process_config)")
     parser.add_argument(
         "--server", action="append", default=[], metavar="URL",
         help="a rollout server's base URL (repeatable); default: the servers registered in the run root",
@@ -74,12 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="with no live server and no new registration, try the known servers again after this long",
     )  # fmt: skip
     return parser
-
-
-def run_paths(config: RunConfig, private_config: Path) -> RunPaths:
-    """The run's paths as `prepare_run` laid them out (nothing is written: the trainer may be
-    reading the private config at the same moment)."""
-    return dataclasses.replace(run_paths_of(config), private_config=private_config)
 
 
 @dataclass(frozen=True)
@@ -108,7 +101,7 @@ class ServerSource:
         ]
 
 
-def align_server_versions(config: RunConfig, paths: RunPaths, handles: Sequence[RolloutServerHandle]) -> int:
+def align_server_versions(config: SchedulerProcessConfig, paths: RunPaths, handles: Sequence[RolloutServerHandle]) -> int:
     """Bring every server to the newest published version W (0 before any) and resume it;
     return W. A server that fails is logged and left to the client's start-up probe, which
     takes it out of rotation."""
@@ -172,7 +165,7 @@ def wait_for_servers(
 
 
 def run_cycle(
-    config: RunConfig,
+    config: SchedulerProcessConfig,
     paths: RunPaths,
     source: ServerSource,
     prompts: list[PromptRecord],
@@ -211,10 +204,10 @@ def run_cycle(
 
 
 def serve(
-    config: RunConfig, private_config: Path, urls: Sequence[str], poll_s: float, retry_s: float, drain: bool = True
+    config: SchedulerProcessConfig, urls: Sequence[str], poll_s: float, retry_s: float, drain: bool = True
 ) -> int:
     """Cycles until terminated or finished (see the module docstring)."""
-    paths = run_paths(config, private_config)
+    paths = run_paths(config)
     api_key = config.inference.api_key_value()
     source = ServerSource(paths.root, api_key, tuple(urls))
     terminate = StopSignal()
@@ -254,11 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{args.retry_seconds}", file=sys.stderr)  # fmt: skip
         return EXIT_CONFIG
     try:
-        config = load_config(args.config)
+        config = load_process_config(args.config, SchedulerProcessConfig)
     except ConfigError as exc:
         print(f"scheduler: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    return serve(config, Path(args.config), args.server, args.poll_seconds, args.retry_seconds, drain=not args.no_drain)
+    logger.info("config (secrets redacted):\n%s", frozen_yaml(config))
+    return serve(config, args.server, args.poll_seconds, args.retry_seconds, drain=not args.no_drain)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ from pathlib import Path
 MODULE = "asyncrl.tasks.scheduler.main"
 
 
-def scheduler_command(private_config: Path, *, drain: bool = True, python: str = sys.executable) -> list[str]:
-    """``python -m asyncrl.tasks.scheduler.main --config PRIVATE_CONFIG [--no-drain]``."""
-    command = [python, "-m", MODULE, "--config", str(private_config)]
+def scheduler_command(process_config: Path, *, drain: bool = True, python: str = sys.executable) -> list[str]:
+    """``python -m asyncrl.tasks.scheduler.main --config PROCESS_CONFIG [--no-drain]``."""
+    command = [python, "-m", MODULE, "--config", str(process_config)]
     if not drain:
         command.append("--no-drain")
     return command

@@ -1,4 +1,4 @@
-"""How the scheduler process is built from the run config: the
+"""How the scheduler process is built from its config: the
 controller settings, the group's episodes (single-turn or the user's agent episodes), and
 the controller run itself."""
 
@@ -9,7 +9,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.processes import SchedulerProcessConfig
 from asyncrl.tasks.agent.runner import episode_runner_on
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
@@ -22,38 +22,29 @@ from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.controller_stats import ControllerStats
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
-from asyncrl.tasks.agent.episodes import AgentEpisodes, SingleTurnEpisodes
+from asyncrl.tasks.agent.episodes import AgentEpisodes, SamplingSettings, SingleTurnEpisodes
 from asyncrl.tasks.reward.types import RewardScorer
 from asyncrl.tasks.scheduler.protocols import GroupEpisodes
 from asyncrl.tasks.system.run_paths import RunPaths
 
 
-def controller_settings(config: RunConfig, stop_token_ids: tuple[int, ...], max_groups: int | None) -> ControllerSettings:
-    rollout = config.rollout
+def controller_settings(
+    config: SchedulerProcessConfig, stop_token_ids: tuple[int, ...], max_groups: int | None
+) -> ControllerSettings:
+    """The controller's settings: the ``rollout`` section, its sampling, the run's name, seed
+    and ``trainer.batch_groups``."""
     return ControllerSettings(
         run_id=config.name,
         batch_groups=config.trainer.batch_groups,
-        eta=rollout.eta,
-        n_samples=rollout.n_samples,
-        max_new_tokens=rollout.max_new_tokens,
-        max_prompt_tokens=config.data.max_prompt_tokens,
-        temperature=rollout.temperature,
-        top_p=rollout.top_p,
-        stop_token_ids=stop_token_ids,
-        ignore_eos=rollout.ignore_eos,
-        dynamic_filter=rollout.dynamic_filter,
-        adaptive_staleness=rollout.adaptive_staleness,
-        shard_groups=rollout.shard_groups,
-        shard_seconds=rollout.shard_seconds,
-        weight_poll_seconds=rollout.weight_poll_seconds,
-        max_groups_in_flight=rollout.max_groups_in_flight,
+        rollout=config.rollout,
+        sampling=SamplingSettings.from_rollout(config.rollout, config.data.max_prompt_tokens, stop_token_ids),
         seed=config.seed,
         max_groups=max_groups,
     )
 
 
 def run_scheduler(
-    config: RunConfig,
+    config: SchedulerProcessConfig,
     paths: RunPaths,
     handles: list[RolloutServerHandle],
     prompts: list[PromptRecord],
@@ -107,7 +98,7 @@ def run_scheduler(
 
 @asynccontextmanager
 async def group_episodes(
-    config: RunConfig, settings: ControllerSettings, client: RolloutClient, codec: HFCodec, scorer: RewardScorer
+    config: SchedulerProcessConfig, settings: ControllerSettings, client: RolloutClient, codec: HFCodec, scorer: RewardScorer
 ) -> AsyncIterator[GroupEpisodes]:
     """The run's episodes: single-turn samples of the prompt rendered by
     ``data.prompt_format`` when ``rollout.episode`` is None, else the user's episodes behind
@@ -117,10 +108,10 @@ async def group_episodes(
         def render(record: PromptRecord) -> str:
             return render_prompt(record.prompt, config.data.prompt_format, codec.tokenizer)
 
-        yield SingleTurnEpisodes(settings, render, codec, client, scorer)
+        yield SingleTurnEpisodes(settings.sampling, render, codec, client, scorer)
         return
     async with episode_runner_on(
         client, codec, config.rollout.episode, config.rollout.max_new_tokens, config.rollout.temperature,
         config.rollout.top_p, model=config.model.path,
     ) as runner:  # fmt: skip
-        yield AgentEpisodes(runner, scorer, settings.n_samples)
+        yield AgentEpisodes(runner, scorer, settings.sampling.n_samples)

@@ -1,16 +1,16 @@
-"""The local paths of one run: its run root in storage, its scratch directory, and the private
-config its processes read."""
+"""The local paths of one run: its run root in storage, its scratch directory, and the config
+file of each process it starts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.configs.processes import ProcessConfig, ProcessName
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot, open_root
 
-
-PRIVATE_CONFIG = "run-config.private.yaml"
+PROCESS_CONFIG_DIR = "processes"
 
 
 @dataclass(frozen=True)
@@ -19,18 +19,17 @@ class RunPaths:
 
     root: RunRoot
     work_dir: Path
-    private_config: Path
-    """The full config (secrets included) for the processes this run starts: mode 0600,
-    local, never uploaded. The run root holds the redacted `config.yaml`."""
 
     def log(self, name: str) -> Path:
         return self.work_dir / "logs" / name
 
+    def process_config(self, process: ProcessName) -> Path:
+        """The config file of ``process`` (:func:`~asyncrl.configs.processes.process_configs`):
+        its secrets included, so mode 0600, local, never uploaded. The run root holds the
+        redacted run config, `config.yaml`."""
+        return self.work_dir / PROCESS_CONFIG_DIR / f"{process}.yaml"
 
-def run_paths(config: RunConfig) -> RunPaths:
+
+def run_paths(config: RunConfig | ProcessConfig) -> RunPaths:
     """The run's paths as :func:`prepare_run` lays them out, writing nothing."""
-    return RunPaths(
-        root=open_root(config.storage.root, config.storage.options),
-        work_dir=config.run_work_dir,
-        private_config=config.run_work_dir / PRIVATE_CONFIG,
-    )
+    return RunPaths(root=open_root(config.storage.root, config.storage.options), work_dir=config.run_work_dir)

@@ -3,7 +3,7 @@
 A step consumes whole shards (the ledger records shard names) in sequence-number order until
 they hold at least B groups. The controller writes groups in admission order and never lets a
 shard straddle a batch (:mod:`asyncrl.tasks.scheduler.controller`), so step s takes exactly
-the s-th admission batch and no sample is staler than eta; if shards do not line up, a step
+the s-th admission batch and no sample is staler than the staleness bound; if shards do not line up, a step
 takes more than B groups, never fewer. Consumed shards leave ``trajectories/``, so a poll
 lists O(waiting shards) names. Every shard is validated by the storage reader, then against
 the model (token ids below the vocabulary, sequences within the micro-batch budget); a failing

@@ -1,4 +1,5 @@
-"""Trainer process entry point: ``python -m asyncrl.tasks.trainer.main --config RUN.yaml``.
+"""Trainer process entry point: ``python -m asyncrl.tasks.trainer.main --config PROCESS.yaml``
+(:class:`~asyncrl.configs.processes.TrainerProcessConfig`, written by the launcher).
 
 One process on CPU (gloo; missing rendezvous variables filled in) or one per device under
 ``deepspeed``/``torchrun`` (data parallel, see :mod:`asyncrl.tasks.trainer.step`). The
@@ -22,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asyncrl.configs.loading import ConfigError, load_config
-from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.loading import ConfigError, frozen_yaml, load_process_config
+from asyncrl.configs.processes import TrainerProcessConfig
 from asyncrl.configs.trainer import OptimizerConfig
 from asyncrl.tasks.system.host_memory import return_freed_memory_to_os
 
@@ -36,7 +37,7 @@ logger = logging.getLogger("asyncrl.trainer")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m asyncrl.tasks.trainer.main", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML run config")
+    parser.add_argument("--config", required=True, help="the trainer's process config (RunPaths.process_config)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. trainer.max_steps=4")
     parser.add_argument("--mode", choices=("rl", "sft"), default="rl")
     parser.add_argument("--work-dir", type=Path, default=None, help="local scratch directory (default: WORK_DIR/NAME/trainer of the config)")
@@ -112,7 +113,7 @@ def node_model_dir(
 
 
 def lora_start(
-    root: RunRoot, config: RunConfig, model_dir: Path, version: int | None, work_dir: Path
+    root: RunRoot, config: TrainerProcessConfig, model_dir: Path, version: int | None, work_dir: Path
 ) -> tuple[Path, Path | None]:
     """(base directory, initial adapter directory or None) of a LoRA run whose latest weights
     are ``model_dir`` (version ``version``, :func:`node_model_dir`): the base is always
@@ -133,7 +134,7 @@ def lora_start(
 
 
 def _engine(  # noqa: ANN202
-    config: RunConfig,
+    config: TrainerProcessConfig,
     model_dir: Path,
     total_updates: int,
     optimizer: OptimizerConfig,
@@ -161,7 +162,7 @@ def _engine(  # noqa: ANN202
     return build_engine(model_dir, settings)
 
 
-def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_file: Path) -> int:
+def run_rl(config: TrainerProcessConfig, args: argparse.Namespace, work_dir: Path, metrics_file: Path) -> int:
     from asyncrl.storage.fs import open_root
     from asyncrl.tasks.trainer.loop import LoopSettings, RLTrainer
     from asyncrl.tasks.trainer.metrics import FanoutSink, JsonlMetricsSink
@@ -185,7 +186,7 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
         root,
         config.name,
         engine,
-        RLSettings.from_config(config.trainer, config.max_staleness, config.tracking.pass_k),
+        RLSettings.from_config(config.trainer, config.max_staleness, config.pass_k),
         loop,
         work_dir,
         FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]),
@@ -213,7 +214,7 @@ def run_rl(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_
     return EXIT_OK
 
 
-def run_sft_mode(config: RunConfig, args: argparse.Namespace, work_dir: Path, metrics_file: Path) -> int:
+def run_sft_mode(config: TrainerProcessConfig, args: argparse.Namespace, work_dir: Path, metrics_file: Path) -> int:
     from asyncrl.storage.fs import open_root
     from asyncrl.storage.weights import WeightStore
     from asyncrl.tasks.data.loader import load_prompts
@@ -260,10 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        config = load_config(args.config, args.overrides)
+        config = load_process_config(args.config, TrainerProcessConfig, args.overrides)
     except ConfigError as exc:
         print(f"trainer: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if os.environ.get("RANK", "0") == "0":
+        logger.info("config (secrets redacted):\n%s", frozen_yaml(config))
     work_dir = args.work_dir or config.run_work_dir / "trainer"
     work_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = args.metrics_file or work_dir / "metrics.jsonl"

@@ -154,8 +154,9 @@ def hf_model(trainer_model_dir: Path) -> Iterator[Any]:
 
 
 def write_run_config(path: Path, *, model: Path, store: Path, data: Path, trainer: dict[str, Any]) -> Path:
-    """A run config YAML for the trainer process (small budgets, local storage)."""
-    import yaml
+    """The trainer's process config of a small run (small budgets, local storage), as the
+    launcher writes it."""
+    from process_config_files import write_process_config
 
     config = {
         "name": RUN_ID,
@@ -167,8 +168,7 @@ def write_run_config(path: Path, *, model: Path, store: Path, data: Path, traine
         "trainer": {"micro_batch_tokens": 256, "optimizer": {"lr": TEST_LR}, **trainer},
         "storage": {"root": str(store)},
     }
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return write_process_config(path, config, "trainer")
 
 
 @pytest.fixture

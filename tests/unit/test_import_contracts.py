@@ -58,6 +58,8 @@ def test_the_unchanged_package_keeps_every_contract(package_copy: Path) -> None:
         ("tasks/algo/probe_upward.py", "from asyncrl.tasks.trainer import step\n", "Layers:"),
         ("storage/probe_mlflow.py", "import mlflow\n", "Only tasks/tracking/ imports MLflow"),
         ("tasks/scheduler/probe_vllm.py", "import vllm\n", "Only tasks/inference/ imports vLLM"),
+        ("tasks/trainer/probe_run_config.py", "from asyncrl.configs.run_config import RunConfig\n",
+         "Each process reads its own config"),
         ("tasks/launch/probe_entry.py", "import asyncrl.tasks.trainer.main\n", "No process entry point"),
     ],
 )

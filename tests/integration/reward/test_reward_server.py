@@ -25,6 +25,7 @@ import httpx
 import psutil
 import pytest
 import yaml
+from process_config_files import write_process_config
 
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.tasks.system.process_group import kill_group, read_log_tail, spawn_session
@@ -43,7 +44,7 @@ START_TIMEOUT_S = 60.0
 
 
 def write_config(directory: Path, reward: dict[str, Any]) -> Path:
-    """A full run config whose storage root is ``directory / 'store'``; only reward and storage matter here."""
+    """The reward service's process config of a run whose storage root is ``directory / 'store'``."""
     config = {
         "name": "reward-service-test",
         "model": {"path": str(directory / "model")},
@@ -51,9 +52,7 @@ def write_config(directory: Path, reward: dict[str, Any]) -> Path:
         "storage": {"root": str(directory / "store")},
         "reward": reward,
     }
-    path = directory / "run.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
+    return write_process_config(directory / "reward.yaml", config, "reward")
 
 
 def without_timing(results: list[RewardResult]) -> list[RewardResult]:
@@ -265,7 +264,11 @@ def test_sigterm_stops_serving_and_leaves_no_worker(launch: Launcher) -> None:
     ],
 )
 def test_a_bad_config_exits_2_naming_the_field(tmp_path: Path, reward: dict[str, Any], field: str) -> None:
-    config = write_config(tmp_path, reward)
+    config = write_config(tmp_path, {})
+    written = yaml.safe_load(config.read_text())  # a process config edited by hand
+    for key, value in reward.items():
+        written["reward"][key] = {**written["reward"].get(key, {}), **value}
+    config.write_text(yaml.safe_dump(written))
     done = subprocess.run(
         [sys.executable, "-m", MODULE, "--config", str(config)], capture_output=True, text=True, timeout=60
     )

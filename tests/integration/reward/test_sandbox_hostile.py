@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import httpx
 import psutil
 import pytest
-import yaml
+from process_config_files import write_process_config
 
 from asyncrl.configs.reward import CodeRewardConfig
 from asyncrl.storage.fs import RunRoot, open_root
@@ -120,8 +120,7 @@ def start_service(directory: Path, sandbox_per: str) -> Service:
             "pool": {"workers": 2, "kill_grace_s": 2.0, "preload_math": False},
         },
     }
-    path = directory / "run.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    path = write_process_config(directory / "run.yaml", config, "reward")
     env = {**{k: v for k, v in os.environ.items() if k not in CANARIES}, **CANARIES}
     log = directory / "service.log"
     process = spawn_session([sys.executable, "-m", MODULE, "--config", str(path)], log, env=env)

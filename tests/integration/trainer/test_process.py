@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_config_files import write_process_config
 from trainer_runs import run_trainer
 
 from asyncrl.tasks.launch.supervisor import ComponentFailed
@@ -26,12 +27,10 @@ def _bad_config(tmp_path: Path) -> Path:
 
 def _waiting_config(tmp_path: Path, tiny_model_dir: Path) -> Path:
     """A valid config whose run root never gets trajectories: the trainer would wait forever."""
-    path = tmp_path / "wait.yaml"
-    path.write_text(
-        f"name: t\nwork_dir: {tmp_path / 'runs'}\nmodel: {{path: {tiny_model_dir}}}\ndata: {{train_path: d.parquet, max_prompt_tokens: 8}}\n"
-        f"rollout: {{max_new_tokens: 8}}\ntrainer: {{micro_batch_tokens: 64}}\nstorage: {{root: {tmp_path / 'store'}}}\n"
-    )
-    return path
+    run = {"name": "t", "work_dir": str(tmp_path / "runs"), "model": {"path": str(tiny_model_dir)},
+           "data": {"train_path": "d.parquet", "max_prompt_tokens": 8}, "rollout": {"max_new_tokens": 8},
+           "trainer": {"micro_batch_tokens": 64}, "storage": {"root": str(tmp_path / "store")}}  # fmt: skip
+    return write_process_config(tmp_path / "wait.yaml", run, "trainer")
 
 
 def test_command_line() -> None:

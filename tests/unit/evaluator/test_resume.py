@@ -9,6 +9,7 @@ import json
 import threading
 from pathlib import Path
 
+from asyncrl.configs.processes import EvaluatorProcessConfig, process_configs
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.evaluations import EvaluationStore, EvaluatorState
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
@@ -18,15 +19,15 @@ from asyncrl.tasks.system.run_paths import run_paths
 from asyncrl.storage.evaluations import EvalResult
 
 
-def config(tmp_path: Path, every: int, max_steps: int) -> RunConfig:
-    return RunConfig.model_validate({
+def config(tmp_path: Path, every: int, max_steps: int) -> EvaluatorProcessConfig:
+    return process_configs(RunConfig.model_validate({
         "work_dir": str(tmp_path / "work"),
         "model": {"path": str(tmp_path / "model")},
         "data": {"train_path": str(tmp_path / "train.parquet"), "eval_path": str(tmp_path / "heldout.parquet")},
         "trainer": {"max_steps": max_steps},
         "pipeline": {"eval_every": every},
         "storage": {"root": str(tmp_path / "store")},
-    })  # fmt: skip
+    })).evaluator  # fmt: skip
 
 
 def publish(store: WeightStore, tmp_path: Path, *versions: int) -> None:

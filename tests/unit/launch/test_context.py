@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from asyncrl.configs.processes import PROCESS_NAMES
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.launch.context import RunRootMismatchError, check_resumable, prepare_run
 
@@ -101,7 +103,8 @@ def test_settings_that_do_not_shape_trajectories_may_change(tmp_path: Path) -> N
     check_resumable(changed)
     paths = prepare_run(changed)
     assert (tmp_path / "store" / "config.yaml").read_bytes() == frozen  # the first config stays frozen
-    assert paths.private_config.is_file()
+    for process in PROCESS_NAMES:
+        assert stat.S_IMODE(paths.process_config(process).stat().st_mode) == 0o600  # secrets: the owner's only
 
 
 def test_a_section_set_then_and_null_now_is_a_difference(tmp_path: Path) -> None:
@@ -128,7 +131,7 @@ def test_a_damaged_frozen_config_is_named(content: bytes, tmp_path: Path) -> Non
     assert (tmp_path / "store" / "config.yaml").read_bytes() == content
 
 
-def test_a_full_disk_writing_the_private_config_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_writing_a_process_config_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncrl.tasks.launch.context as context
 
     safe_dump = context.yaml.safe_dump
@@ -143,7 +146,7 @@ def test_a_full_disk_writing_the_private_config_names_the_file(tmp_path: Path, m
     with pytest.raises(OSError) as info:
         prepare_run(config)
     assert info.value.errno == errno.ENOSPC
-    assert info.value.filename == str(config.run_work_dir / "run-config.private.yaml")
+    assert info.value.filename == str(config.run_work_dir / "processes" / "trainer.yaml")
 
 
 def test_a_full_disk_freezing_the_config_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,13 +13,15 @@ from mlflow_run import tiny_run
 from PIL import Image
 
 from asyncrl.configs.loading import config_from_dict
-from asyncrl.tasks.launch.context import CONFIG_ARTIFACT, open_run_context, system_metrics
+from asyncrl.configs.processes import PROCESS_NAMES
+from asyncrl.tasks.launch.context import CONFIG_ARTIFACT, PROCESS_CONFIG_ARTIFACTS, open_run_context, system_metrics
 from asyncrl.tasks.tracking.run_report import PLOTS_DIR, SUMMARY_ARTIFACT, log_run_report, read_curves
 
 API_KEY = "report-canary-api-key-93c1"
 
 
 def download_text(lineage: object, path: str, dest: Path) -> str:
+    dest.mkdir(parents=True, exist_ok=True)
     return Path(lineage.client.download_artifacts(lineage.run_id, path, str(dest))).read_text()  # type: ignore[attr-defined]
 
 
@@ -63,6 +65,12 @@ def test_the_frozen_config_is_an_artifact_without_secrets(tmp_path: Path, monkey
     assert API_KEY not in text
     frozen = yaml.safe_load(text)
     assert frozen["inference"]["api_key"] == "***" and frozen["name"] == "cfg"
+    # Each process's config beside it, redacted as well; the scheduler's file on disk has the key.
+    for process in PROCESS_NAMES:
+        shown = download_text(context.lineage, f"{PROCESS_CONFIG_ARTIFACTS}/{process}.yaml", tmp_path / "dl" / process)
+        assert API_KEY not in shown and yaml.safe_load(shown)["name"] == "cfg"
+    assert "***" in download_text(context.lineage, f"{PROCESS_CONFIG_ARTIFACTS}/scheduler.yaml", tmp_path / "dl" / "s2")
+    assert API_KEY in context.paths.process_config("scheduler").read_text()
 
     with system_metrics(context):
         time.sleep(1.6)

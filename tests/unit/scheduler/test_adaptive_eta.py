@@ -21,7 +21,7 @@ from asyncrl.tasks.algo.adaptive_eta import AdaptiveEta, AdaptiveState, read_dri
 from asyncrl.configs.adaptive_staleness import AdaptiveStalenessConfig
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import load_adaptive_state
-from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from controller_settings_builder import flat_controller_settings
 from asyncrl.tasks.agent.episodes import SingleTurnEpisodes
 from asyncrl.tasks.algo.staleness_gate import StalenessGate
 
@@ -152,10 +152,10 @@ def publish_step(root: RunRoot, tmp_path: Path, version: int, metrics: dict[str,
 
 
 def adaptive_controller(root: RunRoot, generator: FixedGenerator, eta: int = 4) -> RolloutController:
-    settings = ControllerSettings(run_id="adaptive", batch_groups=2, eta=eta, n_samples=2, max_new_tokens=4,
+    settings = flat_controller_settings(run_id="adaptive", batch_groups=2, eta=eta, n_samples=2, max_new_tokens=4,
                                   max_prompt_tokens=4, adaptive_staleness=BUDGET)  # fmt: skip
     prompts = PromptSchedule([PromptRecord(prompt_id="p0", prompt="Q", answer="A", solution=None)], seed=0)
-    episodes = SingleTurnEpisodes(settings, lambda r: r.prompt, NoCodec(), generator, NoScorer())
+    episodes = SingleTurnEpisodes(settings.sampling, lambda r: r.prompt, NoCodec(), generator, NoScorer())
     return RolloutController(settings, root, prompts, generator=generator, episodes=episodes,
                              weight_loader=lambda v: (lambda _: None))  # fmt: skip
 

@@ -21,6 +21,7 @@ from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import load_gate_state
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index
 from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from controller_settings_builder import flat_controller_settings
 from asyncrl.tasks.agent.episodes import SingleTurnEpisodes
 from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
@@ -108,12 +109,12 @@ def settings(**overrides: Any) -> ControllerSettings:
     base = dict(run_id=RUN_ID, batch_groups=2, eta=1, n_samples=3, max_new_tokens=16, max_prompt_tokens=16,
                 shard_groups=2, shard_seconds=0.2, weight_poll_seconds=0.05, admit_poll_seconds=0.01)
     base.update(overrides)
-    return ControllerSettings(**base)
+    return flat_controller_settings(**base)
 
 
 def single_turn(config: ControllerSettings, generator: ScriptedGenerator, scorer: Any = None) -> SingleTurnEpisodes:
     """The built-in episode over the scripted edges: the prompt as is, character codes."""
-    return SingleTurnEpisodes(config, lambda r: r.prompt, DigitCodec(), generator, scorer or ExactScorer())
+    return SingleTurnEpisodes(config.sampling, lambda r: r.prompt, DigitCodec(), generator, scorer or ExactScorer())
 
 
 def controller(root_dir: Path, generator: ScriptedGenerator, loads: list[int] | None = None,

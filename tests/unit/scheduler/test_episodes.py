@@ -26,7 +26,7 @@ from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult
 from asyncrl.tasks.scheduler import setup
 from asyncrl.tasks.scheduler.controller import RolloutController
-from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from controller_settings_builder import flat_controller_settings
 from asyncrl.tasks.agent.episodes import AgentEpisodes, SingleTurnEpisodes
 from asyncrl.tasks.scheduler.filtered import filtered_groups
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index
@@ -58,7 +58,7 @@ def test_agent_episodes_run_through_the_controller_s_one_path(tmp_path: Path, ca
     """n = 3, B = 1, max_groups = 2 with ``on_failure: drop``: group 1 keeps no episode, so it
     is recorded, released and replaced by group 2; the kept groups are written as masked rows
     and counted as the single-turn path counts its samples."""
-    settings = ControllerSettings(run_id=RUN_ID, batch_groups=1, eta=2, n_samples=3, max_new_tokens=16,
+    settings = flat_controller_settings(run_id=RUN_ID, batch_groups=1, eta=2, n_samples=3, max_new_tokens=16,
                                   max_prompt_tokens=16, shard_groups=1, shard_seconds=0.2, weight_poll_seconds=0.05,
                                   admit_poll_seconds=0.01, max_groups=2)  # fmt: skip
     runner = EpisodeRunner(episode, Recorder(), EpisodeConfig(function="m:f", on_failure="drop"), model="m")
@@ -66,7 +66,7 @@ def test_agent_episodes_run_through_the_controller_s_one_path(tmp_path: Path, ca
     generator = ScriptedGenerator()
     ctrl = RolloutController(
         settings, root, InOrderSchedule([PromptRecord(prompt_id="p", prompt="Q", answer="6")], seed=0), generator=generator,
-        episodes=AgentEpisodes(runner, AllRight(), settings.n_samples), weight_loader=lambda v: (lambda _: None),
+        episodes=AgentEpisodes(runner, AllRight(), settings.sampling.n_samples), weight_loader=lambda v: (lambda _: None),
     )  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="asyncrl.scheduler"):
         asyncio.run(run_for(ctrl, 2.0))
@@ -87,18 +87,19 @@ def test_agent_episodes_run_through_the_controller_s_one_path(tmp_path: Path, ca
     assert failures == ["group g00000001: episode failed: episode_error: RuntimeError: tool backend down"] * 3
 
 
-def run_config(tmp_path: Path, rollout: dict[str, Any]) -> Any:  # noqa: ANN401 - a RunConfig
+def run_config(tmp_path: Path, rollout: dict[str, Any]) -> Any:  # noqa: ANN401 - the scheduler's config
+    from asyncrl.configs.processes import process_configs
     from asyncrl.configs.run_config import RunConfig
 
-    return RunConfig.model_validate({
+    return process_configs(RunConfig.model_validate({
         "name": "episodes", "model": {"path": str(tmp_path)}, "data": {"train_path": str(tmp_path / "t.jsonl")},
         "storage": {"root": str(tmp_path / "store")}, "tracking": {"mlflow_uri": f"sqlite:///{tmp_path}/m.db"},
         "trainer": {"micro_batch_tokens": 512}, "rollout": rollout,
-    })  # fmt: skip
+    })).scheduler  # fmt: skip
 
 
 def test_the_set_up_picks_the_episodes_from_the_rollout_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = ControllerSettings(run_id=RUN_ID, batch_groups=1, eta=0, n_samples=4, max_new_tokens=8,
+    settings = flat_controller_settings(run_id=RUN_ID, batch_groups=1, eta=0, n_samples=4, max_new_tokens=8,
                                   max_prompt_tokens=8)  # fmt: skip
     runner = EpisodeRunner(episode, Recorder(), EpisodeConfig(function="m:f"), model="m")
     opened: list[EpisodeConfig] = []
@@ -115,7 +116,7 @@ def test_the_set_up_picks_the_episodes_from_the_rollout_section(tmp_path: Path, 
             return episodes
 
     single = asyncio.run(pick({}))
-    assert isinstance(single, SingleTurnEpisodes) and single.settings is settings and opened == []
+    assert isinstance(single, SingleTurnEpisodes) and single.settings is settings.sampling and opened == []
     agent = asyncio.run(pick({"episode": {"function": "examples.calculator:solve", "max_context_tokens": 512}}))
     assert isinstance(agent, AgentEpisodes) and agent.runner is runner and agent.n_samples == 4
     assert [c.function for c in opened] == ["examples.calculator:solve"]

@@ -22,7 +22,7 @@ from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.gate_state import save_gate_state
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule
-from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from controller_settings_builder import flat_controller_settings
 from asyncrl.tasks.agent.episodes import SingleTurnEpisodes
 from asyncrl.tasks.algo.staleness_gate import GateState
 
@@ -65,10 +65,10 @@ def publish(root: RunRoot, tmp_path: Path, version: int, step: int, parent: int 
 
 
 def controller(root: RunRoot, generator: FixedGenerator) -> RolloutController:
-    settings = ControllerSettings(run_id="gate-rollback", batch_groups=B, eta=ETA, n_samples=2, max_new_tokens=4,
+    settings = flat_controller_settings(run_id="gate-rollback", batch_groups=B, eta=ETA, n_samples=2, max_new_tokens=4,
                                   max_prompt_tokens=4)  # fmt: skip
     prompts = PromptSchedule([PromptRecord(prompt_id="p0", prompt="Q", answer="A", solution=None)], seed=0)
-    episodes = SingleTurnEpisodes(settings, lambda r: r.prompt, NoCodec(), generator, NoScorer())
+    episodes = SingleTurnEpisodes(settings.sampling, lambda r: r.prompt, NoCodec(), generator, NoScorer())
     return RolloutController(settings, root, prompts, generator=generator, episodes=episodes,
                              weight_loader=lambda v: (lambda _: None))  # fmt: skip
 

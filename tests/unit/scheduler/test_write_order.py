@@ -38,7 +38,7 @@ from asyncrl.chaos.audit import audit_run
 from asyncrl.tasks.scheduler import controller as controller_module
 from asyncrl.tasks.scheduler.controller import RolloutController
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_index
-from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
+from controller_settings_builder import flat_controller_settings
 from asyncrl.tasks.agent.episodes import SingleTurnEpisodes
 from asyncrl.tasks.scheduler.filtered import filtered_groups
 from asyncrl.tasks.scheduler.written_index import written_group_indices
@@ -111,12 +111,12 @@ class InOrderSchedule(PromptSchedule):
 def make_controller(root: RunRoot, generator: LongTailGenerator, cls: type[RolloutController] = RolloutController,
                     max_groups: int | None = STEPS * B, shard_groups: int = B, dynamic_filter: bool = False,
                     scorer: Any = None) -> RolloutController:  # fmt: skip
-    settings = ControllerSettings(
+    settings = flat_controller_settings(
         run_id=RUN_ID, batch_groups=B, eta=ETA, n_samples=N, max_new_tokens=8, max_prompt_tokens=8,
         shard_groups=shard_groups, shard_seconds=0.2, weight_poll_seconds=0.02, admit_poll_seconds=0.01,
         max_groups=max_groups, dynamic_filter=dynamic_filter,
     )  # fmt: skip
-    episodes = SingleTurnEpisodes(settings, lambda r: r.prompt, CharCodec(), generator, scorer or AlternatingScorer())
+    episodes = SingleTurnEpisodes(settings.sampling, lambda r: r.prompt, CharCodec(), generator, scorer or AlternatingScorer())
     return cls(settings, root, InOrderSchedule(records(1), seed=0), generator=generator, episodes=episodes,
                weight_loader=lambda v: (lambda _: None))  # fmt: skip
 
