@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.ablation import prepare_warm_start
-from asyncrl.bench.time_to_accuracy import Arm, arm_config, evaluate_arm, train_arm
+from asyncrl.bench.time_to_accuracy import Arm, arm_config, evaluate_arms, train_arm
 from asyncrl.configs.run_config import RunConfig
 
 
@@ -52,16 +52,16 @@ def run_learning_check(
     work.mkdir(parents=True, exist_ok=True)
     warm_start = prepare_warm_start(base, work)
     arm = Arm(base.rollout.eta, base.rollout.interrupt_mode, base.trainer.objective)
-    start_pass: float | None = None
-    finals, walls = [], []
+    runs = []
     for seed in range(base.seed, base.seed + repeats):
-        run = train_arm(arm_config(base, work, warm_start, arm, seed))
-        scores = evaluate_arm(run, [run["start"], run["final"]], start_pass)
-        start_pass = scores[run["start"]]
-        finals.append(scores[run["final"]])
-        walls.append(run["wall_s"])
-        progress(f"seed {seed}: pass@1 {100 * start_pass:.1f}% -> {100 * finals[-1]:.1f}% in {run['wall_s']:.0f} s")
-    assert start_pass is not None
+        runs.append(train_arm(arm_config(base, work, warm_start, arm, seed)))
+        progress(f"seed {seed}: {runs[-1]['steps']} steps in {runs[-1]['wall_s']:.0f} s")
+    scores = evaluate_arms([(run, [run["start"], run["final"]]) for run in runs])  # one server for all
+    start_pass = scores[0][runs[0]["start"]]
+    finals = [found[run["final"]] for found, run in zip(scores, runs, strict=True)]
+    walls = [run["wall_s"] for run in runs]
+    for seed, final in zip(range(base.seed, base.seed + repeats), finals, strict=True):
+        progress(f"seed {seed}: pass@1 {100 * start_pass:.1f}% -> {100 * final:.1f}%")
     return {"config": base.name, "arm": arm.label, "steps": base.trainer.max_steps, "seeds": list(range(base.seed, base.seed + repeats)),
             "eval_prompts": base.pipeline.eval_prompts, "eval_samples": base.pipeline.eval_samples, "train_wall_s": walls,
             **gain_summary(start_pass, finals, min_gain_points)}  # fmt: skip

@@ -228,18 +228,22 @@ def train_arm(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def evaluate_arm(run: Mapping[str, Any], versions: Sequence[int], start_pass: float | None) -> dict[int, float]:
-    """Held-out pass@1 of ``versions`` of a trained arm (:func:`train_arm`). The start, the
-    warm start every arm shares, is evaluated only while ``start_pass`` is None; after that it
-    keeps ``start_pass``."""
+def evaluate_arms(arms: Sequence[tuple[Mapping[str, Any], Sequence[int]]]) -> list[dict[int, float]]:
+    """Held-out pass@1 of the given versions of each trained arm (:func:`train_arm`), all on
+    one vLLM server (:func:`~asyncrl.tasks.pipeline.stages.evaluate_runs`). The start, the warm
+    start every arm shares, is evaluated once, with the first arm; the others take its score."""
     from asyncrl.tasks.launch.context import prepare_run
-    from asyncrl.tasks.pipeline.stages import evaluate_versions
+    from asyncrl.tasks.pipeline.stages import evaluate_runs
 
-    if start_pass is not None:
-        versions = [v for v in versions if v != run["start"]]
-    evaluated = evaluate_versions(run["config"], prepare_run(run["config"]), versions)
-    scores = {v: r.pass_at_1 for v, r in evaluated.items()}
-    return scores if start_pass is None else scores | {run["start"]: start_pass}
+    if not arms:
+        return []
+    start = arms[0][0]["start"]
+    chosen = [list(versions) if i == 0 else [v for v in versions if v != start] for i, (_, versions) in enumerate(arms)]
+    evaluated = evaluate_runs([(run["config"], prepare_run(run["config"]), v) for (run, _), v in zip(arms, chosen, strict=True)])
+    scores = [{v: r.pass_at_1 for v, r in results.items()} for results in evaluated]
+    if start not in scores[0]:
+        raise ValueError(f"the first arm's versions must include the shared start, version {start}")
+    return [found | ({start: scores[0][start]} if start in versions else {}) for found, (_, versions) in zip(scores, arms, strict=True)]
 
 
 def run_sweep(
@@ -264,14 +268,15 @@ def run_sweep(
             run = runs[(arm.label, seed)] = train_arm(arm_config(base, work, warm_start, arm, seed))
             say(f"seed {seed} {arm.label}: {run['steps']} steps in {run['overlap']['rl_wall_s']:.0f} s, "
                 f"overlap factor {run['overlap']['overlap_factor']:.2f}")
-    start_pass: float | None = None
+    say(f"evaluating {len(runs)} runs on one server")
+    keys = list(runs)
+    evaluated = evaluate_arms([(runs[key], eval_versions(runs[key]["start"], runs[key]["final"], settings.eval_every)) for key in keys])
     curves: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
-    for (label, seed), run in runs.items():
-        scores = evaluate_arm(run, eval_versions(run["start"], run["final"], settings.eval_every), start_pass)
-        start_pass = scores[run["start"]]
+    for (label, seed), scores in zip(keys, evaluated, strict=True):
+        run = runs[(label, seed)]
         curves[(label, seed)] = {v: (run["walls"][v], scores[v]) for v in sorted(scores)}
         say(f"evaluated seed {seed} {label}: " + ", ".join(f"v{v} {100 * p:.1f}%" for v, (_, p) in curves[(label, seed)].items()))
-    assert start_pass is not None
+    start_pass = evaluated[0][runs[keys[0]]["start"]]
     arm_rows = []
     for arm in arms:
         seeds = [runs[(arm.label, s)] for s in settings.seeds]

@@ -26,6 +26,7 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.errors import StorageOperationError
 from asyncrl.cli.chaos import add_chaos_command
 from asyncrl.cli.lineage import add_lineage_commands
+from asyncrl.cli.replay import add_replay_command
 from asyncrl.cli.bench import (
     add_ablation_bench,
     add_e2e_bench,
@@ -202,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_reward_commands(commands)
     add_lineage_commands(commands, add_debug_flag)
+    add_replay_command(commands, add_debug_flag)
     add_chaos_command(commands)
     bench = commands.add_parser("bench", help="benchmarks that print figures (table and JSON)")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")

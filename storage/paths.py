@@ -215,6 +215,16 @@ def pruned_lineage(version: int) -> str:
     return join(PRUNED_LINEAGE_DIR, f"{weights_version_dirname(version)}.json")
 
 
+PRUNED_MANIFEST_DIR = "weights-manifests"
+"""``weights-manifests/v{version:06d}.json``: the manifest of a pruned weight version (its
+files' sizes and SHA-256), so a replay can still compare every version it trains again."""
+
+
+def pruned_manifest(version: int) -> str:
+    """Relative path of pruned weight version ``version``'s manifest."""
+    return join(PRUNED_MANIFEST_DIR, f"{weights_version_dirname(version)}.json")
+
+
 def _parse_version_json(name: str) -> int | None:
     """The version of a ``v{version:06d}.json`` name, else None."""
     stem, dot, suffix = name.partition(".")

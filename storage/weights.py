@@ -288,7 +288,8 @@ class WeightStore:
         ``referenced``, every pinned version, the pointer's version, and any version
         newer than the pointer (possibly a publish in progress). Everything else goes,
         including leftovers of interrupted publishes: the lineage file is copied to
-        ``weights-lineage/`` (put-if-absent), the manifest is deleted so a version stops
+        ``weights-lineage/`` and the manifest to ``weights-manifests/`` (put-if-absent, so
+        every version's digests stay: :meth:`weight_digests`), the manifest is deleted so a version stops
         counting as published before its files go, then the version's directory. If a pin
         for the version appears meanwhile, its manifest is put back and the version kept.
         A killed prune is finished by the next one (a version without manifest below the
@@ -317,6 +318,8 @@ class WeightStore:
                     manifest: bytes | None = fs.read_bytes(self._root, marker)
                 except FileNotFoundError:
                     manifest = None  # another prune got here first
+                if manifest is not None:
+                    _put_once(self._root, paths.pruned_manifest(version), manifest)
                 fs.delete(self._root, marker, missing_ok=True)
                 if manifest is not None and version in self.pinned_versions():
                     fs.put_if_absent(self._root, marker, manifest)
@@ -341,10 +344,25 @@ class WeightStore:
             data = fs.read_bytes(self._root, paths.weights_file(version, LINEAGE_FILE))
         except FileNotFoundError:
             return
+        _put_once(self._root, paths.pruned_lineage(version), data)
+
+    def weight_digests(self, version: int) -> dict[str, str]:
+        """SHA-256 of each weight file of ``version`` (the lineage file, which holds the step's
+        timings, left out), from its manifest, or from the copy a prune kept. Raises
+        :class:`UnknownWeightVersionError` for a version never published (or a format-1
+        manifest without digests: ``ValueError`` naming it)."""
         try:
-            fs.put_if_absent(self._root, paths.pruned_lineage(version), data)
-        except FileExistsError:
-            pass
+            raw = fs.read_bytes(self._root, paths.weights_complete_marker(version))
+        except FileNotFoundError:
+            try:
+                raw = fs.read_bytes(self._root, paths.pruned_manifest(version))
+            except FileNotFoundError:
+                raise UnknownWeightVersionError(version, self.list_versions()) from None
+        files = manifest_files(json.loads(raw))
+        missing = [name for name, entry in files.items() if entry.sha256 is None]
+        if missing:
+            raise ValueError(f"{self._root.display(paths.weights_complete_marker(version))}: no SHA-256 for {missing} (manifest format 1)")
+        return {name: str(entry.sha256) for name, entry in sorted(files.items()) if name != LINEAGE_FILE}
 
     def _version_dirs(self) -> list[int]:
         names = fs.list_dir(self._root, paths.WEIGHTS_DIR)
@@ -361,3 +379,11 @@ def final_step_published(root: RunRoot, max_steps: int) -> bool:
     lineage = None if latest is None else read_lineage(root, latest)
     step = None if lineage is None else lineage.get("step")
     return isinstance(step, int) and step >= max_steps
+
+
+def _put_once(root: RunRoot, relpath: str, data: bytes) -> None:
+    """Write ``data`` at ``relpath`` unless something is there already."""
+    try:
+        fs.put_if_absent(root, relpath, data)
+    except FileExistsError:
+        pass

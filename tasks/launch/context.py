@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from asyncrl.configs.loading import frozen_yaml, private_dict, public_dict
-from asyncrl.configs.processes import process_configs
+from asyncrl.configs.processes import ProcessConfig, ProcessName, process_configs
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.secrets import strip_uri_password
 from asyncrl.storage import fs, paths
@@ -189,8 +189,15 @@ def _no_space(exc: OSError, where: str) -> OSError | None:
     return None
 
 
+def write_process_config(run: RunPaths, process: ProcessName, config: ProcessConfig) -> Path:
+    """``process``'s config, secrets included, at :meth:`RunPaths.process_config` (mode 0600);
+    a full disk raises ``OSError(ENOSPC)`` naming the file. Returns the path."""
+    path = run.process_config(process)
+    _write_private_config(path, private_dict(config))
+    return path
+
+
 def _write_private_config(path: Path, full: dict[str, Any]) -> None:
-    """A process's config at ``path``, mode 0600; a full disk raises ``OSError(ENOSPC)`` naming it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
@@ -224,7 +231,7 @@ def prepare_run(config: RunConfig) -> RunPaths:
             raise _no_space(exc, root.display(paths.CONFIG)) or exc
     (run.work_dir / "logs").mkdir(parents=True, exist_ok=True)
     for process, process_config in process_configs(config).items():
-        _write_private_config(run.process_config(process), private_dict(process_config))
+        write_process_config(run, process, process_config)
     return run
 
 

@@ -321,12 +321,39 @@ def _lineage_digest(run_paths: RunPaths, version: int) -> str:
 def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int]) -> dict[int, EvalResult]:
     """pass@1 of each version on the held-out split, on one vLLM server that loads each
     version in turn (through the same interruptible weight update the scheduler uses)."""
+    return evaluate_runs([(config, run_paths, versions)])[0]
+
+
+def evaluate_runs(runs: list[tuple[RunConfig, RunPaths, list[int]]]) -> list[dict[int, EvalResult]]:
+    """:func:`evaluate_versions` of several runs of one model and held-out set (a benchmark's
+    arms) on one vLLM server, started once: each run's first version is loaded into it
+    directly, the rest through the weight update. Runs that differ in what the server or the
+    evaluation is made of (model, LoRA, sequence length, held-out set and its sampling) are
+    refused, naming the field."""
     from asyncrl.tasks.reward.pool import RewardPool
     from asyncrl.tasks.inference.client import RolloutClient
     from asyncrl.tasks.inference.server import RolloutServer
     from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
-    if not config.data.eval_path or not versions:
-        return {}
+
+    results: list[dict[int, EvalResult]] = [{} for _ in runs]
+    todo = [(i, config, paths, versions) for i, (config, paths, versions) in enumerate(runs) if config.data.eval_path and versions]
+    if not todo:
+        return results
+    _, config, run_paths, versions = todo[0]
+    for _, other, _, _ in todo[1:]:
+        for field, mine, theirs in (
+            ("model.path", config.model.path, other.model.path), ("trainer.lora", config.trainer.lora, other.trainer.lora),
+            ("longest_sequence", config.longest_sequence, other.longest_sequence),
+            ("data.eval_path", config.data.eval_path, other.data.eval_path),
+            ("pipeline.eval_prompts", config.pipeline.eval_prompts, other.pipeline.eval_prompts),
+            ("pipeline.eval_samples", config.pipeline.eval_samples, other.pipeline.eval_samples),
+            ("data.prompt_format", config.data.prompt_format, other.data.prompt_format),
+            ("rollout.max_new_tokens", config.rollout.max_new_tokens, other.rollout.max_new_tokens),
+            ("rollout.temperature", config.rollout.temperature, other.rollout.temperature),
+            ("rollout.episode", config.rollout.episode, other.rollout.episode),
+        ):  # fmt: skip
+            if mine != theirs:
+                raise ValueError(f"{field}: runs evaluated on one server must agree ({other.name!r} differs from {config.name!r})")
     # A cache of its own: the loads below prune "weights-cache" under the server started from it.
     first = server_start_dir(config, run_paths, versions[0], run_paths.work_dir / "eval-weights-cache")
     adapters = config.trainer.lora is not None  # a LoRA run: the server starts on the base, loads each version
@@ -334,31 +361,32 @@ def evaluate_versions(config: RunConfig, run_paths: RunPaths, versions: list[int
     task = held_out_task(evaluator, first, config.pipeline.eval_prompts, config.pipeline.eval_samples)
     # Rollout server 0's devices, dtype and parallelism, on a port of its own.
     eval_server = replace(server_config(config, run_paths, first, 0), port=0, log_path=run_paths.log("eval-server.log"))
-    progress = StageProgress(run_paths.work_dir, "evaluate", len(task.prompts) * len(versions), "prompts")
+    total_versions = sum(len(v) for _, _, _, v in todo)
+    progress = StageProgress(run_paths.work_dir, "evaluate", len(task.prompts) * total_versions, "prompts")
     done = [0]
 
     def prompt_done() -> None:
         done[0] += 1
-        progress.update(done[0], f"{len(versions)} version(s)")
-
-    results: dict[int, EvalResult] = {}
+        progress.update(done[0], f"{total_versions} version(s)")
 
     async def run_all(server: RolloutServer) -> None:
-        cache = str(run_paths.work_dir / "weights-cache")
-        with RewardPool(config.reward) as pool, ServerWeightLoader(
-            config.storage.root, config.storage.options, cache, adapters=adapters
-        ) as loader:
-            if adapters:
-                await asyncio.to_thread(loader.load, server.handle, versions[0])
-            async with RolloutClient([server.handle], initial_version=versions[0], adapters=adapters) as client:
-                for version in versions:
-                    if version != client.current_version:
-                        await client.update_weights(version, loader.for_version(version))
-                    results[version] = await task.run(client, version, pool, on_prompt_done=prompt_done)
+        with RewardPool(config.reward) as pool:
+            for position, (index, run, paths, chosen) in enumerate(todo):
+                cache = str(paths.work_dir / "weights-cache")
+                with ServerWeightLoader(run.storage.root, run.storage.options, cache, adapters=adapters) as loader:
+                    if adapters or position > 0:  # the server holds the first run's first version, or the base
+                        await asyncio.to_thread(loader.load, server.handle, chosen[0])
+                    async with RolloutClient([server.handle], initial_version=chosen[0], adapters=adapters) as client:
+                        for version in chosen:
+                            if version != client.current_version:
+                                await client.update_weights(version, loader.for_version(version))
+                            results[index][version] = await task.run(client, version, pool, on_prompt_done=prompt_done)
 
     with RolloutServer(eval_server) as server:
         asyncio.run(run_all(server))
-    progress.finish(", ".join(f"v{v} pass@1 {100 * r.pass_at_1:.1f}%" for v, r in sorted(results.items())))
+    progress.finish("; ".join(
+        ", ".join(f"v{v} pass@1 {100 * r.pass_at_1:.1f}%" for v, r in sorted(results[index].items())) for index, *_ in todo
+    ))  # fmt: skip
     return results
 
 

@@ -28,7 +28,6 @@ from asyncrl.configs.trainer import TrainerConfig
 from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.ledger import Ledger
-from asyncrl.storage.shards import ShardReader
 from asyncrl.storage.weight_lineage import LINEAGE_FILE, VersionUpdates  # LINEAGE_FILE: also imported from here
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.trainer.checkpoint import (
@@ -40,12 +39,13 @@ from asyncrl.tasks.trainer.checkpoint import (
 )
 from asyncrl.tasks.trainer.data_parallel import barrier, broadcast_from_rank0
 from asyncrl.tasks.trainer.engine import TrainEngine, save_hf_weights
-from asyncrl.tasks.trainer.feed import ShardFeed, StepInput
+from asyncrl.tasks.trainer.feed import StepInput
 from asyncrl.tasks.trainer.metrics import MetricsSink
 from asyncrl.tasks.trainer.retention import RetentionPolicy, prune_after_publish
 from asyncrl.tasks.trainer.reference import ReferencePolicy
 from asyncrl.tasks.trainer.step import run_rl_step
 from asyncrl.tasks.trainer.staleness import UpdateCount, sample_staleness
+from asyncrl.tasks.trainer.step_source import PendingShards, StepSource
 from asyncrl.tasks.trainer.rl_settings import RLSettings
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,10 @@ class RLTrainer:
         work_dir: Path,
         metrics: MetricsSink,
         reference: ReferencePolicy | None = None,
+        source: StepSource | None = None,
     ) -> None:
+        """``source``: where each step's shards come from (default: the ones the scheduler
+        writes to ``root``, :class:`~asyncrl.tasks.trainer.step_source.PendingShards`)."""
         self._root = root
         self._reference = reference
         self._run_id = run_id
@@ -202,9 +205,8 @@ class RLTrainer:
         self._metrics = metrics
         self._ledger = Ledger(root)
         self._store = WeightStore(root)
-        self._updates = VersionUpdates(root)
-        self._reader = ShardReader(root, run_id)
-        self._feed = ShardFeed(self._reader, engine.vocab_size, rl.micro_batch_tokens)
+        self._source = source or PendingShards(root, run_id, engine.vocab_size, rl.micro_batch_tokens)
+        self._updates = VersionUpdates(self._source.samples_root)  # a replay: the original's versions
         self._state: TrainerState | None = None
         self._weights_bell = Doorbell(root, WEIGHTS_TOPIC)
 
@@ -221,14 +223,14 @@ class RLTrainer:
         published_initial = False
         if checkpoint is not None:
             load_checkpoint(self._root, self._engine, checkpoint.step, self._work_dir)
-            rolled_back = self._ledger.rollback_after(checkpoint.step, self._reader.restore) if writer else []
+            rolled_back = self._ledger.rollback_after(checkpoint.step, self._source.restore) if writer else []
             if writer:
-                self._retire_recorded()
+                self._source.retire_recorded(self._ledger)
             barrier()
             state = resumed_state(self._store, checkpoint)
         else:
             # Ledger entries without any checkpoint (checkpoints deleted by hand): start over.
-            rolled_back = self._ledger.rollback_after(0, self._reader.restore) if writer else []
+            rolled_back = self._ledger.rollback_after(0, self._source.restore) if writer else []
             barrier()
             latest = self._store.newest_complete()
             barrier()
@@ -250,20 +252,9 @@ class RLTrainer:
             published_initial=published_initial,
         )
 
-    def _retire_recorded(self) -> None:
-        """Move waiting shards that a kept ledger entry names to ``consumed/``: a root whose
-        consumed shards were never moved (written before shards moved when consumed). One
-        listing of the waiting shards; the ledger's entries are read once (as its first
-        ``record`` would). On a root of this version there is nothing to move: every kept
-        step's shards were retired before its checkpoint was taken."""
-        recorded = [info.name for info in self._reader.list_pending() if self._ledger.consumed_by(info.name) is not None]
-        if recorded:
-            logger.warning("moving %d consumed shards still in trajectories/ to consumed/", len(recorded))
-            self._reader.retire(recorded)
-
     def next_input(self) -> StepInput | None:
         """The next step's input, or None if fewer than B groups are waiting."""
-        return self._feed.take(self._loop.batch_groups)
+        return self._source.next_input(self.state.step + 1, self._loop.batch_groups)
 
     def train_step(self, step_input: StepInput) -> dict[str, float]:
         """Record, train, publish and maybe checkpoint one step; return its metrics (the
@@ -276,9 +267,9 @@ class RLTrainer:
             self._ledger.record(step, step_input.shards)
             # After the entry: a kill in between leaves a recorded step whose shards are still
             # waiting; its checkpoint does not exist yet, so the next start rolls it back.
-            self._reader.retire(step_input.shards)
+            self._source.consume(step_input.shards)
         barrier()
-        self._feed.forget(step_input.shards)
+        self._source.forget(step_input.shards)
         result = run_rl_step(
             self._engine, step_input.groups, self._rl, state.step, updates_of=self._updates, reference=self._reference
         )
@@ -331,7 +322,7 @@ class RLTrainer:
             raise TrainerWaitTimeout(
                 f"waited {timeout:g} s for {self._loop.batch_groups} prompt groups of run "
                 f"{self._run_id!r} in {self._root.uri}; "
-                f"{self._feed.available_groups()} unconsumed"
+                f"{self._source.waiting_groups()} unconsumed"
             )
         return "wait", None
 

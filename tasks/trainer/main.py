@@ -182,6 +182,12 @@ def run_rl(config: TrainerProcessConfig, args: argparse.Namespace, work_dir: Pat
         first_dir = None if config.trainer.lora is not None else node_model_dir(root, config.model.path, work_dir, first=True)[0]
         reference = load_reference(engine, first_dir)
     loop = LoopSettings.from_config(config.trainer, config.max_staleness, args.poll_interval, args.wait_timeout)
+    source = None
+    if config.replay_of is not None:
+        from asyncrl.tasks.trainer.step_source import LedgerReplay
+
+        original = open_root(config.replay_of.root, config.replay_of.options)
+        source = LedgerReplay(original, config.name, engine.vocab_size, config.trainer.micro_batch_tokens)
     trainer = RLTrainer(
         root,
         config.name,
@@ -191,6 +197,7 @@ def run_rl(config: TrainerProcessConfig, args: argparse.Namespace, work_dir: Pat
         work_dir,
         FanoutSink([JsonlMetricsSink(metrics_file), LogSink()]),
         reference,
+        source,
     )
     report = trainer.start()
     if engine.rank == 0:

@@ -114,6 +114,25 @@ def test_prune_keeps_newest_referenced_and_pointer(root: RunRoot, tmp_path: Path
     store.download(5, tmp_path / "dl5")
 
 
+def test_every_version_keeps_its_digests_after_a_prune(root: RunRoot, tmp_path: Path) -> None:
+    """The weight files' SHA-256 of a pruned version stay readable (a replay compares every
+    version): from the manifest while published, from the copy a prune keeps after."""
+    from asyncrl.storage.local_files import file_sha256
+
+    store = WeightStore(root)
+    for version in range(1, 4):
+        store.publish(version, hf_dir(tmp_path, version))
+    before = {v: store.weight_digests(v) for v in (1, 2, 3)}
+    assert before[1]["model.safetensors"] == file_sha256(tmp_path / "local-v1" / "model.safetensors")
+    assert set(before[1]) == {"model.safetensors", "config.json", "tokenizer.json", "extra/notes.txt"}
+    assert before[1] != before[2]
+    assert store.prune(keep_latest=1) == [1, 2]
+    assert {v: store.weight_digests(v) for v in (1, 2, 3)} == before
+    assert fs.list_dir(root, paths.PRUNED_MANIFEST_DIR) == ["v000001.json", "v000002.json"]
+    with pytest.raises(UnknownWeightVersionError, match="weight version 7 is not published"):
+        store.weight_digests(7)
+
+
 def test_bad_local_directory_is_refused(tmp_path: Path) -> None:
     store = WeightStore(open_root(str(tmp_path / "run")))
     no_config = tmp_path / "no-config"

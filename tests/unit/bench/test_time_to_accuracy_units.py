@@ -186,6 +186,44 @@ def test_an_earlier_run_of_the_arm_is_removed_and_nothing_else(tmp_path: Path) -
         clear_arm_run(elsewhere)
 
 
+def test_the_arms_are_evaluated_together_and_the_shared_start_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every arm goes to one evaluation (one server); the start is asked of the first arm only
+    and its score given to the others."""
+    import asyncrl.tasks.launch.context as context
+    import asyncrl.tasks.pipeline.stages as stages
+    from asyncrl.bench.time_to_accuracy import evaluate_arms
+    from asyncrl.storage.evaluations import EvalResult
+
+    base = load_config(REPO / "configs" / "reasoning.yaml", [])
+    arms = [{"config": arm_config(base, tmp_path, tmp_path / "warm", Arm(eta, "keep"), seed=0), "start": 0} for eta in (0, 2)]
+    asked: list[list[list[int]]] = []
+
+    def evaluate_runs(runs: list) -> list[dict[int, EvalResult]]:
+        asked.append([versions for _, _, versions in runs])
+        return [{v: EvalResult(v, 0.1 * v + 0.01 * k, 4, 1, 1.0) for v in versions} for k, (_, _, versions) in enumerate(runs)]
+
+    monkeypatch.setattr(stages, "evaluate_runs", evaluate_runs)
+    monkeypatch.setattr(context, "prepare_run", lambda config: None)
+    scores = evaluate_arms([(arms[0], [0, 1, 2]), (arms[1], [0, 2])])
+    assert asked == [[[0, 1, 2], [2]]]
+    assert scores == [{0: 0.0, 1: pytest.approx(0.1), 2: pytest.approx(0.2)}, {0: 0.0, 2: pytest.approx(0.21)}]
+
+
+def test_runs_that_need_another_server_or_evaluation_are_refused_together(tmp_path: Path) -> None:
+    from asyncrl.tasks.pipeline.stages import evaluate_runs
+    from asyncrl.tasks.system.run_paths import run_paths
+
+    base = load_config(REPO / "configs" / "reasoning.yaml", [])
+    one = arm_config(base, tmp_path, tmp_path / "warm", Arm(0, "keep"), seed=0)
+    longer = arm_config(base, tmp_path, tmp_path / "warm", Arm(2, "keep"), seed=0)
+    longer = longer.model_copy(update={"rollout": longer.rollout.model_copy(update={"max_new_tokens": 500})})
+    with pytest.raises(ValueError, match=r"^longest_sequence: runs evaluated on one server must agree"):
+        evaluate_runs([(one, run_paths(one), [0]), (longer, run_paths(longer), [1])])
+    other_model = one.model_copy(update={"model": one.model.model_copy(update={"path": str(tmp_path / "other")})})
+    with pytest.raises(ValueError, match=r"^model.path: "):
+        evaluate_runs([(one, run_paths(one), [0]), (other_model, run_paths(other_model), [1])])
+
+
 def test_learning_check_gain_and_verdict() -> None:
     from asyncrl.bench.learning_check import format_check, gain_summary
 

@@ -1,0 +1,52 @@
+"""``asyncrl replay RUN_ROOT``: the trainer alone over a run's ledger, every weight version
+compared with the original's (:mod:`asyncrl.tasks.pipeline.replay`); with trainer overrides,
+a fork on the same samples. Exit status: 0 every version identical (or a fork trained), 1 a
+version of a replay differs (the first is named), 2 a run root that cannot be replayed (what
+is missing is named)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from asyncrl.tasks.pipeline.replay import replay_run
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    work = Path(args.work_dir) if args.work_dir else Path("runs") / "replay"
+    report = replay_run(args.root, work, to=args.to, overrides=args.overrides)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    first = report["first_difference"]
+    print(f"replayed {report['steps']} steps of {report['original']} into {report['replay']} in {report['wall_s']:.0f} s: "
+          f"{report['versions_identical']} of {report['versions_compared']} versions identical")  # fmt: skip
+    if report["steps_without_digests"]:
+        print(f"not compared (the original pruned their weights before digests were kept): steps {report['steps_without_digests']}")
+    if first is not None:
+        where = f", first tensor {first['first_tensor']} (max |diff| {first['max_abs_diff']:.3g})" if first["first_tensor"] else ""
+        print(f"first difference: the weights after step {first['step']} (version {first['version']}, replay "
+              f"version {first['replay_version']}): {', '.join(first['files_differing'])}{where} {first['note']}".rstrip())  # fmt: skip
+    if args.overrides:  # a fork: its weights are meant to differ
+        return 0
+    return 0 if first is None else 1
+
+
+def add_replay_command(commands: Any, add_debug_flag: Any) -> None:  # noqa: ANN401 - argparse's subparsers
+    replay = commands.add_parser(
+        "replay", help="re-run a run's training from its stored shards and check every weight version is identical"
+    )
+    replay.add_argument("root", help="the run root to replay (a path or URI; only read)")
+    replay.add_argument(
+        "overrides", nargs="*", metavar="trainer.KEY=VALUE",
+        help="fork: train the same samples with these trainer settings (e.g. trainer.optimizer.lr=2e-5)",
+    )  # fmt: skip
+    replay.add_argument("--to", default=None, help="the replay's run root (default: WORK_DIR/store)")
+    replay.add_argument("--work-dir", default=None, help="scratch: the replay's logs, first weights, comparisons (default runs/replay)")
+    replay.add_argument("--json", default=None, help="write the report here")
+    replay.set_defaults(handler=cmd_replay)
+    add_debug_flag(replay)

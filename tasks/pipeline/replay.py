@@ -1,0 +1,209 @@
+"""``asyncrl replay RUN_ROOT``: the trainer alone, over a finished (or running) run's ledger, in
+order, from that run's first weights; then every weight version it published is compared with
+the original's by the SHA-256 of its files.
+
+Why it can be exact: all of a run's asynchrony is in generation, whose output is stored (the
+shards) along with which step trained which shards (the ledger). Training is then a function of
+(first weights, ledger, shards, trainer settings, thread count), and the replay gives the
+trainer the same of each (:class:`~asyncrl.tasks.trainer.step_source.LedgerReplay`). A version
+that still differs is named with its first differing tensor and the largest difference: a
+mismatch is never silent. The original run root is only read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.configs.loading import apply_overrides, config_from_dict, parse_override
+from asyncrl.configs.processes import process_configs
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.storage import StorageConfig
+from asyncrl.storage.errors import UnknownWeightVersionError
+from asyncrl.storage.fs import RunRoot, open_root
+from asyncrl.storage.ledger import Ledger
+from asyncrl.storage.weight_lineage import read_lineage
+from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.launch.context import prepare_run, read_run_root_config, write_process_config
+from asyncrl.tasks.model.weight_diff import tensor_difference
+from asyncrl.tasks.pipeline.progress import StageProgress
+from asyncrl.tasks.pipeline.stages import run_with_metrics
+from asyncrl.tasks.placement.launch_settings import trainer_launch
+
+
+class ReplayError(ValueError):
+    """A run root that cannot be replayed; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class StepComparison:
+    """The weights after one step (0: the first weights) in both runs: identical when every
+    weight file's SHA-256 agrees. Versions are matched by step, not by number: after a
+    trainer restart rolled a step back, the original's labels run ahead of its steps."""
+
+    step: int
+    version: int
+    replay_version: int
+    identical: bool
+    files_differing: list[str]
+    first_tensor: str | None = None
+    max_abs_diff: float | None = None
+    note: str = ""
+
+
+def step_versions(store: WeightStore) -> dict[int, int]:
+    """Step -> the version that holds the weights after it (its lineage's ``step``; the newest
+    where a rolled-back step was published twice), of published and pruned versions alike;
+    the lowest version holds step 0's (the first weights)."""
+    versions = sorted(set(store.list_versions()) | set(store.pruned_versions()))
+    found: dict[int, int] = {0: versions[0]} if versions else {}
+    for version in versions:
+        lineage = read_lineage(store.root, version) or {}
+        step = lineage.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+            found[step] = max(version, found.get(step, version))
+    return found
+
+
+def check_fork_overrides(overrides: Sequence[str]) -> None:
+    """A fork changes how the trainer learns from the same samples: ``trainer.*`` keys only
+    (not ``trainer.max_steps``: the original's ledger sets it). ``ReplayError`` names a key
+    that would change which samples exist or how many steps there are."""
+    for override in overrides:
+        key = ".".join(parse_override(override)[0])
+        if not key.startswith("trainer.") or key == "trainer.max_steps":
+            raise ReplayError(
+                f"{key}: a replay trains on the original run's samples, so only trainer settings may change "
+                "(trainer.optimizer.lr, trainer.objective, trainer.clip_eps, ...); this key would change "
+                "which samples exist or how many steps there are"
+            )
+
+
+def replayable(original: RunRoot) -> tuple[dict[str, Any], int]:
+    """The original's frozen config and its last recorded step; ``ReplayError`` naming the
+    file when it is not a run root or recorded no step."""
+    frozen = read_run_root_config(original)
+    if frozen is None:
+        raise ReplayError(f"{original.display('config.yaml')}: not found; {original.uri} is not a run root")
+    steps = Ledger(original).last_step()
+    if not steps:
+        raise ReplayError(f"{original.display('ledger')}: no step recorded; nothing to replay")
+    return json.loads(json.dumps(frozen)), steps
+
+
+def replay_config(
+    original: RunRoot, to: StorageConfig, work_dir: Path, initial: Path, overrides: Sequence[str] = ()
+) -> RunConfig:
+    """The replay's run config: the original's frozen config with its own run root ``to``,
+    scratch ``work_dir``, the original's first weights ``initial`` as the model, as many steps
+    as the original recorded, and nothing around RL (no evaluation, no secrets: the frozen
+    config has them redacted); with ``overrides`` (trainer keys: :func:`check_fork_overrides`),
+    a fork."""
+    check_fork_overrides(overrides)
+    raw, steps = replayable(original)
+    if (raw.get("trainer") or {}).get("lora"):
+        raise ReplayError(f"{original.display('config.yaml')}: trainer.lora: replaying a LoRA run is not supported yet")
+    raw.update(work_dir=str(work_dir), storage=to.model_dump(mode="json"))
+    raw["model"] = {**raw.get("model", {}), "path": str(initial)}
+    raw["trainer"] = {**raw.get("trainer", {}), "max_steps": steps}
+    raw["pipeline"] = {**raw.get("pipeline", {}), "eval_every": 0, "synthetic_data": None}
+    raw.setdefault("inference", {})["api_key"] = None
+    raw["tracking"] = {**raw.get("tracking", {}), "mlflow_uri": f"sqlite:///{work_dir / 'mlflow.db'}"}
+    raw["placement"] = {}  # the trainer on this machine
+    return config_from_dict(apply_overrides(raw, list(overrides)), source=original.display("config.yaml"))
+
+
+def compare_steps(
+    original: WeightStore, replay: WeightStore, steps: int, scratch: Path
+) -> tuple[list[StepComparison], list[int]]:
+    """The weights after each step 0..``steps`` in both stores, by their weight-file digests;
+    for a step whose weights differ and whose files are still in both, the first differing
+    tensor and the largest difference. Returns the comparisons and the steps the original has
+    no digests of (pruned by a version of asyncrl that did not keep them)."""
+    theirs_at, mine_at = step_versions(original), step_versions(replay)
+    compared, unknown = [], []
+    for step in range(steps + 1):
+        if step not in mine_at:
+            raise ReplayError(f"the replay published no weights for step {step}")
+        version, replayed = theirs_at.get(step), mine_at[step]
+        try:
+            theirs = original.weight_digests(version) if version is not None else None
+        except UnknownWeightVersionError:
+            theirs = None
+        if theirs is None or version is None:
+            unknown.append(step)
+            continue
+        mine = replay.weight_digests(replayed)
+        differing = sorted(name for name in set(mine) | set(theirs) if mine.get(name) != theirs.get(name))
+        if not differing:
+            compared.append(StepComparison(step, version, replayed, True, []))
+            continue
+        try:
+            left = original.download(version, scratch / f"original-v{version}")
+            right = replay.download(replayed, scratch / f"replay-v{replayed}")
+        except UnknownWeightVersionError:
+            compared.append(StepComparison(step, version, replayed, False, differing, note="weights pruned: digests compared only"))
+            continue
+        found = tensor_difference(left, right)
+        for directory in (left, right):
+            shutil.rmtree(directory)
+        compared.append(StepComparison(step, version, replayed, False, differing, found.first_tensor, found.max_abs_diff))
+    return compared, unknown
+
+
+def replay_run(
+    original_uri: str,
+    work_dir: Path,
+    to: str | None = None,
+    options: dict[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Replay the run at ``original_uri`` into run root ``to`` (default ``<work_dir>/store``;
+    never inside the original), or with trainer ``overrides`` fork it, then compare (module
+    docstring). Returns the report:
+    ``versions_compared``, ``versions_identical``, ``first_difference`` (None when none),
+    ``steps_without_digests`` (the original pruned their weights without keeping the digests:
+    not compared, and said so) and every step's comparison (:class:`StepComparison`)."""
+    started = time.monotonic()
+    original = open_root(original_uri, options)
+    target = StorageConfig(root=to or str(work_dir / "store"), options=options or {})
+    if open_root(target.root, target.options).uri.rstrip("/").startswith(original.uri.rstrip("/")):
+        raise ReplayError(f"--to {target.root}: inside the original run root {original.uri}; a replay never writes there")
+    check_fork_overrides(overrides)  # before anything is downloaded
+    replayable(original)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    store = WeightStore(original)
+    initial = work_dir / "initial-weights"
+    if not initial.is_dir():
+        try:
+            store.download(0, initial)
+        except UnknownWeightVersionError as exc:
+            raise ReplayError(f"{original.uri}: its first weights (version 0) are needed to replay from the start; {exc.message}") from None
+    config = replay_config(original, target, work_dir, initial, overrides)
+    paths = prepare_run(config)
+    trainer = process_configs(config).trainer.model_copy(update={"replay_of": StorageConfig(root=original.uri, options=options or {})})
+    write_process_config(paths, "trainer", trainer)
+    launch = trainer_launch(config, paths, mode="rl")
+    progress = StageProgress(paths.work_dir, "replay", config.trainer.max_steps, "steps")
+    run_with_metrics(launch, lambda step, m: progress.update(step, f"loss {m.get('loss', 0.0):.4g}"))
+    comparisons, unknown = compare_steps(store, WeightStore(paths.root), config.trainer.max_steps, work_dir / "compare")
+    first = next((c for c in comparisons if not c.identical), None)
+    progress.finish("identical" if first is None else f"the weights after step {first.step} differ")
+    return {
+        "original": original.uri,
+        "replay": paths.root.uri,
+        "overrides": list(overrides),
+        "steps": config.trainer.max_steps,
+        "versions_compared": len(comparisons),
+        "versions_identical": sum(c.identical for c in comparisons),
+        "first_difference": None if first is None else asdict(first),
+        "steps_without_digests": unknown,
+        "comparisons": [asdict(c) for c in comparisons],
+        "trainer_log": str(launch.log_path),
+        "wall_s": time.monotonic() - started,
+    }

@@ -1,0 +1,139 @@
+"""`asyncrl replay`: a real trainer run on stored shards, then the trainer alone over its ledger
+from its first weights, reproduces every weight version bit for bit without writing to the
+original (made read-only); a fork with another learning rate differs from version 1 on, and
+the tensor is named; a run root that cannot be replayed is refused, naming what is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_trainer import Trajectories
+
+from asyncrl.cli.main import main
+from asyncrl.configs.run_config import RunConfig
+from asyncrl.storage import fs, paths
+from asyncrl.storage.fs import open_root
+from asyncrl.storage.ledger import Ledger
+from asyncrl.storage.shards import ShardWriter
+from asyncrl.tasks.launch.context import prepare_run
+from asyncrl.tasks.launch.supervisor import ComponentFailed
+from asyncrl.tasks.pipeline.replay import ReplayError, replay_run
+from asyncrl.tasks.pipeline.stages import run_with_metrics
+from asyncrl.tasks.placement.launch_settings import trainer_launch
+
+RUN_ID = "replay-test"
+STEPS = 4
+
+
+@contextmanager
+def read_only(directory: Path) -> Iterator[None]:
+    """Every directory and file under ``directory`` without write permission while the block runs."""
+    entries = [directory, *directory.rglob("*")]
+    modes = {entry: entry.stat().st_mode for entry in entries}
+    for entry in entries:
+        entry.chmod(modes[entry] & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        yield
+    finally:
+        for entry in reversed(entries):
+            entry.chmod(modes[entry])
+
+
+@pytest.fixture(scope="module")
+def original(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run root: STEPS steps of one group each, trained by the real trainer process
+    as a run trains (its process config written by ``prepare_run``), two groups in the last
+    step's shards so a step takes more than one shard."""
+    from transformers import AutoTokenizer
+
+    base = tmp_path_factory.mktemp("replay")
+    store = base / "store"
+    config = RunConfig.model_validate({
+        "name": RUN_ID, "work_dir": str(base / "work"), "model": {"path": str(tiny_model_dir)},
+        "data": {"train_path": str(base / "unused.parquet"), "max_prompt_tokens": 32},
+        "rollout": {"n_samples": 3, "max_new_tokens": 16, "eta": 2},
+        "trainer": {"batch_groups": 1, "max_steps": STEPS, "micro_batch_tokens": 128, "checkpoint_every": 2,
+                    "mini_batches": 1, "optimizer": {"lr": 1.0e-3}},
+        "storage": {"root": str(store)},
+    })  # fmt: skip
+    trajectories = Trajectories(AutoTokenizer.from_pretrained(tiny_model_dir))
+    writer = ShardWriter(open_root(str(store)), RUN_ID)
+    for k in range(STEPS):
+        writer.write_groups([trajectories.group(f"g{k}", [1.0, 0.0, 0.5], versions=max(0, k - 1))])
+    paths_ = prepare_run(config)
+    run_with_metrics(trainer_launch(config, paths_), lambda step, metrics: None)
+    assert Ledger(open_root(str(store))).last_step() == STEPS
+    return store
+
+
+def test_a_replay_reproduces_every_version_and_leaves_the_original_untouched(original: Path, tmp_path: Path) -> None:
+    with read_only(original):
+        report = replay_run(str(original), tmp_path / "replay")
+    assert report["steps"] == STEPS and report["versions_compared"] == STEPS + 1
+    assert report["versions_identical"] == STEPS + 1, report["comparisons"]
+    assert report["steps_without_digests"] == []
+    assert report["first_difference"] is None
+    replayed = open_root(str(tmp_path / "replay" / "store"))
+    assert [entry.shards for entry in Ledger(replayed).entries()] == [entry.shards for entry in Ledger(open_root(str(original))).entries()]
+    assert not fs.list_dir(replayed, paths.CONSUMED_DIR)  # the shards stay the original's, read in place
+
+
+def test_a_fork_with_another_lr_differs_from_its_first_trained_version(original: Path, tmp_path: Path, capsys: Any) -> None:
+    code = main(["replay", str(original), "trainer.optimizer.lr=3e-3", "--work-dir", str(tmp_path / "fork"),
+                 "--json", str(tmp_path / "fork.json")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads((tmp_path / "fork.json").read_text())
+    first = report["first_difference"]
+    assert report["overrides"] == ["trainer.optimizer.lr=3e-3"]
+    assert report["comparisons"][0]["identical"] and (first["step"], first["version"]) == (1, 1)
+    assert first["first_tensor"] and first["max_abs_diff"] > 0 and "model.safetensors" in first["files_differing"]
+    assert "first difference: the weights after step 1 (version 1, replay version 1)" in printed
+
+
+def test_what_cannot_be_replayed_is_refused_naming_it(original: Path, tmp_path: Path) -> None:
+    with pytest.raises(ReplayError, match=r"rollout.eta: a replay trains on the original run's samples"):
+        replay_run(str(original), tmp_path / "a", overrides=["rollout.eta=0"])
+    with pytest.raises(ReplayError, match=r"config.yaml: not found; .* is not a run root"):
+        replay_run(str(tmp_path / "empty"), tmp_path / "b")
+    with pytest.raises(ReplayError, match=r"inside the original run root"):
+        replay_run(str(original), tmp_path / "c", to=str(original / "nested"))
+    assert main(["replay", str(original), "rollout.n_samples=2", "--work-dir", str(tmp_path / "d")]) == 2
+
+
+def test_a_shard_the_ledger_names_that_is_gone_fails_naming_it(original: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    gone = Ledger(open_root(str(copy))).entry(3).shards[0]
+    os.remove(copy / paths.consumed_shard_path(gone))
+    with pytest.raises(ComponentFailed, match=rf"shard {gone}, trained by the original run's step 3, is in neither"):
+        replay_run(str(copy), tmp_path / "replay")
+
+
+def test_steps_are_matched_to_versions_through_the_lineage_after_a_rollback(tmp_path: Path) -> None:
+    """A trainer killed after publishing step 3 as version 3 resumed from step 2's checkpoint:
+    it published step 3 again as version 4 (labels only grow). The weights after step 3 are
+    version 4's; version 3 is the discarded branch. Pruned versions count by their kept lineage."""
+    from asyncrl.storage.weight_lineage import LINEAGE_FILE
+    from asyncrl.storage.weights import WeightStore
+    from asyncrl.tasks.pipeline.replay import step_versions
+
+    store = WeightStore(open_root(str(tmp_path / "store")))
+    for version, step in ((0, 0), (1, 1), (2, 2), (3, 3), (4, 3), (5, 4)):
+        local = tmp_path / f"v{version}"
+        local.mkdir()
+        (local / "config.json").write_text("{}")
+        (local / "model.safetensors").write_bytes(b"x" * (version + 1))
+        (local / LINEAGE_FILE).write_text(json.dumps({"step": step, "parent_version": version - 1 if version else None}))
+        store.publish(version, local)
+    store.prune(keep_latest=2)
+    assert store.list_versions() == [4, 5]
+    assert step_versions(store) == {0: 0, 1: 1, 2: 2, 3: 4, 4: 5}
