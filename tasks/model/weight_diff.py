@@ -1,5 +1,6 @@
 """Where two saved weight directories differ: the first tensor (in file, then name order) whose
-values differ, and the largest absolute difference over every tensor."""
+values differ, the largest absolute difference over every tensor, and the distance
+||a - b||_2 = sqrt(sum over every tensor element of (a - b)^2)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class TensorDifference:
     first_tensor: str | None
     max_abs_diff: float
     tensors_differing: int
+    l2_distance: float
+    """||a - b||_2 over the tensors present in both with one shape (inf if any is not)."""
 
 
 def tensor_difference(a: Path, b: Path) -> TensorDifference:
@@ -24,7 +27,7 @@ def tensor_difference(a: Path, b: Path) -> TensorDifference:
     from safetensors.torch import load_file
 
     first: str | None = None
-    largest, differing = 0.0, 0
+    largest, differing, squares = 0.0, 0, 0.0
     names = sorted({p.name for p in a.glob("*.safetensors")} | {p.name for p in b.glob("*.safetensors")})
     for file in names:
         left = load_file(a / file) if (a / file).is_file() else {}
@@ -34,10 +37,12 @@ def tensor_difference(a: Path, b: Path) -> TensorDifference:
             if x is not None and y is not None and x.shape == y.shape and x.dtype == y.dtype:
                 if torch.equal(x, y):
                     continue
-                gap = float((x.double() - y.double()).abs().max())
+                delta = x.double() - y.double()
+                gap = float(delta.abs().max())
+                squares += float((delta * delta).sum())
             else:
-                gap = float("inf")
+                gap = squares = float("inf")
             differing += 1
             largest = max(largest, gap)
             first = first or f"{file}:{key}"
-    return TensorDifference(first, largest, differing)
+    return TensorDifference(first, largest, differing, squares**0.5)

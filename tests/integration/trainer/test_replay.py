@@ -98,6 +98,20 @@ def test_a_fork_with_another_lr_differs_from_its_first_trained_version(original:
     assert first["first_tensor"] and first["max_abs_diff"] > 0 and "model.safetensors" in first["files_differing"]
     assert "first difference: the weights after step 1 (version 1, replay version 1)" in printed
 
+    # `asyncrl compare` lines the run and its fork up by step and names the same step.
+    code = main(["compare", str(original), str(tmp_path / "fork" / "store"), "--json", str(tmp_path / "cmp.json"),
+                 "--png", str(tmp_path / "cmp.png"), "--work-dir", str(tmp_path / "cmp")])  # fmt: skip
+    printed = capsys.readouterr().out
+    compared = json.loads((tmp_path / "cmp.json").read_text())
+    assert code == 0 and compared["steps"] == list(range(STEPS + 1))
+    assert compared["first_difference"]["step"] == 1 and "first difference: the weights after step 1" in printed
+    rows = compared["rows"]
+    assert rows[0]["identical"] and rows[0]["weight_distance"] == 0.0
+    assert all(row["weight_distance"] > 0 for row in rows[1:])
+    assert rows[-1]["weight_distance"] > rows[1]["weight_distance"]  # the branches drift apart
+    assert all("loss" in row["a"] and "loss" in row["b"] for row in rows[1:])
+    assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
+
 
 def test_what_cannot_be_replayed_is_refused_naming_it(original: Path, tmp_path: Path) -> None:
     with pytest.raises(ReplayError, match=r"rollout.eta: a replay trains on the original run's samples"):
