@@ -20,7 +20,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     work = Path(args.work_dir) if args.work_dir else Path("runs") / "replay"
-    report = replay_run(args.root, work, to=args.to, overrides=args.overrides)
+    report = replay_run(args.root, work, to=args.to, overrides=args.overrides, from_step=args.from_step)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
@@ -70,6 +70,10 @@ def add_replay_command(commands: Any, add_debug_flag: Any) -> None:  # noqa: ANN
         help="fork: train the same samples with these trainer settings (e.g. trainer.optimizer.lr=2e-5)",
     )  # fmt: skip
     replay.add_argument("--to", default=None, help="the replay's run root (default: WORK_DIR/store)")
+    replay.add_argument(
+        "--from-step", type=int, default=0, metavar="K",
+        help="start from the run's checkpoint of step K (one it kept) instead of its first weights",
+    )  # fmt: skip
     replay.add_argument("--work-dir", default=None, help="scratch: the replay's logs, first weights, comparisons (default runs/replay)")
     replay.add_argument("--json", default=None, help="write the report here")
     replay.set_defaults(handler=cmd_replay)

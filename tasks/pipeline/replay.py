@@ -24,6 +24,7 @@ from asyncrl.configs.loading import apply_overrides, config_from_dict, parse_ove
 from asyncrl.configs.processes import process_configs
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.storage import StorageConfig
+from asyncrl.storage import fs, paths
 from asyncrl.storage.errors import UnknownWeightVersionError
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.ledger import Ledger
@@ -34,6 +35,7 @@ from asyncrl.tasks.model.weight_diff import tensor_difference
 from asyncrl.tasks.pipeline.progress import StageProgress
 from asyncrl.tasks.pipeline.stages import run_with_metrics
 from asyncrl.tasks.placement.launch_settings import trainer_launch
+from asyncrl.tasks.trainer.checkpoint import CHECKPOINT_COMPLETE, complete_checkpoints
 
 
 class ReplayError(ValueError):
@@ -119,15 +121,15 @@ def replay_config(
 
 
 def compare_steps(
-    original: WeightStore, replay: WeightStore, steps: int, scratch: Path
+    original: WeightStore, replay: WeightStore, steps: int, scratch: Path, first_step: int = 0
 ) -> tuple[list[StepComparison], list[int]]:
-    """The weights after each step 0..``steps`` in both stores, by their weight-file digests;
+    """The weights after each step ``first_step``..``steps`` in both stores, by their weight-file digests;
     for a step whose weights differ and whose files are still in both, the first differing
     tensor and the largest difference. Returns the comparisons and the steps the original has
     no digests of (pruned by a version of asyncrl that did not keep them)."""
     theirs_at, mine_at = step_versions(original), step_versions(replay)
     compared, unknown = [], []
-    for step in range(steps + 1):
+    for step in range(first_step, steps + 1):
         if step not in mine_at:
             raise ReplayError(f"the replay published no weights for step {step}")
         version, replayed = theirs_at.get(step), mine_at[step]
@@ -156,16 +158,38 @@ def compare_steps(
     return compared, unknown
 
 
+def copy_checkpoint(original: RunRoot, target: RunRoot, step: int, scratch: Path) -> None:
+    """The original's complete checkpoint of ``step`` into ``target`` (its completion marker
+    last, as the trainer writes it), so a trainer there resumes from it; ``ReplayError``
+    names the checkpoints the original kept when it has no such one."""
+    kept = complete_checkpoints(original)
+    if step not in kept:
+        raise ReplayError(
+            f"--from-step {step}: {original.display(paths.CHECKPOINTS_DIR)} holds complete checkpoints of steps "
+            f"{kept} (trainer.keep_checkpoints of the run kept only these)"
+        )
+    directory = paths.checkpoint_dir(step)
+    files = sorted(fs.list_tree(original, directory), key=lambda name: name == CHECKPOINT_COMPLETE)
+    for name in files:
+        local = scratch / name
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fs.download_file(original, paths.join(directory, name), local)
+        fs.upload_file(target, local, paths.join(directory, name))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
 def replay_run(
     original_uri: str,
     work_dir: Path,
     to: str | None = None,
     options: dict[str, Any] | None = None,
     overrides: Sequence[str] = (),
+    from_step: int = 0,
 ) -> dict[str, Any]:
     """Replay the run at ``original_uri`` into run root ``to`` (default ``<work_dir>/store``;
-    never inside the original), or with trainer ``overrides`` fork it, then compare (module
-    docstring). Returns the report:
+    never inside the original), from its first weights or from its checkpoint of step
+    ``from_step``, or with trainer ``overrides`` fork it, then compare (module docstring).
+    Returns the report:
     ``versions_compared``, ``versions_identical``, ``first_difference`` (None when none),
     ``steps_without_digests`` (the original pruned their weights without keeping the digests:
     not compared, and said so) and every step's comparison (:class:`StepComparison`)."""
@@ -175,7 +199,11 @@ def replay_run(
     if open_root(target.root, target.options).uri.rstrip("/").startswith(original.uri.rstrip("/")):
         raise ReplayError(f"--to {target.root}: inside the original run root {original.uri}; a replay never writes there")
     check_fork_overrides(overrides)  # before anything is downloaded
-    replayable(original)
+    _, steps = replayable(original)
+    if from_step and not 0 < from_step < steps:
+        raise ReplayError(f"--from-step {from_step}: must lie between 1 and the original's last step less one ({steps - 1})")
+    if from_step and from_step not in complete_checkpoints(original):
+        copy_checkpoint(original, original, from_step, work_dir)  # raises naming the checkpoints kept
     work_dir.mkdir(parents=True, exist_ok=True)
     store = WeightStore(original)
     initial = work_dir / "initial-weights"
@@ -185,18 +213,23 @@ def replay_run(
         except UnknownWeightVersionError as exc:
             raise ReplayError(f"{original.uri}: its first weights (version 0) are needed to replay from the start; {exc.message}") from None
     config = replay_config(original, target, work_dir, initial, overrides)
-    paths = prepare_run(config)
+    run = prepare_run(config)
+    if from_step:
+        copy_checkpoint(original, run.root, from_step, work_dir / "checkpoint-copy")
     trainer = process_configs(config).trainer.model_copy(update={"replay_of": StorageConfig(root=original.uri, options=options or {})})
-    write_process_config(paths, "trainer", trainer)
-    launch = trainer_launch(config, paths, mode="rl")
-    progress = StageProgress(paths.work_dir, "replay", config.trainer.max_steps, "steps")
+    write_process_config(run, "trainer", trainer)
+    launch = trainer_launch(config, run, mode="rl")
+    progress = StageProgress(run.work_dir, "replay", config.trainer.max_steps, "steps")
     run_with_metrics(launch, lambda step, m: progress.update(step, f"loss {m.get('loss', 0.0):.4g}"))
-    comparisons, unknown = compare_steps(store, WeightStore(paths.root), config.trainer.max_steps, work_dir / "compare")
+    comparisons, unknown = compare_steps(
+        store, WeightStore(run.root), config.trainer.max_steps, work_dir / "compare", first_step=from_step + 1 if from_step else 0
+    )
     first = next((c for c in comparisons if not c.identical), None)
     progress.finish("identical" if first is None else f"the weights after step {first.step} differ")
     return {
         "original": original.uri,
-        "replay": paths.root.uri,
+        "replay": run.root.uri,
+        "from_step": from_step,
         "overrides": list(overrides),
         "steps": config.trainer.max_steps,
         "versions_compared": len(comparisons),

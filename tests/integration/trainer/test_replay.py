@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -84,6 +85,18 @@ def test_a_replay_reproduces_every_version_and_leaves_the_original_untouched(ori
     replayed = open_root(str(tmp_path / "replay" / "store"))
     assert [entry.shards for entry in Ledger(replayed).entries()] == [entry.shards for entry in Ledger(open_root(str(original))).entries()]
     assert not fs.list_dir(replayed, paths.CONSUMED_DIR)  # the shards stay the original's, read in place
+
+
+def test_a_replay_from_a_kept_checkpoint_reproduces_the_steps_after_it(original: Path, tmp_path: Path) -> None:
+    from asyncrl.tasks.trainer.checkpoint import complete_checkpoints
+
+    kept = complete_checkpoints(open_root(str(original)))
+    assert 2 in kept
+    report = replay_run(str(original), tmp_path / "from2", from_step=2)
+    assert [c["step"] for c in report["comparisons"]] == [3, 4] and report["first_difference"] is None
+    missing = min(set(range(1, STEPS)) - set(kept))
+    with pytest.raises(ReplayError, match=rf"--from-step {missing}: .* holds complete checkpoints of steps {re.escape(str(kept))}"):
+        replay_run(str(original), tmp_path / "nope", from_step=missing)
 
 
 def test_a_fork_with_another_lr_differs_from_its_first_trained_version(original: Path, tmp_path: Path, capsys: Any) -> None:
