@@ -31,12 +31,14 @@
 #   5. `asyncrl run configs/gpu-check.yaml` on the 0.5B checkpoint step 4 wrote: data in
 #      GSM8K's format, a 10-update SFT warm start, 20 asynchronous RL steps with the vLLM
 #      server and the DeepSpeed trainer sharing GPU 0, evaluation and registration;
-#   6. the figures (seconds, tokens/s, GPU memory) as a Markdown table for the README.
+#   6. `asyncrl replay` of that run: its RL steps trained again on the GPU from the stored
+#      shards (trainer.deterministic on), every weight version compared bit for bit;
+#   7. the figures (seconds, tokens/s, GPU memory) as a Markdown table for the README.
 # The GPU's memory and utilisation are sampled every 2 s throughout (gpu-samples.txt), and
 # the processes holding GPU memory with their command lines (gpu-apps.txt).
 # It exits 0 when every step passed, 1 otherwise (2 for a usage error). Steps 2-5 each start
 # vLLM (30-60 s apiece on a GPU; step 3 three times, step 4 twice per size): their limits
-# add up to 15.5 minutes, the target is under 9 (not yet measured: no GPU has run it). Output
+# add up to 15.5 minutes, step 6 (no vLLM) adds 2, the target is under 10 (not yet measured: no GPU has run it). Output
 # under --out (default runs/gpu-check/<UTC time>): one log per step, the benches' JSON, the
 # run's work folder. `asyncrl bench rollout` (generation tokens/s by concurrency) is not a
 # step: run it by hand when wanted.
@@ -208,6 +210,13 @@ if summary:
                  f"{summary['wall_s']:.0f} s (RL {summary['train_wall_s']:.0f} s for {summary['steps']} steps)"))
     rows.append(("asyncrl run: held-out pass@1", f"{pct(summary['pass_at_1_before'])} -> {pct(summary['pass_at_1_after'])}"))
     rows.append(("asyncrl run: restarts", json.dumps(summary["restarts"])))
+replay = load("replay.json")
+if replay:
+    first = replay.get("first_difference")
+    rows.append(("asyncrl replay: weight versions identical",
+                 f"{replay['versions_identical']} of {replay['versions_compared']} in {replay['wall_s']:.0f} s"
+                 + ("" if first is None else f"; first difference after step {first['step']}: {first.get('first_tensor')} "
+                    f"(max abs diff {first.get('max_abs_diff')})")))
 for kind, label in (("sft", "SFT update"), ("trainer", "RL step")):
     records = jsonl(f"work/gpu-check/{kind}-metrics.jsonl")
     later = records[1:] or records  # the first holds the warm-up
@@ -326,13 +335,16 @@ step bench-scale 300 "$ASYNCRL" bench scale --gpus 0 --sizes 125m,0.5b,1.5b --st
 # --- 5. the pipeline at 0.5B: SFT and async RL with vLLM and DeepSpeed sharing GPU 0 ------------
 step run 240 "$ASYNCRL" run "$CONFIG" "${RUN_OVERRIDES[@]}"
 
+# --- 6. the run's training again from its shards: is the GPU trainer bit-reproducible? ------
+step replay 120 "$ASYNCRL" replay "$OUT/store" --work-dir "$OUT/replay" --json "$OUT/replay.json"
+
 if [ "$DRY_RUN" = 1 ]; then
   echo "[dry-run] then: the figures from $OUT (bench JSON, summary.json, trainer metrics, GPU samples)"
   exit 0
 fi
 stop_sampler
 
-# --- 6. figures ------------------------------------------------------------------------------------
+# --- 7. figures ------------------------------------------------------------------------------------
 {
   for name in "${!START_OF[@]}"; do echo "window $name ${START_OF[$name]} ${END_OF[$name]} ${SECONDS_OF[$name]}"; done
 } >"$OUT/step-windows.txt"

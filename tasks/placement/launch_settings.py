@@ -25,7 +25,7 @@ from asyncrl.tasks.placement.devices import (
     shared_gpu_memory_fraction,
     trainer_placement,
 )
-from asyncrl.tasks.trainer.process import TrainerLaunch
+from asyncrl.tasks.trainer.process import DETERMINISTIC_ENV, TrainerLaunch
 
 
 def serving_weights(config: RunConfig, paths: RunPaths) -> tuple[Path, int, VersionLease | None]:
@@ -203,5 +203,5 @@ def trainer_launch(
         nnodes=trainer.nodes if rl else 1,
         rendezvous=trainer.rendezvous if rl else None,
         cpu_cores=placement.cpu_cores,
-        env={"OMP_NUM_THREADS": str(threads), **placement.env},
+        env={"OMP_NUM_THREADS": str(threads), **placement.env, **(DETERMINISTIC_ENV if trainer.deterministic else {})},
     )

@@ -85,6 +85,11 @@ class EngineSettings:
     base_model_reference: str | None = None
     """With ``lora``: what published adapters name as their base model
     (``base_model_name_or_path``, the run's ``model.path``); None: the directory loaded."""
+    deterministic: bool = True
+    """``trainer.deterministic``: torch's deterministic algorithms (warning, not failing, on an
+    op that has none: the replay then names the difference) and no cuDNN autotuning; cuBLAS's
+    fixed workspace comes from the launch's environment
+    (:data:`~asyncrl.tasks.trainer.process.DETERMINISTIC_ENV`)."""
 
 
 @dataclass
@@ -276,6 +281,9 @@ def build_engine(model_dir: Path, settings: EngineSettings) -> TrainEngine:
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     init_distributed()
     torch.manual_seed(settings.seed)
+    if settings.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
     model_dir = Path(model_dir)
     config = deepspeed_config(settings, torch_adam=on_cpu_accelerator())
     dtype = getattr(torch, settings.dtype)

@@ -158,6 +158,7 @@ def _engine(  # noqa: ANN202
         lora=config.trainer.lora,
         initial_adapter=initial_adapter,
         base_model_reference=config.model.path,
+        deterministic=config.trainer.deterministic,
     )
     return build_engine(model_dir, settings)
 

@@ -25,6 +25,11 @@ MODULE = "asyncrl.tasks.trainer.main"
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
+DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+"""What cuBLAS needs, set before CUDA starts, for deterministic matrix products
+(``trainer.deterministic``); without effect on CPU."""
+
+
 @dataclass(frozen=True)
 class TrainerLaunch:
     """How to start the trainer process."""

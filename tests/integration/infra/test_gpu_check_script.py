@@ -42,7 +42,7 @@ def test_dry_run_prints_the_commands_and_validates_the_config(tmp_path: Path) ->
     check = tmp_path / "check"
     assert f"configs/gpu-check.yaml validates with: work_dir={check}/work" in out
     lines = {line.split(" (limit")[0].removeprefix("[dry-run] "): line for line in out.splitlines() if "(limit" in line}
-    assert list(lines) == ["nvidia-smi", "versions", "ds-report", "bench-weight-sync", "bench-e2e", "bench-scale", "run"]
+    assert list(lines) == ["nvidia-smi", "versions", "ds-report", "bench-weight-sync", "bench-e2e", "bench-scale", "run", "replay"]
     assert "CUDA_VISIBLE_DEVICES=0" in lines["bench-weight-sync"] and "bench weight-sync --size 0.5b" in lines["bench-weight-sync"]
     assert "bench e2e --gpus 0 --etas 0,4" in lines["bench-e2e"] and "CUDA_VISIBLE_DEVICES" not in lines["bench-e2e"]
     assert "bench scale --gpus 0 --sizes 125m,0.5b,1.5b" in lines["bench-scale"]
@@ -52,6 +52,8 @@ def test_dry_run_prints_the_commands_and_validates_the_config(tmp_path: Path) ->
     assert f"model.path={check}/scale/0.5b/model" in lines["run"]
     limits = [int(line.split("(limit ")[1].split("s)")[0]) for name, line in lines.items() if name.startswith(("bench", "run"))]
     assert sum(limits) <= 15.5 * 60  # what the script's help promises
+    assert f"replay {check}/store --work-dir {check}/replay" in lines["replay"]  # the run's training again
+    assert int(lines["replay"].split("(limit ")[1].split("s)")[0]) <= 2 * 60
     assert not check.exists()  # a dry run writes nothing
     skipped = run_script("--dry-run", "--skip-benches", "--out", str(check))
     assert "bench-e2e" not in skipped.stdout and "[dry-run] run (limit" in skipped.stdout
@@ -121,6 +123,9 @@ def test_figures_of_an_output_folder(tmp_path: Path) -> None:
         "exponents": {"step_s": {"pairs": [], "overall": 0.95}},
     }  # fmt: skip
     (tmp_path / "bench-scale.json").write_text(json.dumps(scale))
+    replay = {"versions_identical": 20, "versions_compared": 21, "wall_s": 64.2,
+              "first_difference": {"step": 7, "first_tensor": "model.safetensors:lm_head.weight", "max_abs_diff": 3e-8}}  # fmt: skip
+    (tmp_path / "replay.json").write_text(json.dumps(replay))
     done = run_script("--figures", str(tmp_path))
     assert done.returncode == 0, done.stderr
     rows = dict(line.strip("|").split(" | ", 1) for line in done.stdout.splitlines()[2:])
@@ -144,6 +149,9 @@ def test_figures_of_an_output_folder(tmp_path: Path) -> None:
     )
     assert rows["bench scale 1.5b (1,544M parameters)"] == "failed: ComponentFailed: trainer failed"
     assert rows["bench scale exponent k of step_s ~ params^k"] == "0.95"
+    assert rows["asyncrl replay: weight versions identical"] == (
+        "20 of 21 in 64 s; first difference after step 7: model.safetensors:lm_head.weight (max abs diff 3e-08)"
+    )
     empty = run_script("--figures", str(tmp_path / "nothing"))
     assert empty.returncode == 0 and empty.stdout.splitlines() == ["| figure | value |", "| --- | --- |"]
 

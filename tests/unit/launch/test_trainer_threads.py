@@ -104,3 +104,12 @@ def test_the_sft_stage_launch_runs_on_this_node_alone_with_no_server_sharing_its
     assert trainer_launch(beside, paths, eight, mode="sft").env["OMP_NUM_THREADS"] == str(8 // 2)
     with pytest.raises(ValueError, match="trainer launch mode must be 'rl' or 'sft'"):
         trainer_launch(beside, paths, eight, mode="eval")  # type: ignore[arg-type]
+
+
+def test_a_deterministic_trainer_gets_the_cublas_workspace_cuda_needs_for_it(tmp_path: Path) -> None:
+    """``trainer.deterministic`` (on by default) reaches the trainer's environment before CUDA
+    starts; turned off, the trainer gets none of it."""
+    eight = Machine(gpus=(), cpus=frozenset(range(8)))
+    on, off = config(tmp_path), config(tmp_path, trainer={"deterministic": False})
+    assert trainer_launch(on, run_paths(on), eight).env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert "CUBLAS_WORKSPACE_CONFIG" not in trainer_launch(off, run_paths(off), eight).env
