@@ -35,7 +35,9 @@ from asyncrl.tasks.model.weight_diff import tensor_difference
 from asyncrl.tasks.pipeline.progress import StageProgress
 from asyncrl.tasks.pipeline.stages import run_with_metrics
 from asyncrl.tasks.placement.launch_settings import trainer_launch
+from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.trainer.checkpoint import CHECKPOINT_COMPLETE, complete_checkpoints
+from asyncrl.tasks.trainer.process import TrainerLaunch
 
 
 class ReplayError(ValueError):
@@ -178,22 +180,30 @@ def copy_checkpoint(original: RunRoot, target: RunRoot, step: int, scratch: Path
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-def replay_run(
+@dataclass(frozen=True)
+class ReplaySetup:
+    """A replay made ready by :func:`prepare_replay`: its run config, paths and trainer launch."""
+
+    original: RunRoot
+    config: RunConfig
+    run: RunPaths
+    launch: TrainerLaunch
+    from_step: int
+    overrides: tuple[str, ...]
+
+
+def prepare_replay(
     original_uri: str,
     work_dir: Path,
     to: str | None = None,
     options: dict[str, Any] | None = None,
     overrides: Sequence[str] = (),
     from_step: int = 0,
-) -> dict[str, Any]:
-    """Replay the run at ``original_uri`` into run root ``to`` (default ``<work_dir>/store``;
-    never inside the original), from its first weights or from its checkpoint of step
-    ``from_step``, or with trainer ``overrides`` fork it, then compare (module docstring).
-    Returns the report:
-    ``versions_compared``, ``versions_identical``, ``first_difference`` (None when none),
-    ``steps_without_digests`` (the original pruned their weights without keeping the digests:
-    not compared, and said so) and every step's comparison (:class:`StepComparison`)."""
-    started = time.monotonic()
+) -> ReplaySetup:
+    """Everything before training: the checks (``ReplayError`` naming what is missing, before
+    anything is written), the original's first weights downloaded, the replay's run root
+    (``to``, default ``<work_dir>/store``, never inside the original) with the trainer's config
+    naming the original (``replay_of``) and, with ``from_step``, the original's checkpoint."""
     original = open_root(original_uri, options)
     target = StorageConfig(root=to or str(work_dir / "store"), options=options or {})
     if open_root(target.root, target.options).uri.rstrip("/").startswith(original.uri.rstrip("/")):
@@ -205,11 +215,10 @@ def replay_run(
     if from_step and from_step not in complete_checkpoints(original):
         copy_checkpoint(original, original, from_step, work_dir)  # raises naming the checkpoints kept
     work_dir.mkdir(parents=True, exist_ok=True)
-    store = WeightStore(original)
     initial = work_dir / "initial-weights"
     if not initial.is_dir():
         try:
-            store.download(0, initial)
+            WeightStore(original).download(0, initial)
         except UnknownWeightVersionError as exc:
             raise ReplayError(f"{original.uri}: its first weights (version 0) are needed to replay from the start; {exc.message}") from None
     config = replay_config(original, target, work_dir, initial, overrides)
@@ -218,25 +227,52 @@ def replay_run(
         copy_checkpoint(original, run.root, from_step, work_dir / "checkpoint-copy")
     trainer = process_configs(config).trainer.model_copy(update={"replay_of": StorageConfig(root=original.uri, options=options or {})})
     write_process_config(run, "trainer", trainer)
-    launch = trainer_launch(config, run, mode="rl")
-    progress = StageProgress(run.work_dir, "replay", config.trainer.max_steps, "steps")
-    run_with_metrics(launch, lambda step, m: progress.update(step, f"loss {m.get('loss', 0.0):.4g}"))
-    comparisons, unknown = compare_steps(
-        store, WeightStore(run.root), config.trainer.max_steps, work_dir / "compare", first_step=from_step + 1 if from_step else 0
-    )
+    return ReplaySetup(original, config, run, trainer_launch(config, run, mode="rl"), from_step, tuple(overrides))
+
+
+def train_replay(setup: ReplaySetup) -> None:
+    """The trainer over the original's ledger, to its last step (its progress in the run's
+    ``progress.json``); :class:`~asyncrl.tasks.launch.supervisor.ComponentFailed` with the log's
+    last lines if it fails."""
+    progress = StageProgress(setup.run.work_dir, "replay", setup.config.trainer.max_steps, "steps")
+    run_with_metrics(setup.launch, lambda step, m: progress.update(step, f"loss {m.get('loss', 0.0):.4g}"))
+    progress.finish(f"{setup.config.trainer.max_steps} steps trained")
+
+
+def compare_replay(setup: ReplaySetup, scratch: Path) -> dict[str, Any]:
+    """The report: ``versions_compared``, ``versions_identical``, ``first_difference`` (None
+    when none), ``steps_without_digests`` (the original pruned their weights without keeping
+    the digests: not compared, and said so) and every step's comparison (:class:`StepComparison`)."""
+    steps, first_step = setup.config.trainer.max_steps, setup.from_step + 1 if setup.from_step else 0
+    comparisons, unknown = compare_steps(WeightStore(setup.original), WeightStore(setup.run.root), steps, scratch, first_step)
     first = next((c for c in comparisons if not c.identical), None)
-    progress.finish("identical" if first is None else f"the weights after step {first.step} differ")
     return {
-        "original": original.uri,
-        "replay": run.root.uri,
-        "from_step": from_step,
-        "overrides": list(overrides),
-        "steps": config.trainer.max_steps,
+        "original": setup.original.uri,
+        "replay": setup.run.root.uri,
+        "from_step": setup.from_step,
+        "overrides": list(setup.overrides),
+        "steps": steps,
         "versions_compared": len(comparisons),
         "versions_identical": sum(c.identical for c in comparisons),
         "first_difference": None if first is None else asdict(first),
         "steps_without_digests": unknown,
         "comparisons": [asdict(c) for c in comparisons],
-        "trainer_log": str(launch.log_path),
-        "wall_s": time.monotonic() - started,
+        "trainer_log": str(setup.launch.log_path),
     }
+
+
+def replay_run(
+    original_uri: str,
+    work_dir: Path,
+    to: str | None = None,
+    options: dict[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+    from_step: int = 0,
+) -> dict[str, Any]:
+    """Replay the run at ``original_uri`` from its first weights or from its checkpoint of
+    step ``from_step``, or with trainer ``overrides`` fork it, then compare (module docstring):
+    :func:`prepare_replay`, :func:`train_replay`, :func:`compare_replay`, and the wall time."""
+    started = time.monotonic()
+    setup = prepare_replay(original_uri, work_dir, to, options, overrides, from_step)
+    train_replay(setup)
+    return {**compare_replay(setup, work_dir / "compare"), "wall_s": time.monotonic() - started}

@@ -164,3 +164,25 @@ def test_steps_are_matched_to_versions_through_the_lineage_after_a_rollback(tmp_
     store.prune(keep_latest=2)
     assert store.list_versions() == [4, 5]
     assert step_versions(store) == {0: 0, 1: 1, 2: 2, 3: 4, 4: 5}
+
+
+def test_the_replay_flow_shows_each_phase_as_a_task_run_and_the_comparison_as_a_table(
+    prefect_server: None, original: Path, tmp_path: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect_runs import run_tree
+
+    from asyncrl.flows.replay import replay
+
+    state = replay(root=str(original), work_dir=str(tmp_path / "flow"), return_state=True)
+    assert state.is_completed(), state.message
+    report = state.result()
+    assert report["versions_identical"] == report["versions_compared"] == STEPS + 1
+    assert run_tree(state.state_details.flow_run_id) == {
+        "prepare-replay": "Completed", "replay-trainer": "Completed", "compare": "Completed",
+    }  # fmt: skip
+    with get_client(sync_client=True) as client:
+        artifact = client.read_latest_artifacts()
+        table = next(a for a in artifact if a.key == "asyncrl-replay")
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert [row["step"] for row in rows] == list(range(STEPS + 1)) and all(row["identical"] for row in rows)
