@@ -16,11 +16,11 @@ from typing import Any
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from asyncrl.tasks.pipeline.replay import replay_run
+    from asyncrl.tasks.pipeline.replay import ReplayRequest, replay_run
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     work = Path(args.work_dir) if args.work_dir else Path("runs") / "replay"
-    report = replay_run(args.root, work, to=args.to, overrides=args.overrides, from_step=args.from_step)
+    report = replay_run(ReplayRequest(args.root, work, to=args.to, overrides=tuple(args.overrides), from_step=args.from_step))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))

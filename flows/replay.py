@@ -13,12 +13,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from asyncrl.tasks.pipeline.replay import ReplaySetup, compare_replay, prepare_replay, train_replay
+from asyncrl.tasks.pipeline.replay import ReplayRequest, ReplaySetup, compare_replay, prepare_replay, train_replay
 
 
 @task(name="prepare-replay", task_run_name="prepare-replay", cache_policy=NO_CACHE)
-def prepare(root: str, work_dir: str, to: str | None, overrides: list[str], from_step: int) -> ReplaySetup:
-    return prepare_replay(root, Path(work_dir), to=to, overrides=overrides, from_step=from_step)
+def prepare(request: ReplayRequest) -> ReplaySetup:
+    return prepare_replay(request)
 
 
 @task(name="replay-trainer", task_run_name="replay-trainer", cache_policy=NO_CACHE)
@@ -40,7 +40,7 @@ def replay(
     fork. The original run root is only read."""
     started = time.monotonic()
     overrides = list(trainer_overrides or [])
-    setup = prepare(root, work_dir, to, overrides, from_step)
+    setup = prepare(ReplayRequest(root, Path(work_dir), to=to, overrides=tuple(overrides), from_step=from_step))
     train(setup)
     report = {**compare(setup, work_dir), "wall_s": time.monotonic() - started}
     rows = [

@@ -16,7 +16,7 @@ import json
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -192,20 +192,30 @@ class ReplaySetup:
     overrides: tuple[str, ...]
 
 
-def prepare_replay(
-    original_uri: str,
-    work_dir: Path,
-    to: str | None = None,
-    options: dict[str, Any] | None = None,
-    overrides: Sequence[str] = (),
-    from_step: int = 0,
-) -> ReplaySetup:
+@dataclass(frozen=True)
+class ReplayRequest:
+    """What to replay: the run root ``original_uri`` (its store ``options``), into run root
+    ``to`` (default ``<work_dir>/store``, never inside the original), from the first weights or
+    from the original's checkpoint of step ``from_step``; trainer ``overrides`` make it a fork."""
+
+    original_uri: str
+    work_dir: Path
+    to: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+    from_step: int = 0
+
+
+def prepare_replay(request: ReplayRequest) -> ReplaySetup:
     """Everything before training: the checks (``ReplayError`` naming what is missing, before
-    anything is written), the original's first weights downloaded, the replay's run root
-    (``to``, default ``<work_dir>/store``, never inside the original) with the trainer's config
-    naming the original (``replay_of``) and, with ``from_step``, the original's checkpoint."""
-    original = open_root(original_uri, options)
-    target = StorageConfig(root=to or str(work_dir / "store"), options=options or {})
+    anything is written), the original's first weights downloaded, the replay's run root with
+    the trainer's config naming the original (``replay_of``) and, with ``from_step``, the
+    original's checkpoint."""
+    work_dir, to, options, overrides, from_step = (
+        request.work_dir, request.to, request.options, request.overrides, request.from_step
+    )
+    original = open_root(request.original_uri, options)
+    target = StorageConfig(root=to or str(work_dir / "store"), options=options)
     if open_root(target.root, target.options).uri.rstrip("/").startswith(original.uri.rstrip("/")):
         raise ReplayError(f"--to {target.root}: inside the original run root {original.uri}; a replay never writes there")
     check_fork_overrides(overrides)  # before anything is downloaded
@@ -225,7 +235,7 @@ def prepare_replay(
     run = prepare_run(config)
     if from_step:
         copy_checkpoint(original, run.root, from_step, work_dir / "checkpoint-copy")
-    trainer = process_configs(config).trainer.model_copy(update={"replay_of": StorageConfig(root=original.uri, options=options or {})})
+    trainer = process_configs(config).trainer.model_copy(update={"replay_of": StorageConfig(root=original.uri, options=options)})
     write_process_config(run, "trainer", trainer)
     return ReplaySetup(original, config, run, trainer_launch(config, run, mode="rl"), from_step, tuple(overrides))
 
@@ -261,18 +271,10 @@ def compare_replay(setup: ReplaySetup, scratch: Path) -> dict[str, Any]:
     }
 
 
-def replay_run(
-    original_uri: str,
-    work_dir: Path,
-    to: str | None = None,
-    options: dict[str, Any] | None = None,
-    overrides: Sequence[str] = (),
-    from_step: int = 0,
-) -> dict[str, Any]:
-    """Replay the run at ``original_uri`` from its first weights or from its checkpoint of
-    step ``from_step``, or with trainer ``overrides`` fork it, then compare (module docstring):
+def replay_run(request: ReplayRequest) -> dict[str, Any]:
+    """The replay (or fork) of ``request``, then the comparison (module docstring):
     :func:`prepare_replay`, :func:`train_replay`, :func:`compare_replay`, and the wall time."""
     started = time.monotonic()
-    setup = prepare_replay(original_uri, work_dir, to, options, overrides, from_step)
+    setup = prepare_replay(request)
     train_replay(setup)
-    return {**compare_replay(setup, work_dir / "compare"), "wall_s": time.monotonic() - started}
+    return {**compare_replay(setup, request.work_dir / "compare"), "wall_s": time.monotonic() - started}

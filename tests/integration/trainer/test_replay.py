@@ -26,7 +26,7 @@ from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardWriter
 from asyncrl.tasks.launch.context import prepare_run
 from asyncrl.tasks.launch.supervisor import ComponentFailed
-from asyncrl.tasks.pipeline.replay import ReplayError, replay_run
+from asyncrl.tasks.pipeline.replay import ReplayError, ReplayRequest, replay_run
 from asyncrl.tasks.pipeline.stages import run_with_metrics
 from asyncrl.tasks.placement.launch_settings import trainer_launch
 
@@ -77,7 +77,7 @@ def original(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def test_a_replay_reproduces_every_version_and_leaves_the_original_untouched(original: Path, tmp_path: Path) -> None:
     with read_only(original):
-        report = replay_run(str(original), tmp_path / "replay")
+        report = replay_run(ReplayRequest(str(original), tmp_path / "replay"))
     assert report["steps"] == STEPS and report["versions_compared"] == STEPS + 1
     assert report["versions_identical"] == STEPS + 1, report["comparisons"]
     assert report["steps_without_digests"] == []
@@ -92,11 +92,11 @@ def test_a_replay_from_a_kept_checkpoint_reproduces_the_steps_after_it(original:
 
     kept = complete_checkpoints(open_root(str(original)))
     assert 2 in kept
-    report = replay_run(str(original), tmp_path / "from2", from_step=2)
+    report = replay_run(ReplayRequest(str(original), tmp_path / "from2", from_step=2))
     assert [c["step"] for c in report["comparisons"]] == [3, 4] and report["first_difference"] is None
     missing = min(set(range(1, STEPS)) - set(kept))
     with pytest.raises(ReplayError, match=rf"--from-step {missing}: .* holds complete checkpoints of steps {re.escape(str(kept))}"):
-        replay_run(str(original), tmp_path / "nope", from_step=missing)
+        replay_run(ReplayRequest(str(original), tmp_path / "nope", from_step=missing))
 
 
 def test_a_fork_with_another_lr_differs_from_its_first_trained_version(original: Path, tmp_path: Path, capsys: Any) -> None:
@@ -128,11 +128,11 @@ def test_a_fork_with_another_lr_differs_from_its_first_trained_version(original:
 
 def test_what_cannot_be_replayed_is_refused_naming_it(original: Path, tmp_path: Path) -> None:
     with pytest.raises(ReplayError, match=r"rollout.eta: a replay trains on the original run's samples"):
-        replay_run(str(original), tmp_path / "a", overrides=["rollout.eta=0"])
+        replay_run(ReplayRequest(str(original), tmp_path / "a", overrides=("rollout.eta=0",)))
     with pytest.raises(ReplayError, match=r"config.yaml: not found; .* is not a run root"):
-        replay_run(str(tmp_path / "empty"), tmp_path / "b")
+        replay_run(ReplayRequest(str(tmp_path / "empty"), tmp_path / "b"))
     with pytest.raises(ReplayError, match=r"inside the original run root"):
-        replay_run(str(original), tmp_path / "c", to=str(original / "nested"))
+        replay_run(ReplayRequest(str(original), tmp_path / "c", to=str(original / "nested")))
     assert main(["replay", str(original), "rollout.n_samples=2", "--work-dir", str(tmp_path / "d")]) == 2
 
 
@@ -142,7 +142,7 @@ def test_a_shard_the_ledger_names_that_is_gone_fails_naming_it(original: Path, t
     gone = Ledger(open_root(str(copy))).entry(3).shards[0]
     os.remove(copy / paths.consumed_shard_path(gone))
     with pytest.raises(ComponentFailed, match=rf"shard {gone}, trained by the original run's step 3, is in neither"):
-        replay_run(str(copy), tmp_path / "replay")
+        replay_run(ReplayRequest(str(copy), tmp_path / "replay"))
 
 
 def test_steps_are_matched_to_versions_through_the_lineage_after_a_rollback(tmp_path: Path) -> None:
