@@ -75,18 +75,6 @@ def original(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return store
 
 
-def test_a_replay_reproduces_every_version_and_leaves_the_original_untouched(original: Path, tmp_path: Path) -> None:
-    with read_only(original):
-        report = replay_run(ReplayRequest(str(original), tmp_path / "replay"))
-    assert report["steps"] == STEPS and report["versions_compared"] == STEPS + 1
-    assert report["versions_identical"] == STEPS + 1, report["comparisons"]
-    assert report["steps_without_digests"] == []
-    assert report["first_difference"] is None
-    replayed = open_root(str(tmp_path / "replay" / "store"))
-    assert [entry.shards for entry in Ledger(replayed).entries()] == [entry.shards for entry in Ledger(open_root(str(original))).entries()]
-    assert not fs.list_dir(replayed, paths.CONSUMED_DIR)  # the shards stay the original's, read in place
-
-
 def test_a_replay_from_a_kept_checkpoint_reproduces_the_steps_after_it(original: Path, tmp_path: Path) -> None:
     from asyncrl.tasks.trainer.checkpoint import complete_checkpoints
 
@@ -166,23 +154,30 @@ def test_steps_are_matched_to_versions_through_the_lineage_after_a_rollback(tmp_
     assert step_versions(store) == {0: 0, 1: 1, 2: 2, 3: 4, 4: 5}
 
 
-def test_the_replay_flow_shows_each_phase_as_a_task_run_and_the_comparison_as_a_table(
+def test_a_replay_reproduces_every_version_leaves_the_original_untouched_and_shows_in_prefect(
     prefect_server: None, original: Path, tmp_path: Path
 ) -> None:
+    """The `replay` flow (what the deployment runs) on the read-only original: every version
+    identical, each phase a task run, the comparison a table artifact."""
     from prefect.client.orchestration import get_client
     from prefect_runs import run_tree
 
     from asyncrl.flows.replay import replay
 
-    state = replay(root=str(original), work_dir=str(tmp_path / "flow"), return_state=True)
+    with read_only(original):
+        state = replay(root=str(original), work_dir=str(tmp_path / "flow"), return_state=True)
     assert state.is_completed(), state.message
     report = state.result()
-    assert report["versions_identical"] == report["versions_compared"] == STEPS + 1
+    assert report["steps"] == STEPS and report["versions_compared"] == STEPS + 1
+    assert report["versions_identical"] == STEPS + 1, report["comparisons"]
+    assert report["first_difference"] is None and report["steps_without_digests"] == []
+    replayed = open_root(str(tmp_path / "flow" / "store"))
+    assert [e.shards for e in Ledger(replayed).entries()] == [e.shards for e in Ledger(open_root(str(original))).entries()]
+    assert not fs.list_dir(replayed, paths.CONSUMED_DIR)  # the shards stay the original's, read in place
     assert run_tree(state.state_details.flow_run_id) == {
         "prepare-replay": "Completed", "replay-trainer": "Completed", "compare": "Completed",
     }  # fmt: skip
     with get_client(sync_client=True) as client:
-        artifact = client.read_latest_artifacts()
-        table = next(a for a in artifact if a.key == "asyncrl-replay")
+        table = next(a for a in client.read_latest_artifacts() if a.key == "asyncrl-replay")
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert [row["step"] for row in rows] == list(range(STEPS + 1)) and all(row["identical"] for row in rows)
