@@ -23,6 +23,7 @@ from typing import Any
 from asyncrl.configs.loading import apply_overrides, config_from_dict, parse_override
 from asyncrl.configs.processes import process_configs
 from asyncrl.configs.run_config import RunConfig
+from asyncrl.configs.secrets import REDACTED, strip_uri_password
 from asyncrl.configs.storage import StorageConfig
 from asyncrl.storage import fs, paths
 from asyncrl.storage.errors import UnknownWeightVersionError
@@ -36,6 +37,7 @@ from asyncrl.tasks.pipeline.progress import StageProgress
 from asyncrl.tasks.pipeline.stages import run_with_metrics
 from asyncrl.tasks.placement.launch_settings import trainer_launch
 from asyncrl.tasks.system.run_paths import RunPaths
+from asyncrl.tasks.tracking.branch_record import BranchParent, record_branch
 from asyncrl.tasks.trainer.checkpoint import CHECKPOINT_COMPLETE, complete_checkpoints
 from asyncrl.tasks.trainer.process import TrainerLaunch
 
@@ -271,10 +273,45 @@ def compare_replay(setup: ReplaySetup, scratch: Path) -> dict[str, Any]:
     }
 
 
+def branch_tracking(setup: ReplaySetup) -> tuple[str, BranchParent | None]:
+    """Where the branch's MLflow run goes and what it links to: the original's MLflow (its
+    run root's ``tracking.json``) when that can be opened from here (no hidden password, its
+    SQLite file present), with the parent's run and the version of the step it starts from;
+    else the replay's own SQLite file in its work directory, with no parent run."""
+    recorded = fs.read_json_object(setup.original, paths.TRACKING_FILE) or {}
+    uri, run_id = str(recorded.get("mlflow_uri", "")), str(recorded.get("mlflow_run_id", ""))
+    reachable = uri and f":{REDACTED}@" not in uri and (
+        not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
+    )
+    if not (reachable and run_id):
+        return setup.config.tracking.mlflow_uri, None
+    version = step_versions(WeightStore(setup.original)).get(setup.from_step)
+    return uri, None if version is None else BranchParent(run_id, version, setup.from_step)
+
+
+def record_replay(setup: ReplaySetup, report: dict[str, Any]) -> str:
+    """The branch's MLflow run (:func:`~asyncrl.tasks.tracking.branch_record.record_branch`),
+    recorded in the replay's run root as a run's is (``tracking.json``); returns its id."""
+    uri, parent = branch_tracking(setup)
+    kind = "fork" if setup.overrides else "replay"
+    run_id = record_branch(
+        uri, setup.config.tracking.experiment, f"{setup.config.name}-{kind}-from-{setup.from_step}", setup.run.root,
+        setup.launch.metrics_file or setup.run.work_dir / "trainer-metrics.jsonl",
+        {"overrides": list(setup.overrides), "from_step": setup.from_step, "original": setup.original.uri},
+        {"asyncrl.kind": kind, "asyncrl.parent_root": setup.original.uri}, parent, json.dumps(report, indent=1),
+        setup.original,
+    )  # fmt: skip
+    record = {"mlflow_uri": strip_uri_password(uri), "mlflow_run_id": run_id}
+    fs.put_atomic_replace(setup.run.root, paths.TRACKING_FILE, json.dumps(record).encode())
+    return run_id
+
+
 def replay_run(request: ReplayRequest) -> dict[str, Any]:
     """The replay (or fork) of ``request``, then the comparison (module docstring):
-    :func:`prepare_replay`, :func:`train_replay`, :func:`compare_replay`, and the wall time."""
+    :func:`prepare_replay`, :func:`train_replay`, :func:`compare_replay` with the wall time, and
+    :func:`record_replay` (the report's ``mlflow_run_id``)."""
     started = time.monotonic()
     setup = prepare_replay(request)
     train_replay(setup)
-    return {**compare_replay(setup, request.work_dir / "compare"), "wall_s": time.monotonic() - started}
+    report = {**compare_replay(setup, request.work_dir / "compare"), "wall_s": time.monotonic() - started}
+    return {**report, "mlflow_run_id": record_replay(setup, report)}

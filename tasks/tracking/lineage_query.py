@@ -20,6 +20,7 @@ from asyncrl.storage.fs import RunRoot
 from asyncrl.tasks.tracking.mlflow_run import RunLineage
 from asyncrl.storage.weights import WeightStore
 from asyncrl.storage.paths import TRACKING_FILE
+from asyncrl.tasks.tracking.branch_record import PARENT_RUN_TAG, PARENT_STEP_TAG
 from asyncrl.tasks.tracking.lineage_recorder import file_ref
 from asyncrl.tasks.tracking.model_registry import logged_model_id
 
@@ -117,6 +118,11 @@ def version_lineage(store: RunStore, ref: str) -> list[str]:
     model = lineage.client.get_logged_model(model_id)
     run = lineage.client.get_run(lineage.run_id)
     lines = [f"weight version {version} of run {run.info.run_name!r} (MLflow run {lineage.run_id}, {lineage.tracking_uri})"]
+    parent_run = run.data.tags.get(PARENT_RUN_TAG)
+    if parent_run:
+        parent_name = lineage.client.get_run(parent_run).info.run_name
+        lines.append(f"  branch of       run {parent_name!r} (MLflow run {parent_run}) from its step "
+                     f"{run.data.tags.get(PARENT_STEP_TAG)}, {run.data.tags.get('asyncrl.kind', 'replay')} of {run.data.tags.get('asyncrl.parent_root')}")  # fmt: skip
     for name, number, aliases in _registrations(lineage, model_id):
         shown = f" (aliases: {', '.join(aliases)})" if aliases else ""
         lines.append(f"  registered      models:/{name}/{number}{shown}")

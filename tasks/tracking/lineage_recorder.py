@@ -82,19 +82,24 @@ def shard_record(root: RunRoot, shard_name: str) -> dict[str, Any]:
 
 
 def version_manifest(
-    root: RunRoot, version: int, datasets: Sequence[DataRef] = (), lineage: dict[str, Any] | None = None
+    root: RunRoot,
+    version: int,
+    datasets: Sequence[DataRef] = (),
+    lineage: dict[str, Any] | None = None,
+    shards_root: RunRoot | None = None,
 ) -> dict[str, Any]:
     """The lineage manifest of weight ``version``: step, version, parent version, each shard
     it was trained on (:func:`shard_record`), from its lineage file, and the prompt
     ``datasets`` the shards' prompts came from (name, URI, digest). ``lineage``: the version's
-    lineage file if the caller has read it already."""
+    lineage file if the caller has read it already; ``shards_root``: where the shards are, when
+    not in ``root`` (a replay trains another run's shards)."""
     info = (read_lineage(root, version) if lineage is None else lineage) or {}
     step = info.get("step")
     return {
         "version": version,
         "step": step if isinstance(step, int) else None,
         "parent_version": info.get("parent_version"),
-        "shards": [shard_record(root, name) for name in info.get("shards", [])],
+        "shards": [shard_record(shards_root or root, name) for name in info.get("shards", [])],
         "datasets": [asdict(ref) for ref in datasets],
     }
 
@@ -157,6 +162,8 @@ class LineageRecorder:
     """Log the evaluator's records (evaluation during training) too."""
     evaluations: dict[int, EvalResult] = field(default_factory=dict)
     """Weight version -> its held-out result evaluated during training."""
+    shards_root: RunRoot | None = None
+    """Where the shards the versions name are, when not in ``root`` (a replay's: the original's)."""
     _metrics_offset: int = 0
     """Bytes of the metrics file already read (whole lines only)."""
     _follower: VersionFollower | None = None
@@ -244,7 +251,7 @@ class LineageRecorder:
 
     def _log_version(self, version: int) -> None:
         info = read_lineage(self.root, version) or {}
-        manifest = version_manifest(self.root, version, self.datasets, info)
+        manifest = version_manifest(self.root, version, self.datasets, info, self.shards_root)
         step = manifest["step"]
         if isinstance(step, int) and step not in self.metrics_by_step and not self.metrics_file.exists():
             self._log_carried_metrics(step, info.get("metrics"))

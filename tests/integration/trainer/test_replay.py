@@ -24,7 +24,7 @@ from asyncrl.storage import fs, paths
 from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardWriter
-from asyncrl.tasks.launch.context import prepare_run
+from asyncrl.tasks.launch.context import open_run_context
 from asyncrl.tasks.launch.supervisor import ComponentFailed
 from asyncrl.tasks.pipeline.replay import ReplayError, ReplayRequest, replay_run
 from asyncrl.tasks.pipeline.stages import run_with_metrics
@@ -51,8 +51,9 @@ def read_only(directory: Path) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def original(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run root: STEPS steps of one group each, trained by the real trainer process
-    as a run trains (its process config written by ``prepare_run``), two groups in the last
-    step's shards so a step takes more than one shard."""
+    as a run trains (its process config written by ``prepare_run``), with its MLflow run and a
+    LoggedModel per version (``open_run_context`` and the lineage recorder, as ``train_run``)."""
+    from asyncrl.tasks.tracking.lineage_recorder import LineageRecorder
     from transformers import AutoTokenizer
 
     base = tmp_path_factory.mktemp("replay")
@@ -63,14 +64,18 @@ def original(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "rollout": {"n_samples": 3, "max_new_tokens": 16, "eta": 2},
         "trainer": {"batch_groups": 1, "max_steps": STEPS, "micro_batch_tokens": 128, "checkpoint_every": 2,
                     "mini_batches": 1, "optimizer": {"lr": 1.0e-3}},
-        "storage": {"root": str(store)},
+        "storage": {"root": str(store)}, "tracking": {"mlflow_uri": f"sqlite:///{base / 'mlflow.db'}"},
     })  # fmt: skip
     trajectories = Trajectories(AutoTokenizer.from_pretrained(tiny_model_dir))
     writer = ShardWriter(open_root(str(store)), RUN_ID)
     for k in range(STEPS):
         writer.write_groups([trajectories.group(f"g{k}", [1.0, 0.0, 0.5], versions=max(0, k - 1))])
-    paths_ = prepare_run(config)
-    run_with_metrics(trainer_launch(config, paths_), lambda step, metrics: None)
+    context = open_run_context(config)
+    launch = trainer_launch(config, context.paths)
+    run_with_metrics(launch, lambda step, metrics: None)
+    assert launch.metrics_file is not None
+    LineageRecorder(context.lineage, context.paths.root, launch.metrics_file).poll()
+    context.lineage.end()
     assert Ledger(open_root(str(store))).last_step() == STEPS
     return store
 
@@ -175,9 +180,35 @@ def test_a_replay_reproduces_every_version_leaves_the_original_untouched_and_sho
     assert [e.shards for e in Ledger(replayed).entries()] == [e.shards for e in Ledger(open_root(str(original))).entries()]
     assert not fs.list_dir(replayed, paths.CONSUMED_DIR)  # the shards stay the original's, read in place
     assert run_tree(state.state_details.flow_run_id) == {
-        "prepare-replay": "Completed", "replay-trainer": "Completed", "compare": "Completed",
+        "prepare-replay": "Completed", "replay-trainer": "Completed", "compare": "Completed", "record": "Completed",
     }  # fmt: skip
     with get_client(sync_client=True) as client:
         table = next(a for a in client.read_latest_artifacts() if a.key == "asyncrl-replay")
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert [row["step"] for row in rows] == list(range(STEPS + 1)) and all(row["identical"] for row in rows)
+
+
+def test_a_fork_is_an_mlflow_run_linked_to_its_parent_and_lineage_follows_the_link(
+    original: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """The fork's MLflow run names the parent run and step; its first LoggedModel names the
+    parent's LoggedModel of that step; `asyncrl lineage` on the fork's root walks into the parent."""
+    from mlflow import MlflowClient
+
+    report = replay_run(ReplayRequest(str(original), tmp_path / "fork", overrides=("trainer.optimizer.lr=2e-3",)))
+    recorded = json.loads((original / "tracking.json").read_text())
+    client = MlflowClient(tracking_uri=recorded["mlflow_uri"])
+    fork = client.get_run(report["mlflow_run_id"])
+    assert fork.data.tags["asyncrl.parent_run_id"] == recorded["mlflow_run_id"] and fork.data.tags["asyncrl.branch_step"] == "0"
+    assert fork.data.tags["asyncrl.kind"] == "fork" and fork.info.status == "FINISHED"
+    models = {m.tags["asyncrl.version"]: m for m in client.search_logged_models(experiment_ids=[fork.info.experiment_id])
+              if m.source_run_id == fork.info.run_id}  # fmt: skip
+    parents = {m.tags["asyncrl.version"]: m.model_id for m in client.search_logged_models(experiment_ids=[fork.info.experiment_id])
+               if m.source_run_id == recorded["mlflow_run_id"]}  # fmt: skip
+    assert sorted(models, key=int) == [str(v) for v in range(STEPS + 1)]
+    assert models["0"].tags["asyncrl.parent_model_id"] == parents["0"]
+    assert json.loads((tmp_path / "fork" / "store" / "tracking.json").read_text())["mlflow_run_id"] == report["mlflow_run_id"]
+    assert main(["lineage", "0", "--root", str(tmp_path / "fork" / "store")]) == 0
+    printed = capsys.readouterr().out
+    assert f"branch of       run 'replay-test' (MLflow run {recorded['mlflow_run_id']}) from its step 0, fork of" in printed
+    assert f"(LoggedModel {parents['0']})" in printed
