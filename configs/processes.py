@@ -62,12 +62,9 @@ class TrainerProcessConfig(ProcessConfig):
     pipeline: PipelineConfig = Field(description="The SFT stage's steps, batch and optimizer.")
     max_staleness: int = Field(ge=0, description="RunConfig.max_staleness: the bound a trained sample must meet.")
     pass_k: list[int] = Field(description="tracking.pass_k: the pass@k figures of each step.")
-    replay_of: StorageConfig | None = Field(
-        None,
-        description="A replay (`asyncrl replay`): the run root whose ledger this trainer follows, each step "
-        "training exactly the shards that run's step trained (read where that run keeps them); None: the "
-        "shards the scheduler writes to this run root.",
-    )
+    replay_of: StorageConfig | None = Field(None, description="A replay: the run root whose ledger this trainer follows.")
+    """Each step trains exactly the shards that run's step trained, read where that run keeps
+    them (``asyncrl replay``); None: the shards the scheduler writes to this run root."""
 
 
 class SchedulerProcessConfig(ProcessConfig):

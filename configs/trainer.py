@@ -104,11 +104,9 @@ class TrainerConfig(StrictModel):
     """Transformers' gradient checkpointing (non-reentrant): a micro-batch keeps each layer's
     input (tokens x hidden) instead of all its intermediate activations, for one more forward
     pass of the decoder in backward; gradients are unchanged."""
-    deterministic: bool = Field(
-        True,
-        description="Deterministic kernels, so that `asyncrl replay` reproduces every weight version bit for bit "
-        "(on GPUs torch's deterministic algorithms and a fixed cuBLAS workspace; CPU kernels already are).",
-    )
+    deterministic: bool = Field(True, description="Deterministic kernels, so that `asyncrl replay` reproduces a run bit for bit.")
+    """On GPUs torch's deterministic algorithms and a fixed cuBLAS workspace; CPU kernels
+    already are deterministic (docs/replay.md)."""
     lora: LoraConfig | None = Field(None, description="Train low-rank adapters instead of every weight; None: full fine-tuning.")
     packer: Literal["ffd"] = Field("ffd", description="How sequences are packed into micro-batches (first-fit decreasing).")
     zero_stage: Literal[0, 1, 2, 3] = Field(
