@@ -8,7 +8,6 @@ steps after a restart still lines up."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,7 @@ from asyncrl.storage.evaluations import EvaluationStore
 from asyncrl.storage.fs import RunRoot, open_root
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.weights import WeightStore
-from asyncrl.tasks.model.weight_diff import tensor_difference
-from asyncrl.tasks.pipeline.replay import ReplayError, step_versions
+from asyncrl.tasks.pipeline.replay import ReplayError, step_versions, tensor_difference_of
 
 FIGURES = ("loss", "reward_mean", "approx_kl", "grad_norm")
 """The training figures set side by side (each version's lineage holds its step's)."""
@@ -58,16 +56,11 @@ def compare_runs(a_uri: str, b_uri: str, scratch: Path) -> dict[str, Any]:
             identical = None
         row["identical"] = identical
         if identical is False:
-            try:
-                left = stores[0].download(va, scratch / f"a-v{va}")
-                right = stores[1].download(vb, scratch / f"b-v{vb}")
-            except UnknownWeightVersionError:
+            found = tensor_difference_of(stores[0], va, stores[1], vb, scratch)
+            if found is None:
                 row["weight_distance"] = None  # pruned: digests only
             else:
-                found = tensor_difference(left, right)
                 row.update(weight_distance=found.l2_distance, max_abs_diff=found.max_abs_diff, first_tensor=found.first_tensor)
-                for directory in (left, right):
-                    shutil.rmtree(directory)
         elif identical:
             row["weight_distance"] = 0.0
         if identical is False and first is None:

@@ -32,7 +32,7 @@ from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.launch.context import prepare_run, read_run_root_config, write_process_config
-from asyncrl.tasks.model.weight_diff import tensor_difference
+from asyncrl.tasks.model.weight_diff import TensorDifference, tensor_difference
 from asyncrl.tasks.pipeline.progress import StageProgress
 from asyncrl.tasks.pipeline.stages import run_with_metrics
 from asyncrl.tasks.placement.launch_settings import trainer_launch
@@ -99,19 +99,25 @@ def replayable(original: RunRoot) -> tuple[dict[str, Any], int]:
     steps = Ledger(original).last_step()
     if not steps:
         raise ReplayError(f"{original.display('ledger')}: no step recorded; nothing to replay")
-    return json.loads(json.dumps(frozen)), steps
+    return frozen, steps
 
 
 def replay_config(
-    original: RunRoot, to: StorageConfig, work_dir: Path, initial: Path, overrides: Sequence[str] = ()
+    original: RunRoot,
+    frozen: dict[str, Any],
+    steps: int,
+    to: StorageConfig,
+    work_dir: Path,
+    initial: Path,
+    overrides: Sequence[str] = (),
 ) -> RunConfig:
     """The replay's run config: the original's frozen config with its own run root ``to``,
     scratch ``work_dir``, the original's first weights ``initial`` as the model, as many steps
     as the original recorded, and nothing around RL (no evaluation, no secrets: the frozen
     config has them redacted); with ``overrides`` (trainer keys: :func:`check_fork_overrides`),
-    a fork."""
+    a fork. ``frozen`` and ``steps``: :func:`replayable` of the original."""
     check_fork_overrides(overrides)
-    raw, steps = replayable(original)
+    raw = json.loads(json.dumps(frozen))
     if (raw.get("trainer") or {}).get("lora"):
         raise ReplayError(f"{original.display('config.yaml')}: trainer.lora: replaying a LoRA run is not supported yet")
     raw.update(work_dir=str(work_dir), storage=to.model_dump(mode="json"))
@@ -122,6 +128,20 @@ def replay_config(
     raw["tracking"] = {**raw.get("tracking", {}), "mlflow_uri": f"sqlite:///{work_dir / 'mlflow.db'}"}
     raw["placement"] = {}  # the trainer on this machine
     return config_from_dict(apply_overrides(raw, list(overrides)), source=original.display("config.yaml"))
+
+
+def tensor_difference_of(a: WeightStore, va: int, b: WeightStore, vb: int, scratch: Path) -> TensorDifference | None:
+    """Version ``va`` of ``a`` against ``vb`` of ``b`` tensor by tensor (downloaded under
+    ``scratch``, removed after), or None when either version's files are pruned."""
+    try:
+        left = a.download(va, scratch / f"a-v{va}")
+        right = b.download(vb, scratch / f"b-v{vb}")
+    except UnknownWeightVersionError:
+        return None
+    found = tensor_difference(left, right)
+    for directory in (left, right):
+        shutil.rmtree(directory)
+    return found
 
 
 def compare_steps(
@@ -149,29 +169,29 @@ def compare_steps(
         if not differing:
             compared.append(StepComparison(step, version, replayed, True, []))
             continue
-        try:
-            left = original.download(version, scratch / f"original-v{version}")
-            right = replay.download(replayed, scratch / f"replay-v{replayed}")
-        except UnknownWeightVersionError:
+        found = tensor_difference_of(original, version, replay, replayed, scratch)
+        if found is None:
             compared.append(StepComparison(step, version, replayed, False, differing, note="weights pruned: digests compared only"))
             continue
-        found = tensor_difference(left, right)
-        for directory in (left, right):
-            shutil.rmtree(directory)
         compared.append(StepComparison(step, version, replayed, False, differing, found.first_tensor, found.max_abs_diff))
     return compared, unknown
 
 
-def copy_checkpoint(original: RunRoot, target: RunRoot, step: int, scratch: Path) -> None:
-    """The original's complete checkpoint of ``step`` into ``target`` (its completion marker
-    last, as the trainer writes it), so a trainer there resumes from it; ``ReplayError``
-    names the checkpoints the original kept when it has no such one."""
+def check_checkpoint_kept(original: RunRoot, step: int) -> None:
+    """``ReplayError`` naming the checkpoints the original kept, when ``step`` is not one."""
     kept = complete_checkpoints(original)
     if step not in kept:
         raise ReplayError(
             f"--from-step {step}: {original.display(paths.CHECKPOINTS_DIR)} holds complete checkpoints of steps "
             f"{kept} (trainer.keep_checkpoints of the run kept only these)"
         )
+
+
+def copy_checkpoint(original: RunRoot, target: RunRoot, step: int, scratch: Path) -> None:
+    """The original's complete checkpoint of ``step`` into ``target`` (its completion marker
+    last, as the trainer writes it), so a trainer there resumes from it; ``ReplayError``
+    names the checkpoints the original kept when it has no such one."""
+    check_checkpoint_kept(original, step)
     directory = paths.checkpoint_dir(step)
     files = sorted(fs.list_tree(original, directory), key=lambda name: name == CHECKPOINT_COMPLETE)
     for name in files:
@@ -220,20 +240,19 @@ def prepare_replay(request: ReplayRequest) -> ReplaySetup:
     target = StorageConfig(root=to or str(work_dir / "store"), options=options)
     if open_root(target.root, target.options).uri.rstrip("/").startswith(original.uri.rstrip("/")):
         raise ReplayError(f"--to {target.root}: inside the original run root {original.uri}; a replay never writes there")
-    check_fork_overrides(overrides)  # before anything is downloaded
-    _, steps = replayable(original)
+    frozen, steps = replayable(original)
     if from_step and not 0 < from_step < steps:
         raise ReplayError(f"--from-step {from_step}: must lie between 1 and the original's last step less one ({steps - 1})")
-    if from_step and from_step not in complete_checkpoints(original):
-        copy_checkpoint(original, original, from_step, work_dir)  # raises naming the checkpoints kept
-    work_dir.mkdir(parents=True, exist_ok=True)
+    if from_step:
+        check_checkpoint_kept(original, from_step)
     initial = work_dir / "initial-weights"
+    config = replay_config(original, frozen, steps, target, work_dir, initial, overrides)  # before anything is downloaded
+    work_dir.mkdir(parents=True, exist_ok=True)
     if not initial.is_dir():
         try:
             WeightStore(original).download(0, initial)
         except UnknownWeightVersionError as exc:
             raise ReplayError(f"{original.uri}: its first weights (version 0) are needed to replay from the start; {exc.message}") from None
-    config = replay_config(original, target, work_dir, initial, overrides)
     run = prepare_run(config)
     if from_step:
         copy_checkpoint(original, run.root, from_step, work_dir / "checkpoint-copy")
