@@ -19,7 +19,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.tasks.agent.episode import EpisodeContext
+from asyncrl.tasks.agent import EpisodeContext
 
 MAX_TURNS = 3
 """Model calls per episode unless ``rollout.episode.options.max_turns`` says otherwise."""

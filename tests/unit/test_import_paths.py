@@ -1,6 +1,7 @@
 """Every name of asyncrl has one import path: a ``from asyncrl.X import Y`` anywhere in the
-repository (library, tests, benchmarks, examples) takes Y from the module that defines it,
-never from a module that only imported it (no re-exports)."""
+repository (library, tests, benchmarks) takes Y from the module that defines it, never from a
+module that only imported it (no re-exports). User code (``examples/``) is the one exception:
+it takes a package's public names, those its ``__init__`` lists in ``__all__``, from the package."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def _defined_names(path: Path) -> set[str]:
     return names
 
 
+def _public_names(path: Path) -> set[str]:
+    """The names a package's ``__init__`` lists in its literal ``__all__`` (none for a module)."""
+    if path.name != "__init__.py":
+        return set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return {str(name) for name in ast.literal_eval(node.value)}
+    return set()
+
+
 def test_every_imported_asyncrl_name_comes_from_the_module_that_defines_it() -> None:
     defined: dict[str, set[str]] = {}
     wrong: list[str] = []
@@ -61,6 +72,8 @@ def test_every_imported_asyncrl_name_comes_from_the_module_that_defines_it() -> 
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: no module {module}")
                 continue
             names = defined.setdefault(module, _defined_names(source))
+            if path.relative_to(ROOT).parts[0] == "examples":
+                names = names | _public_names(source)
             for alias in node.names:
                 is_submodule = _module_path(f"{module}.{alias.name}") is not None
                 if alias.name not in names and not is_submodule:
