@@ -21,17 +21,31 @@ def format_staleness(counts: Mapping[Any, int]) -> str:
     return " ".join(f"{s}:{c}" for s, c in sorted(counts.items(), key=lambda item: int(item[0])))
 
 
+def placement_line(config: Mapping[str, Any]) -> str:
+    """Where the rollout server and the trainer ran (the run config's ``devices``, else its
+    ``cpu_cores``) and the cap on groups in flight, if any."""
+
+    def where(section: Mapping[str, Any]) -> str:
+        if section.get("devices") is not None:
+            return f"devices {section['devices']}"
+        return "no pinning" if section.get("cpu_cores") is None else f"CPUs {section['cpu_cores']}"
+
+    cap = config["rollout"].get("max_groups_in_flight")
+    shared = " (shared)" if config.get("placement", {}).get("share_devices") else ""
+    return (f"rollout server on {where(config['inference'])}, trainer on {where(config['trainer'])}{shared}"
+            + (f"; at most {cap} groups in flight" if cap else ""))
+
+
 def format_tables(result: Mapping[str, Any]) -> str:
     """The workload, the standalone measurement, the bound, and one table row per run."""
-    w, s = result["workload"], result["standalone"]
+    w, s, config = result["workload"], result["standalone"], result["config"]
     lines = [
-        f"workload {result['settings'].get('workload', 'balanced')}: {w['groups']} groups x {result['settings']['n_samples']} samples, output budget mean "
+        f"workload {result['settings'].get('workload', 'balanced')}: {w['groups']} groups x "
+        f"{config['rollout']['n_samples']} samples, output budget mean "
         f"{w['budget_mean']:.0f}, p50 {w['budget_p50']}, p90 {w['budget_p90']}, max {w['budget_max']} tokens "
-        f"(long-tailed, EOS ignored); {result['settings']['steps']} steps of {result['settings']['batch_groups']} groups"
+        f"(long-tailed, EOS ignored); {config['trainer']['max_steps']} steps of {config['trainer']['batch_groups']} groups"
         + (f"; {w['code_groups']} code groups" if w.get("code_groups") else ""),
-        (f"GPUs: rollout {gpus[0]}, trainer {gpus[-1]}" if (gpus := result["settings"].get("gpus"))
-         else f"CPUs: rollout {result['settings']['rollout_cores']}, trainer {result['settings']['trainer_cores']}")
-        + (f"; at most {cap} groups in flight" if (cap := result["settings"].get("max_groups_in_flight")) else ""),
+        placement_line(config),
         "standalone server: " + ", ".join(f"{r['tokens_per_s']:.0f} tokens/s at c={r['concurrency']}" for r in s["throughput"]),
         f"T_gen {s['t_gen_s']:.1f} s (batch by batch), T_train {_fmt(result.get('t_train_s'), '.1f')} s "
         f"(eta=0 step times): ideal synchronous {_fmt(result.get('ideal_sync_s'), '.1f')} s, "

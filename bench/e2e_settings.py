@@ -1,79 +1,67 @@
-"""What the end-to-end benchmark sweeps and on what: its settings (etas, interrupt modes, steps,
-placement on CPUs or GPUs), checked when built, the named workloads they start from, and the
-workload every run generates (each group's prompt and output budget).
+"""What the end-to-end benchmark sweeps and on what: its own settings (etas, interrupt modes,
+the named workload, ``--gpus``), checked when built, the named workloads, and the workload
+every run generates (each group's prompt and output budget). Everything its runs share is
+the run config's (``configs/bench-e2e.yaml`` by default; :mod:`asyncrl.bench.bench_config`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from asyncrl.tasks.system.process_group import usable_cpus
-from asyncrl.configs.cpus import check_cpu_cores
+from asyncrl.bench.bench_config import bundled_config, gpu_overrides
 from asyncrl.bench.sweep_checks import check_distinct_ints, check_includes_sync, check_modes
 from asyncrl.tasks.inference.samples import INTERRUPT_MODES, InterruptMode
 
 if TYPE_CHECKING:
-    pass
+    from asyncrl.configs.run_config import RunConfig
+
+DEFAULT_CONFIG = bundled_config("bench-e2e.yaml")
+"""The run config of ``asyncrl bench e2e`` when none is given."""
+N_PROMPTS = 256
+"""Synthetic problems in the prompt file of ``asyncrl bench e2e`` and ``asyncrl bench scale``."""
 
 
-def split_cores() -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-    """(rollout CPUs, trainer CPUs): the first half of this process's usable CPUs (rounded
-    down) and the rest, e.g. ((0,), (1,)) on 2 CPUs; (None, None), no pinning, on 1 CPU."""
-    cpus = sorted(usable_cpus())
-    if len(cpus) < 2:
-        return None, None
-    half = len(cpus) // 2
-    return tuple(cpus[:half]), tuple(cpus[half:])
+@dataclass(frozen=True)
+class WorkloadPreset:
+    """A named workload: run config overrides applied before the user's, and the share of
+    synthetic code problems among the prompts (not a run config key: the bench writes them)."""
+
+    overrides: tuple[str, ...] = ()
+    code_share: float = 0.0
 
 
-WORKLOADS: dict[str, dict[str, float]] = {
-    "balanced": {},
-    "generation-bound": {"max_new_tokens": 1536, "micro_batch_tokens": 2048},
-    "mixed": {"code_share": 0.5, "max_prompt_tokens": 96},
-}
-"""Named workloads: settings they change from the defaults. ``balanced`` (the default):
-generation and training take about as long;
+WORKLOADS: types.MappingProxyType[str, WorkloadPreset] = types.MappingProxyType({
+    "balanced": WorkloadPreset(),
+    "generation-bound": WorkloadPreset(("rollout.max_new_tokens=1536", "trainer.micro_batch_tokens=2048")),
+    "mixed": WorkloadPreset(("data.max_prompt_tokens=96",), code_share=0.5),
+})  # fmt: skip
+"""``balanced`` (the default): generation and training take about as long;
 ``generation-bound``: four times longer outputs, so generation is the bottleneck and the
 rollout server's utilisation can be judged; ``mixed``: half the prompts are synthetic code
 problems (a weighted mixture file of the two tasks), every code answer run against its tests
 in the sandbox (``reward.code.extract: whole``), so the reward wait per step can be judged.
-Explicit options override a workload's values."""
+The user's overrides win over a workload's."""
 
 
 @dataclass(frozen=True)
 class E2EBenchSettings:
-    """The sweep and its workload. The defaults: 9 runs of 16 steps; each run's start-up and
-    shutdown are outside its RL-phase wall (:func:`rl_wall_s`)."""
+    """The sweep and its workload. The defaults: 9 runs; each run's start-up and shutdown are
+    outside its RL-phase wall (:func:`~asyncrl.bench.e2e_figures.rl_wall_s`)."""
 
     workload: str = "balanced"
     """Name of the workload (:data:`WORKLOADS`); recorded with the result."""
     etas: tuple[int, ...] = (0, 1, 2, 4, 8)
-    """Staleness bounds; must include 0 (the synchronous baseline, run once)."""
+    """Staleness bounds (``rollout.eta`` of each run); must include 0 (the synchronous baseline, run once)."""
     modes: tuple[InterruptMode, ...] = INTERRUPT_MODES
     """Interrupt modes of every eta > 0 (eta = 0 interrupts nothing: it runs with the first)."""
-    steps: int = 16
-    batch_groups: int = 4
-    n_samples: int = 4
-    max_new_tokens: int = 384
-    """Budget of the longest reference solution; shorter ones get proportionally less."""
-    max_prompt_tokens: int = 64
-    micro_batch_tokens: int = 1024
-    n_prompts: int = 256
-    code_share: float = 0.0
-    """Weight of the synthetic code task in the prompt mixture (0: arithmetic only)."""
-    seed: int = 0
-    rollout_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[0])
-    trainer_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[1])
+    n_prompts: int = N_PROMPTS
+    """Synthetic problems in the prompt file the runs draw from."""
     gpus: tuple[int, ...] | None = None
-    """GPU ids (as this process sees them) of the rollout server and the trainer: one id, which
-    they share (``placement.share_devices``, the server taking its share of the memory, as in
-    ``configs/gpu-check.yaml``), or two, (server, trainer). None: CPUs only. With GPUs no CPU
-    is pinned: ``rollout_cores`` and ``trainer_cores`` must be None."""
-    kv_cache_gib: float = 1.0
-    max_groups_in_flight: int | None = None
-    """``rollout.max_groups_in_flight`` of every run (None: the staleness gate alone)."""
+    """``--gpus`` (:func:`~asyncrl.bench.bench_config.gpu_overrides`); None: CPUs."""
     work_dir: Path | None = None
     """Model, prompt file, run roots and logs; None = a new temporary directory."""
     json_path: Path | None = None
@@ -85,66 +73,48 @@ class E2EBenchSettings:
         check_distinct_ints("etas", self.etas, 0)
         check_includes_sync("etas", self.etas, "the synchronous baseline of every speed-up")
         check_modes("modes", self.modes)
-        if self.max_groups_in_flight is not None and self.max_groups_in_flight < 1:
-            raise ValueError(f"max_groups_in_flight: must be >= 1 or None, got {self.max_groups_in_flight}")
-        for name in ("steps", "batch_groups", "n_samples", "max_new_tokens", "max_prompt_tokens", "n_prompts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.code_share < 1.0:
-            raise ValueError(f"code_share: must be in [0, 1), got {self.code_share}")
-        if self.micro_batch_tokens < self.max_prompt_tokens + self.max_new_tokens:
-            raise ValueError(
-                f"micro_batch_tokens: {self.micro_batch_tokens} is below max_prompt_tokens + "
-                f"max_new_tokens = {self.max_prompt_tokens + self.max_new_tokens}"
-            )
-        if self.gpus is not None:
-            ids_ok = all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in self.gpus)
-            if not (1 <= len(self.gpus) <= 2 and ids_ok):
-                raise ValueError(f"gpus: one GPU id (shared) or two (server, trainer), ints >= 0; got {self.gpus!r}")
-            if self.rollout_cores is not None or self.trainer_cores is not None:
-                raise ValueError(
-                    "gpus: the rollout server and the trainer run on GPUs; give no rollout_cores or trainer_cores "
-                    f"(CPU pinning) with them, got {self.rollout_cores!r} and {self.trainer_cores!r}"
-                )
-        rollout = check_cpu_cores(self.rollout_cores, "rollout_cores")
-        trainer = check_cpu_cores(self.trainer_cores, "trainer_cores")
-        shared = sorted(set(rollout or ()) & set(trainer or ()))
-        if shared:
-            raise ValueError(
-                f"rollout_cores, trainer_cores: both hold CPU {', '.join(map(str, shared))}; "
-                "pin them to separate CPUs (or pin neither)"
-            )
-        object.__setattr__(self, "rollout_cores", rollout)
-        object.__setattr__(self, "trainer_cores", trainer)
+        if self.n_prompts < 1:
+            raise ValueError(f"n_prompts: must be >= 1, got {self.n_prompts}")
+        self.presets()  # --gpus's own checks, before any run
 
-    def placement(self) -> dict[str, dict[str, Any]]:
-        """The run config's placement of the rollout server and the trainer (sections
-        ``inference``, ``trainer``, ``placement``): GPU device ids with ``gpus``, else CPU pinning."""
-        if self.gpus is None:
-            return {
-                "inference": {"cpu_cores": None if self.rollout_cores is None else list(self.rollout_cores)},
-                "trainer": {"cpu_cores": None if self.trainer_cores is None else list(self.trainer_cores)},
-                "placement": {},
-            }
-        server, trainer = self.gpus[0], self.gpus[-1]
-        return {
-            "inference": {"devices": [[server]]},
-            "trainer": {"devices": [trainer]},
-            "placement": {"share_devices": server == trainer},
-        }
+    @property
+    def code_share(self) -> float:
+        """Weight of the synthetic code task in the prompt mixture (0: arithmetic only)."""
+        return WORKLOADS[self.workload].code_share
+
+    def presets(self) -> list[str]:
+        """Run config overrides of the workload, then of ``--gpus``; the user's come after."""
+        return [*WORKLOADS[self.workload].overrides, *gpu_overrides(self.gpus)]
 
     def sweep(self) -> list[tuple[int, InterruptMode]]:
         """(eta, mode) of every run: eta = 0 once, first; then each eta > 0 in each mode."""
         return [(0, self.modes[0])] + [(eta, mode) for eta in sorted(self.etas) if eta > 0 for mode in self.modes]
 
-    def concurrency(self, eta: int) -> int:
-        """Most samples a run keeps in flight: c = min((eta + 1) * B, G) * n (the staleness gate
-        admits at most (i + eta + 1) * B groups while the servers hold version i; G =
-        ``max_groups_in_flight``, no cap when None)."""
-        groups = (eta + 1) * self.batch_groups
-        if self.max_groups_in_flight is not None:
-            groups = min(groups, self.max_groups_in_flight)
-        return groups * self.n_samples
+
+SWEPT_KEYS: types.MappingProxyType[str, str] = types.MappingProxyType(
+    {"rollout.eta": "--etas", "rollout.interrupt_mode": "--modes"}
+)
+"""Run config keys the sweep sets in every run, and the option that sets them."""
+
+
+def check_not_swept(overrides: Sequence[str]) -> None:
+    """``ValueError`` for an override of a key the sweep sets (:data:`SWEPT_KEYS`), naming the
+    option to use instead: the override would change no run."""
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if key in SWEPT_KEYS:
+            raise ValueError(f"{key}: the sweep sets it in every run; use {SWEPT_KEYS[key]} instead of {override!r}")
+
+
+def concurrency(config: RunConfig, eta: int) -> int:
+    """Most samples a run keeps in flight: c = min((eta + 1) * B, G) * n, with B =
+    ``trainer.batch_groups``, n = ``rollout.n_samples`` and G = ``rollout.max_groups_in_flight``
+    (no cap when None): the staleness gate admits at most (i + eta + 1) * B groups while the
+    servers hold version i."""
+    groups = (eta + 1) * config.trainer.batch_groups
+    if config.rollout.max_groups_in_flight is not None:
+        groups = min(groups, config.rollout.max_groups_in_flight)
+    return groups * config.rollout.n_samples
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.bench.e2e import (
-    bench_run_config,
-    prepare_workload,
-    standalone_server_config,
-)
-from asyncrl.bench.e2e_settings import E2EBenchSettings, Workload, split_cores
+from asyncrl.bench.bench_config import config_and_overrides, load_bench_config
+from asyncrl.bench.e2e import prepare_workload, standalone_server_config, workload_run
+from asyncrl.bench.e2e_settings import N_PROMPTS, Workload
 from asyncrl.bench.scale_figures import (
     memory_figures,
     scaling_exponents,
@@ -38,12 +35,7 @@ from asyncrl.bench.scale_figures import (
     weight_sync_figures,
 )
 from asyncrl.bench.scale_report import format_tables, plot_curves
-from asyncrl.bench.scale_settings import (
-    MODEL_DTYPE,
-    SIZE_SPECS,
-    ScaleBenchSettings,
-    parse_sizes,
-)
+from asyncrl.bench.scale_settings import DEFAULT_CONFIG, SIZE_SPECS, ScaleBenchSettings, parse_sizes
 
 if TYPE_CHECKING:
     from asyncrl.configs.run_config import RunConfig
@@ -51,10 +43,11 @@ if TYPE_CHECKING:
     from asyncrl.tasks.model.tiny import TinyModelSpec
 
 
-def ensure_model(model_dir: Path, spec: TinyModelSpec, seed: int) -> Path:
-    """The size's checkpoint (:func:`~asyncrl.tasks.model.tiny.write_qwen2_model`, random,
-    :data:`MODEL_DTYPE`): written once; kept when a reused ``--work-dir`` already holds one of
-    the same shape (writing 0.5 B takes minutes), rewritten otherwise."""
+def ensure_model(model_dir: Path, spec: TinyModelSpec, seed: int, dtype: str) -> Path:
+    """The size's checkpoint (:func:`~asyncrl.tasks.model.tiny.write_qwen2_model`, random, in
+    ``dtype``, the run's ``model.dtype``, in which the trainer publishes: the base and every
+    version have the same bytes): written once; kept when a reused ``--work-dir`` already holds
+    one of the same shape and dtype (writing 0.5 B takes minutes), rewritten otherwise."""
     from asyncrl.tasks.model.tiny import write_qwen2_model
 
     config_file = model_dir / "config.json"
@@ -63,26 +56,19 @@ def ensure_model(model_dir: Path, spec: TinyModelSpec, seed: int) -> Path:
         wanted = {"hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
                   "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
                   "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size}  # fmt: skip
-        if all(found.get(key) == value for key, value in wanted.items()) and found.get("dtype") == MODEL_DTYPE:
+        if all(found.get(key) == value for key, value in wanted.items()) and found.get("dtype") == dtype:
             return model_dir
-    return write_qwen2_model(model_dir, spec, seed=seed, dtype=MODEL_DTYPE, overwrite=True)
+    return write_qwen2_model(model_dir, spec, seed=seed, dtype=dtype, overwrite=True)
 
 
-def scale_run_config(settings: ScaleBenchSettings, workload: Workload, size_dir: Path, size: str) -> RunConfig:
-    """``asyncrl bench e2e``'s run config of this workload (:func:`bench_run_config`), named
-    for the size, with the bench's logit chunk, activation checkpointing and ZeRO stage, and one
-    checkpoint at the last step (its bytes and seconds are reported)."""
+def scale_run_config(base: RunConfig, workload: Workload, size_dir: Path, size: str) -> RunConfig:
+    """The size's run (:func:`~asyncrl.bench.e2e.workload_run` under ``size_dir``, named
+    ``<name>-<size>``) with one checkpoint, at the last step (``trainer.checkpoint_every`` =
+    ``trainer.max_steps``; its bytes and seconds are reported)."""
     from asyncrl.configs.loading import config_from_dict
 
-    e2e = settings.e2e_settings()
-    raw = bench_run_config(e2e, workload, size_dir, settings.eta, e2e.modes[0]).model_dump(mode="json", exclude_unset=True)
-    raw["name"] = f"bench-scale-{size}"
-    raw["storage"]["root"] = str(size_dir / "runs" / raw["name"] / "store")
-    raw["trainer"]["checkpoint_every"] = e2e.steps
-    raw["trainer"]["logit_chunk_tokens"] = settings.logit_chunk_tokens
-    raw["trainer"]["activation_checkpointing"] = settings.activation_checkpointing
-    raw["trainer"]["zero_stage"] = settings.zero_stage
-    raw["tracking"]["experiment"] = "bench-scale"
+    raw = workload_run(base, workload, size_dir, f"{base.name}-{size}")
+    raw["trainer"]["checkpoint_every"] = base.trainer.max_steps
     return config_from_dict(raw, source=f"bench scale ({size})")
 
 
@@ -94,12 +80,10 @@ def checkpoint_bytes(root: RunRoot) -> int | None:
     return sum(int(size) for size in read_manifest(root, steps[-1])["files"].values()) if steps else None
 
 
-def measure_weight_sync(
-    e2e: E2EBenchSettings, workload: Workload, size_dir: Path, repeats: int, seed: int, dtype: str
-) -> dict[str, Any]:
+def measure_weight_sync(config: RunConfig, size_dir: Path, repeats: int) -> dict[str, Any]:
     """``asyncrl bench weight-sync``'s phases (:func:`~asyncrl.bench.weight_sync.bench_backend`)
     for ``repeats`` fresh versions of the size's checkpoint, on a local store, into a rollout
-    server launched as the run's is (:func:`standalone_server_config`)."""
+    server launched as the size's run's (``config``) is (:func:`standalone_server_config`)."""
     from asyncrl.bench.weight_sync import bench_backend, local_backend
     from asyncrl.bench.weight_sync_settings import WeightSyncBenchSettings
     from asyncrl.tasks.inference.server import RolloutServer
@@ -107,12 +91,12 @@ def measure_weight_sync(
     work = size_dir / "weight-sync"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    server = replace(standalone_server_config(e2e, workload, size_dir), log_path=work / "server.log")
+    server = replace(standalone_server_config(config, size_dir), log_path=work / "server.log")
     # bench_backend reads the versions' count, seed and the server's dtype of these settings.
-    settings = WeightSyncBenchSettings(repeats=repeats, seed=seed, server_dtype=dtype)
+    settings = WeightSyncBenchSettings(repeats=repeats, seed=config.seed, server_dtype=config.model.dtype)
     with RolloutServer(server) as running:
         seconds, loads, version_bytes, zero_copy = bench_backend(
-            local_backend(work), running.handle, workload.model_dir, work, settings, first_version=1
+            local_backend(work), running.handle, Path(config.model.path), work, settings, first_version=1
         )
     return {
         "seconds": seconds,
@@ -122,32 +106,33 @@ def measure_weight_sync(
     }
 
 
-def measure_size(size: str, settings: ScaleBenchSettings, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    """One size: its model and workload, the RL run under the memory sampler, then the
-    weight-sync phases; the figures (``bench/scale_figures.py``) and what they came from."""
+def measure_size(
+    size: str, settings: ScaleBenchSettings, base: RunConfig, work: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """One size: its model and workload, the RL run of ``base`` under the memory sampler, then
+    the weight-sync phases; the figures (``bench/scale_figures.py``) and what they came from."""
     from asyncrl.bench.process_memory import MemorySampler
     from asyncrl.tasks.launch.rl import PROCESS_GROUPS_FILE, train_run
     from asyncrl.tasks.system.run_paths import run_paths
 
     spec = SIZE_SPECS[size]
     size_dir = work / size
-    e2e = settings.e2e_settings()
     started = time.perf_counter()
-    ensure_model(size_dir / "model", spec, settings.seed)
-    workload = prepare_workload(size_dir, e2e)
+    ensure_model(size_dir / "model", spec, base.seed, base.model.dtype)
+    workload = prepare_workload(size_dir, base, N_PROMPTS)
     timing = {"prepare_s": time.perf_counter() - started}
     say(f"{size}: model and workload ready in {timing['prepare_s']:.0f} s; the RL run")
-    config = scale_run_config(settings, workload, size_dir, size)
+    config = scale_run_config(base, workload, size_dir, size)
     shutil.rmtree(size_dir / "runs", ignore_errors=True)  # a finished run left here would train nothing
     paths = run_paths(config)
     with MemorySampler(paths.work_dir / PROCESS_GROUPS_FILE, settings.sample_s) as sampler:
         train = train_run(config)
     timing["run_s"] = train.wall_s
-    if len(train.step_metrics) < settings.steps:
-        raise RuntimeError(f"the run trained {len(train.step_metrics)} of {settings.steps} steps (see {paths.work_dir})")
+    if len(train.step_metrics) < config.trainer.max_steps:
+        raise RuntimeError(f"the run trained {len(train.step_metrics)} of {config.trainer.max_steps} steps (see {paths.work_dir})")
     say(f"{size}: RL run done in {train.wall_s:.0f} s; publish, fetch and load of {settings.repeats} versions")
     started = time.perf_counter()
-    sync = measure_weight_sync(e2e, workload, size_dir, settings.repeats, settings.seed, config.model.dtype)
+    sync = measure_weight_sync(config, size_dir, settings.repeats)
     timing["weight_sync_s"] = time.perf_counter() - started
     parameters = spec.num_parameters()
     figures: dict[str, float | None] = {
@@ -171,10 +156,14 @@ def measure_size(size: str, settings: ScaleBenchSettings, work: Path, say: Calla
     }
 
 
-def run_scale_bench(settings: ScaleBenchSettings, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every size of ``settings.sizes``, smallest first, then the exponents; returns the result
-    (see :func:`format_tables`), written to ``settings.json_path`` after each size. A size that
-    fails is recorded with its ``error`` and the others still run."""
+def run_scale_bench(
+    settings: ScaleBenchSettings, base: RunConfig, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Every size of ``settings.sizes``, smallest first, each a run of ``base``
+    (:func:`scale_run_config`), then the exponents; returns the result (see
+    :func:`format_tables`), with ``base`` as ``config``, written to ``settings.json_path`` after
+    each size. A size that fails is recorded with its ``error`` and the others still run."""
+    from asyncrl.configs.loading import public_dict
     from asyncrl.tasks.trainer.jit_ops import ensure_jit_ops_built
 
     say = progress or (lambda line: None)
@@ -183,8 +172,9 @@ def run_scale_bench(settings: ScaleBenchSettings, progress: Callable[[str], None
     say(ensure_jit_ops_built())
     result: dict[str, Any] = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
+        "config": public_dict(base),
         "work_dir": str(work),
-        "dtype": MODEL_DTYPE,
+        "dtype": base.model.dtype,
         "sizes": [],
         "exponents": {},
     }
@@ -193,7 +183,7 @@ def run_scale_bench(settings: ScaleBenchSettings, progress: Callable[[str], None
         entry: dict[str, Any] = {"size": size, "parameters": spec.num_parameters(), "shape": asdict(spec)}
         started = time.perf_counter()
         try:
-            entry.update(measure_size(size, settings, work, say))
+            entry.update(measure_size(size, settings, base, work, say))
         except Exception as exc:  # noqa: BLE001 - recorded; the other sizes still run
             entry["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         entry["wall_s"] = time.perf_counter() - started
@@ -209,23 +199,11 @@ def run_scale_bench(settings: ScaleBenchSettings, progress: Callable[[str], None
 
 
 def settings_from_args(args: argparse.Namespace) -> ScaleBenchSettings:
-    """The settings of ``asyncrl bench scale``; ``ValueError`` naming the option when one is wrong."""
-    rollout, trainer = split_cores()
+    """The bench's own settings of ``asyncrl bench scale`` (its parser: ``cli/bench.py``);
+    ``ValueError`` naming the option when one is wrong."""
     return ScaleBenchSettings(
         sizes=parse_sizes(args.sizes),
-        steps=args.steps,
         repeats=args.repeats,
-        eta=args.eta,
-        batch_groups=args.batch_groups,
-        n_samples=args.n_samples,
-        max_new_tokens=args.max_new_tokens,
-        micro_batch_tokens=args.micro_batch_tokens,
-        logit_chunk_tokens=args.logit_chunk_tokens,
-        activation_checkpointing=args.activation_checkpointing,
-        zero_stage=args.zero_stage,
-        seed=args.seed,
-        rollout_cores=rollout if args.gpus is None else None,  # on GPUs no CPU is pinned, as in bench e2e
-        trainer_cores=trainer if args.gpus is None else None,
         gpus=args.gpus,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         json_path=Path(args.json) if args.json else None,
@@ -233,13 +211,22 @@ def settings_from_args(args: argparse.Namespace) -> ScaleBenchSettings:
     )
 
 
+def config_from_args(args: argparse.Namespace, settings: ScaleBenchSettings) -> RunConfig:
+    """The run config every size's run starts from: CONFIG or ``--config`` (default
+    :data:`~asyncrl.bench.scale_settings.DEFAULT_CONFIG`), ``--gpus``' overrides, then the
+    user's KEY=VALUE overrides."""
+    path, overrides = config_and_overrides(args.config, args.overrides, DEFAULT_CONFIG)
+    return load_bench_config(path, settings.presets(), overrides)
+
+
 def cmd_bench_scale(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
-    except ValueError as exc:
+        base = config_from_args(args, settings)
+    except ValueError as exc:  # a ConfigError too: it names the file and the key
         print(f"bench scale: {exc}", file=sys.stderr)
         return 2
-    result = run_scale_bench(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    result = run_scale_bench(settings, base, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_tables(result))
     print(json.dumps(result))
     if settings.png_path is not None:

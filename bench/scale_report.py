@@ -94,13 +94,14 @@ def exponent_table(result: Mapping[str, Any]) -> list[str]:
 
 def format_tables(result: Mapping[str, Any]) -> str:
     """The sizes and workload, then the time, memory and exponent tables."""
-    s = result["settings"]
+    rollout, trainer = result["config"]["rollout"], result["config"]["trainer"]
     lines = [
         f"Qwen2 sizes, vocabulary 151,936, tied embeddings, {result['dtype']}:",
         *(shape_line(e) for e in result["sizes"]),
-        (f"workload: {s['steps']} RL steps of {s['batch_groups']} groups x {s['n_samples']} samples, outputs up to "
-         f"{s['max_new_tokens']} tokens (EOS ignored), eta {s['eta']}; figures: mean of the steps after the first; "
-         f"then {s['repeats']} fresh versions published, fetched and loaded into a rollout server per size"),
+        (f"workload: {trainer['max_steps']} RL steps of {trainer['batch_groups']} groups x {rollout['n_samples']} "
+         f"samples, outputs up to {rollout['max_new_tokens']} tokens (EOS ignored), eta {rollout['eta']}; figures: "
+         f"mean of the steps after the first; then {result['settings']['repeats']} fresh versions published, "
+         "fetched and loaded into a rollout server per size"),
         "",
         *time_table(result["sizes"]),
         "",

@@ -1,5 +1,6 @@
-"""What ``asyncrl bench scale`` runs: the Qwen2 model sizes it compares and its settings,
-checked when built with errors that name the command-line option.
+"""What ``asyncrl bench scale`` runs: the Qwen2 model sizes it compares and its own settings,
+checked when built with errors that name the command-line option. Everything its runs share
+is the run config's (``configs/bench-scale.yaml`` by default; :mod:`asyncrl.bench.bench_config`).
 
 Every size keeps Qwen2.5's real vocabulary (151,936 tokens, tied embeddings), so the
 embedding alone is V * hidden parameters: the smallest hidden size a vLLM CPU attention
@@ -11,11 +12,10 @@ from __future__ import annotations
 
 import importlib.util
 import types
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from asyncrl.bench.e2e_settings import E2EBenchSettings, split_cores
-from asyncrl.tasks.inference.samples import INTERRUPT_MODES
+from asyncrl.bench.bench_config import bundled_config, gpu_overrides
 from asyncrl.tasks.model.tiny import QWEN25_05B_SPEC, TinyModelSpec
 
 SIZE_SPECS: types.MappingProxyType[str, TinyModelSpec] = types.MappingProxyType({
@@ -31,11 +31,8 @@ base. Parameters (:meth:`TinyModelSpec.num_parameters`): 4,904,288; 31,927,232; 
 float32 trainer states alone are ~25 GB)."""
 DEFAULT_SIZES = ("5m", "30m", "125m", "0.5b")
 """What ``--sizes`` runs by default: the sizes a 24 GB CPU machine holds."""
-MODEL_DTYPE = "float32"
-"""dtype of each size's checkpoint: the run's ``model.dtype`` (its default, as on CPU), in
-which the trainer publishes, so the base checkpoint and every version have the same bytes."""
-MAX_PROMPT_TOKENS = 64
-"""``data.max_prompt_tokens`` of the runs (the synthetic prompts are a few dozen tokens)."""
+DEFAULT_CONFIG = bundled_config("bench-scale.yaml")
+"""The run config of ``asyncrl bench scale`` when none is given."""
 
 
 def parse_sizes(text: str) -> tuple[str, ...]:
@@ -54,41 +51,19 @@ def parse_sizes(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ScaleBenchSettings:
-    """The sizes and the workload every size runs: ``steps`` RL steps of ``batch_groups``
-    prompt groups x ``n_samples`` samples, outputs up to ``max_new_tokens`` (budgets follow the
-    reference solutions, EOS ignored, as in ``asyncrl bench e2e``), then ``repeats`` fresh
-    versions published, fetched and loaded into a rollout server. Each field but ``sample_s``
-    is the option of the same name (``--batch-groups`` for ``batch_groups``), which its
-    errors name."""
+    """The sizes and what is measured beside each size's run (the run itself is the run
+    config's: ``trainer.max_steps`` RL steps of ``trainer.batch_groups`` prompt groups x
+    ``rollout.n_samples`` samples, outputs up to ``rollout.max_new_tokens``), then ``repeats``
+    fresh versions published, fetched and loaded into a rollout server. Each field but
+    ``sample_s`` is the option of the same name, which its errors name."""
 
     sizes: tuple[str, ...] = DEFAULT_SIZES
-    steps: int = 3
-    """RL steps per size; the figures are the mean of the steps after the first (which also
-    allocates the optimizer's states), or of the one step."""
     repeats: int = 2
     """Fresh versions published, fetched and loaded per size."""
-    eta: int = 0
-    """``rollout.eta``: 0 (default) trains the same samples at every size, so step times compare."""
-    batch_groups: int = 4
-    n_samples: int = 4
-    max_new_tokens: int = 256
-    micro_batch_tokens: int = 4096
-    """``trainer.micro_batch_tokens``: a step's samples fit in one micro-batch, longer than
-    one logit chunk (``trainer.logit_chunk_tokens``)."""
-    logit_chunk_tokens: int = 1024
-    """``trainer.logit_chunk_tokens``: positions whose (tokens x 151,936) logits exist at once."""
-    activation_checkpointing: bool = False
-    """``trainer.activation_checkpointing``: decoder layers recomputed in backward."""
-    zero_stage: int = 0
-    """``trainer.zero_stage`` of the one trainer process: 0, since on one rank ZeRO partitions
-    nothing and its stage 1-2 optimizer keeps a second float32 copy of the parameters."""
-    seed: int = 0
     sample_s: float = 0.5
     """Interval of the memory sampler (:class:`~asyncrl.bench.process_memory.MemorySampler`)."""
-    rollout_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[0])
-    trainer_cores: tuple[int, ...] | None = field(default_factory=lambda: split_cores()[1])
     gpus: tuple[int, ...] | None = None
-    """As ``asyncrl bench e2e --gpus`` (:class:`E2EBenchSettings`)."""
+    """As ``asyncrl bench e2e --gpus`` (:func:`~asyncrl.bench.bench_config.gpu_overrides`)."""
     work_dir: Path | None = None
     """Models, prompts, run roots and logs, one directory per size; None: a new temporary one."""
     json_path: Path | None = None
@@ -96,20 +71,8 @@ class ScaleBenchSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", parse_sizes(",".join(self.sizes)))
-        for name, low in (("steps", 1), ("repeats", 1), ("eta", 0), ("batch_groups", 1), ("n_samples", 1),
-                          ("max_new_tokens", 1), ("micro_batch_tokens", 1), ("logit_chunk_tokens", 1), ("seed", 0)):  # fmt: skip
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"--{name.replace('_', '-')}: must be an int >= {low}, got {value!r}")
-        if self.micro_batch_tokens < MAX_PROMPT_TOKENS + self.max_new_tokens:
-            raise ValueError(
-                f"--micro-batch-tokens: {self.micro_batch_tokens} is below the longest sequence, "
-                f"{MAX_PROMPT_TOKENS} prompt + {self.max_new_tokens} (--max-new-tokens) output tokens"
-            )
-        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
-            raise ValueError(f"--zero-stage: must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        if not isinstance(self.activation_checkpointing, bool):
-            raise ValueError(f"--activation-checkpointing: must be a bool, got {self.activation_checkpointing!r}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"--repeats: must be an int >= 1, got {self.repeats!r}")
         if isinstance(self.sample_s, bool) or not isinstance(self.sample_s, int | float) or not self.sample_s > 0:
             raise ValueError(f"sample_s: must be > 0, got {self.sample_s!r}")
         for option, path in (("--json", self.json_path), ("--png", self.png_path)):
@@ -120,23 +83,8 @@ class ScaleBenchSettings:
                 raise ValueError(f"--png: {self.png_path} must end with .png")
             if importlib.util.find_spec("matplotlib") is None:
                 raise ValueError("--png: matplotlib is not installed in this environment (pip install matplotlib)")
-        self.e2e_settings()  # the placement's own checks (CPUs, GPUs), before any run
+        self.presets()  # --gpus's own checks, before any run
 
-    def e2e_settings(self) -> E2EBenchSettings:
-        """The same workload as :class:`E2EBenchSettings`: what ``asyncrl bench e2e``'s
-        workload and run config are built from (one eta, one interrupt mode)."""
-        return E2EBenchSettings(
-            etas=tuple(sorted({0, self.eta})),
-            modes=INTERRUPT_MODES[:1],
-            steps=self.steps,
-            batch_groups=self.batch_groups,
-            n_samples=self.n_samples,
-            max_new_tokens=self.max_new_tokens,
-            max_prompt_tokens=MAX_PROMPT_TOKENS,
-            micro_batch_tokens=self.micro_batch_tokens,
-            seed=self.seed,
-            rollout_cores=self.rollout_cores,
-            trainer_cores=self.trainer_cores,
-            gpus=self.gpus,
-            work_dir=self.work_dir,
-        )
+    def presets(self) -> list[str]:
+        """Run config overrides of ``--gpus``; the user's come after."""
+        return gpu_overrides(self.gpus)

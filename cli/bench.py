@@ -4,15 +4,18 @@ benchmarks' logic stays in ``bench/``; their parsers live here, with the other c
 from __future__ import annotations
 
 import argparse
+import types
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from asyncrl.bench.ablation import AblationSettings, cmd_bench_ablation
 from asyncrl.bench.e2e import cmd_bench_e2e
-from asyncrl.bench.e2e_settings import E2EBenchSettings, WORKLOADS
+from asyncrl.bench.e2e_settings import DEFAULT_CONFIG as E2E_CONFIG, E2EBenchSettings, WORKLOADS
 from asyncrl.bench.learning_check import cmd_bench_learning
 from asyncrl.bench.rollout import RolloutBenchSettings, cmd_bench_rollout
 from asyncrl.bench.scale import cmd_bench_scale
-from asyncrl.bench.scale_settings import DEFAULT_SIZES, SIZE_SPECS, ScaleBenchSettings
+from asyncrl.bench.scale_settings import DEFAULT_CONFIG as SCALE_CONFIG, DEFAULT_SIZES, SIZE_SPECS, ScaleBenchSettings
 from asyncrl.bench.storage import StorageBenchSettings, cmd_bench_storage
 from asyncrl.bench.sweep_checks import parse_int_list
 from asyncrl.bench.time_to_accuracy import TimeToAccuracySettings, cmd_bench_time_to_accuracy
@@ -22,9 +25,69 @@ from asyncrl.bench.weight_sync import cmd_bench_weight_sync
 from asyncrl.bench.weight_sync_settings import SERVER_DTYPES, SIZES, WeightSyncBenchSettings
 
 
+MOVED_OPTIONS: types.MappingProxyType[str, str] = types.MappingProxyType({
+    "--steps": "trainer.max_steps",
+    "--batch-groups": "trainer.batch_groups",
+    "--n-samples": "rollout.n_samples",
+    "--max-new-tokens": "rollout.max_new_tokens",
+    "--micro-batch-tokens": "trainer.micro_batch_tokens",
+    "--logit-chunk-tokens": "trainer.logit_chunk_tokens",
+    "--activation-checkpointing": "trainer.activation_checkpointing",
+    "--zero-stage": "trainer.zero_stage",
+    "--eta": "rollout.eta",
+    "--seed": "seed",
+    "--max-groups-in-flight": "rollout.max_groups_in_flight",
+    "--rollout-cores": "inference.cpu_cores",
+    "--trainer-cores": "trainer.cpu_cores",
+})
+"""Former options of ``bench e2e`` and ``bench scale`` and the run config key that replaced each."""
+FLAG_OPTIONS = frozenset({"--activation-checkpointing"})
+
+
 def comma_list(text: str) -> tuple[str, ...]:
     """``"a, b,c"`` -> ``("a", "b", "c")`` (empty parts dropped)."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def moved_override(key: str, value: str | None) -> str:
+    """What to pass instead of ``--option value``: ``key=value``, CPU lists in brackets."""
+    if value is None:
+        return f"{key}=VALUE"
+    if key.endswith("cpu_cores"):
+        if value.strip().lower() == "auto":
+            return f"nothing ({key} unset: the bench splits the CPUs between the server and the trainer)"
+        return f"{key}=null" if value.strip().lower() == "none" else f"{key}=[{value}]"
+    return f"{key}={value}"
+
+
+class MovedToRunConfig(argparse.Action):
+    """A former option that a run config key replaced: using it is an error naming the key and
+    the override to pass instead (hidden from ``--help``, listed in its epilog)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        flag = option_strings[0] in FLAG_OPTIONS
+        super().__init__(option_strings, dest, nargs=0 if flag else "?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None
+    ) -> None:
+        option = self.option_strings[0]
+        key = MOVED_OPTIONS[option]
+        value = "true" if self.nargs == 0 else values
+        parser.error(f"{option} is now the run config key {key}: pass {moved_override(key, value)}")
+
+
+def add_run_config_arguments(parser: argparse.ArgumentParser, default: Path, moved: Sequence[str]) -> None:
+    """``[CONFIG] [KEY=VALUE ...]`` and ``--config``: the run config every run of the bench
+    starts from (``default`` when none is given) and its overrides; ``moved``: the former
+    options a run config key replaced (:class:`MovedToRunConfig`)."""
+    parser.add_argument("overrides", nargs="*", metavar="[CONFIG] KEY=VALUE",
+                        help=f"a run config (YAML; default configs/{default.name}), then a.b=value overrides of it")  # fmt: skip
+    parser.add_argument("--config", default=None, help="the run config (YAML), as CONFIG")
+    for option in moved:
+        parser.add_argument(option, action=MovedToRunConfig)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "run config keys in place of former options:\n" + "\n".join(f"  {o:26} {MOVED_OPTIONS[o]}" for o in moved)
 
 
 def add_ablation_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -55,23 +118,16 @@ def add_e2e_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "e2e", help="async speed-up end to end: eta = 0 vs eta > 0 in both interrupt modes, and the ideal overlap bound"
     )
     defaults = E2EBenchSettings()
+    add_run_config_arguments(parser, E2E_CONFIG, ("--steps", "--batch-groups", "--n-samples", "--max-new-tokens", "--seed",
+                                                  "--max-groups-in-flight", "--rollout-cores", "--trainer-cores"))  # fmt: skip
     parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated, must include 0 (default 0,1,2,4,8)")
     parser.add_argument("--modes", type=comma_list, default=defaults.modes, help="comma-separated interrupt modes (default recompute,keep)")
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps per run")
-    parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help="prompt groups per step (B)")
-    parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help="samples per prompt (n)")
     parser.add_argument("--workload", choices=list(WORKLOADS), default=defaults.workload,
-                        help="balanced (default), generation-bound (4x longer outputs) or mixed (half code, scored in the sandbox)")  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"budget of the longest reference solution (default {defaults.max_new_tokens}, or the workload's)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--max-groups-in-flight", type=int, default=None,
-                        help="rollout.max_groups_in_flight of every run (default: none, the staleness gate alone)")  # fmt: skip
-    parser.add_argument("--rollout-cores", default="auto", help="comma-separated CPU ids, 'auto' (first half) or 'none'")
-    parser.add_argument("--trainer-cores", default="auto", help="comma-separated CPU ids, 'auto' (second half) or 'none'")
+                        help="balanced (default), generation-bound (4x longer outputs) or mixed (half code, scored in the sandbox): "
+                             "overrides applied before yours")  # fmt: skip
     parser.add_argument("--gpus", type=parse_int_list, default=None,
                         help="GPU ids: one, shared by the rollout server and the trainer, or server,trainer "
-                             "(default: none, CPUs; with GPUs 'auto' cores pin nothing)")  # fmt: skip
+                             "(default: none, CPUs split between them unless the config places them)")  # fmt: skip
     parser.add_argument("--work-dir", default=None, help="keep the model, prompts, run roots and logs here")
     parser.add_argument("--json", default=None, help="also write the result as JSON here (updated after every run)")
     parser.set_defaults(handler=cmd_bench_e2e)
@@ -120,24 +176,16 @@ def add_scale_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "scale", help="RL step, publish, fetch, load, stall and peak memory from 5M to 0.5B parameters, and their exponents"
     )
     defaults = ScaleBenchSettings()
+    add_run_config_arguments(parser, SCALE_CONFIG, ("--steps", "--eta", "--batch-groups", "--n-samples", "--max-new-tokens",
+                                                    "--micro-batch-tokens", "--logit-chunk-tokens", "--activation-checkpointing",
+                                                    "--zero-stage", "--seed"))  # fmt: skip
     parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
                         help=f"comma-separated sizes of {', '.join(SIZE_SPECS)}, run smallest first "
                              f"(default {','.join(DEFAULT_SIZES)})")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=defaults.steps,
-                        help=f"RL steps per size (default {defaults.steps}); figures average the steps after the first")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=defaults.repeats, help=f"fresh versions published, fetched and loaded per size (default {defaults.repeats})")
-    parser.add_argument("--eta", type=int, default=defaults.eta, help="rollout.eta of the runs (default 0: the same samples at every size)")
-    parser.add_argument("--batch-groups", type=int, default=defaults.batch_groups, help=f"prompt groups per step (B, default {defaults.batch_groups})")
-    parser.add_argument("--n-samples", type=int, default=defaults.n_samples, help=f"samples per prompt (n, default {defaults.n_samples})")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"budget of the longest reference solution (default {defaults.max_new_tokens})")
-    parser.add_argument("--micro-batch-tokens", type=int, default=defaults.micro_batch_tokens, help=f"trainer.micro_batch_tokens (default {defaults.micro_batch_tokens})")
-    parser.add_argument("--logit-chunk-tokens", type=int, default=defaults.logit_chunk_tokens, help=f"trainer.logit_chunk_tokens (default {defaults.logit_chunk_tokens})")
-    parser.add_argument("--activation-checkpointing", action="store_true", help="trainer.activation_checkpointing: recompute decoder layers in backward")
-    parser.add_argument("--zero-stage", type=int, default=defaults.zero_stage, help=f"trainer.zero_stage of the one trainer process (default {defaults.zero_stage})")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--gpus", type=parse_int_list, default=None,
                         help="GPU ids: one, shared by the rollout server and the trainer, or server,trainer "
-                             "(default: none; the CPUs are split between them)")  # fmt: skip
+                             "(default: none; the CPUs are split between them unless the config places them)")  # fmt: skip
     parser.add_argument("--work-dir", default=None,
                         help="models, prompts, runs and logs, one directory per size (a size's model is reused)")  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the result as JSON here (after every size)")

@@ -174,7 +174,8 @@ if sync:
     rows.append(("weight sync: hashes verified", str(sync["hashes_verified"])))
 e2e = load("bench-e2e.json")
 if e2e:
-    steps = e2e.get("settings", {}).get("steps", "?")
+    # the run config's trainer.max_steps (a result written before the benches took run configs: settings.steps)
+    steps = e2e.get("config", {}).get("trainer", {}).get("max_steps") or e2e.get("settings", {}).get("steps", "?")
     for r in e2e.get("runs", []):
         label = f"bench e2e (tiny model, {steps} steps): eta {r['eta']} {'sync' if r['eta'] == 0 else r['mode']}"
         if "error" in r:
@@ -325,12 +326,12 @@ if [ "$SKIP_BENCHES" = 0 ]; then
   step bench-weight-sync 150 env CUDA_VISIBLE_DEVICES="$GPU0" "$ASYNCRL" bench weight-sync \
     --size 0.5b --repeats 2 --probe-mib 256 --work-dir "$OUT/weight-sync" --json "$OUT/bench-weight-sync.json"
   # GPU 0 of what this process sees, shared by the server and the trainer (as the run below).
-  step bench-e2e 240 "$ASYNCRL" bench e2e --gpus 0 --etas 0,4 --modes keep --steps 8 \
-    --work-dir "$OUT/e2e" --json "$OUT/bench-e2e.json"
+  step bench-e2e 240 "$ASYNCRL" bench e2e --gpus 0 --etas 0,4 --modes keep \
+    --work-dir "$OUT/e2e" --json "$OUT/bench-e2e.json" trainer.max_steps=8
 fi
 # The scale bench also writes the 0.5B checkpoint the run trains, so --skip-benches keeps it.
-step bench-scale 300 "$ASYNCRL" bench scale --gpus 0 --sizes 125m,0.5b,1.5b --steps 2 --repeats 1 \
-  --activation-checkpointing --work-dir "$SCALE_DIR" --json "$OUT/bench-scale.json"
+step bench-scale 300 "$ASYNCRL" bench scale --gpus 0 --sizes 125m,0.5b,1.5b --repeats 1 \
+  --work-dir "$SCALE_DIR" --json "$OUT/bench-scale.json" trainer.max_steps=2 trainer.activation_checkpointing=true
 
 # --- 5. the pipeline at 0.5B: SFT and async RL with vLLM and DeepSpeed sharing GPU 0 ------------
 step run 240 "$ASYNCRL" run "$CONFIG" "${RUN_OVERRIDES[@]}"

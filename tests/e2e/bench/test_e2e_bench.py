@@ -21,9 +21,9 @@ STEPS, B, N, MAX_NEW = 3, 2, 2, 96
 
 def test_quick_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "e2e.json"
-    code = main(["bench", "e2e", "--etas", "0,2", "--modes", "recompute", "--steps", str(STEPS),
-                 "--batch-groups", str(B), "--n-samples", str(N), "--max-new-tokens", str(MAX_NEW),
-                 "--work-dir", str(tmp_path / "work"), "--json", str(out)])
+    code = main(["bench", "e2e", "--etas", "0,2", "--modes", "recompute", "--work-dir", str(tmp_path / "work"),
+                 "--json", str(out), f"trainer.max_steps={STEPS}", f"trainer.batch_groups={B}", f"rollout.n_samples={N}",
+                 f"rollout.max_new_tokens={MAX_NEW}"])
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     assert code == 0, result["runs"]
@@ -64,7 +64,9 @@ def test_quick_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     for run in (sync, async_run):
         assert run["efficiency"] == pytest.approx(run["limit_s"] / run["wall_s"])
         assert run["speedup_over_ideal_sync"] == pytest.approx(result["ideal_sync_s"] / run["wall_s"])
-    assert result["settings"]["rollout_cores"] != result["settings"]["trainer_cores"]
+    config = result["config"]  # the base run config: the bench's file with the overrides above
+    assert (config["trainer"]["max_steps"], config["rollout"]["n_samples"], config["rollout"]["max_new_tokens"]) == (STEPS, N, MAX_NEW)
+    assert config["inference"]["cpu_cores"] != config["trainer"]["cpu_cores"]  # the CPUs split between them
 
     # The workload: every sample was generated to its prompt's budget (EOS ignored), in both runs.
     budgets = {r.prompt_id: r.max_new_tokens for r in load_prompts(tmp_path / "work" / "data" / "train.parquet")}

@@ -1,5 +1,5 @@
-"""The figures of `asyncrl bench e2e` on hand-made inputs, its settings and its report
-(the measurement itself runs in tests/e2e/bench/test_e2e_bench.py and `asyncrl bench e2e`)."""
+"""The figures of `asyncrl bench e2e` on hand-made inputs, its settings, its run config and its
+report (the measurement itself runs in tests/e2e/bench/test_e2e_bench.py and `asyncrl bench e2e`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.bench.e2e import settings_from_args, standalone_gen_s, standalone_tokens_per_s
+from asyncrl.bench.bench_config import config_and_overrides, gpu_overrides, is_placed, split_cores
+from asyncrl.bench.e2e import config_from_args, settings_from_args, standalone_gen_s, standalone_tokens_per_s
 from asyncrl.bench.e2e_report import format_tables
 from asyncrl.bench.e2e_figures import (
     compare_runs,
@@ -26,8 +27,10 @@ from asyncrl.bench.e2e_figures import (
     trainer_idle_s,
     training_only_s,
 )
-from asyncrl.bench.e2e_settings import E2EBenchSettings, split_cores
-from asyncrl.cli.main import build_parser
+from asyncrl.bench.e2e_settings import DEFAULT_CONFIG, E2EBenchSettings, Workload, concurrency
+from asyncrl.cli.main import build_parser, main, parse_command_line
+from asyncrl.configs.loading import ConfigError
+from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.system.process_group import usable_cpus
 from asyncrl.configs.cpus import machine_cpus
 
@@ -176,27 +179,100 @@ def test_standalone_throughput_is_taken_at_the_runs_concurrency() -> None:
     assert standalone_tokens_per_s(standalone, 4) == 16.0  # below every measured one: the smallest
 
 
+def parse(*argv: str) -> tuple[E2EBenchSettings, RunConfig]:
+    """The settings and the base run config of ``asyncrl bench e2e ARGV``."""
+    args = parse_command_line(build_parser(), ["bench", "e2e", *argv])  # KEY=VALUE after options too, as main
+    settings = settings_from_args(args)
+    return settings, config_from_args(args, settings)
+
+
 def test_settings_sweep_and_concurrency() -> None:
-    settings = E2EBenchSettings(etas=(0, 1, 2, 4, 8), modes=("recompute", "keep"), rollout_cores=None,
-                                trainer_cores=None, batch_groups=4, n_samples=4)
+    settings, config = parse("--etas", "0,1,2,4,8", "--modes", "recompute,keep")
     sweep = settings.sweep()
     assert sweep[0] == (0, "recompute") and len(sweep) == 9  # eta = 0 once, then 4 etas x 2 modes
     assert sweep[1:3] == [(1, "recompute"), (1, "keep")]
-    assert settings.concurrency(0) == 16 and settings.concurrency(2) == 48
-    capped = E2EBenchSettings(rollout_cores=None, trainer_cores=None, batch_groups=4, n_samples=4, max_groups_in_flight=8)
-    assert capped.concurrency(0) == 16 and capped.concurrency(4) == 32  # min((eta + 1) * B, 8) groups of 4
+    assert (config.trainer.batch_groups, config.rollout.n_samples) == (4, 4)
+    assert concurrency(config, 0) == 16 and concurrency(config, 2) == 48
+    _, capped = parse("rollout.max_groups_in_flight=8")
+    assert concurrency(capped, 0) == 16 and concurrency(capped, 4) == 32  # min((eta + 1) * B, 8) groups of 4
+
+
+def test_no_argument_runs_the_bundled_config_with_todays_defaults() -> None:
+    settings, config = parse()
+    assert (settings.workload, settings.etas, settings.modes, settings.n_prompts) == ("balanced", (0, 1, 2, 4, 8), ("recompute", "keep"), 256)
+    assert DEFAULT_CONFIG.name == "bench-e2e.yaml" and DEFAULT_CONFIG.is_file()
+    assert (config.name, config.seed, config.trainer.max_steps, config.trainer.batch_groups) == ("bench-e2e", 0, 16, 4)
+    assert (config.rollout.n_samples, config.rollout.max_new_tokens, config.data.max_prompt_tokens) == (4, 384, 64)
+    assert (config.trainer.micro_batch_tokens, config.inference.kv_cache_gib, config.rollout.max_groups_in_flight) == (1024, 1.0, None)
+    assert config.rollout.ignore_eos and config.reward.code.extract == "whole"
+
+
+def test_config_file_and_overrides_from_the_command_line(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(DEFAULT_CONFIG.read_text().replace("max_steps: 16", "max_steps: 5"))
+    assert config_and_overrides(None, [], DEFAULT_CONFIG) == (DEFAULT_CONFIG, [])
+    assert config_and_overrides(None, [str(mine), "a.b=1"], DEFAULT_CONFIG) == (mine, ["a.b=1"])
+    assert config_and_overrides(str(mine), ["a.b=1"], DEFAULT_CONFIG) == (mine, ["a.b=1"])
+    with pytest.raises(ValueError, match="give it once"):
+        config_and_overrides(str(mine), [str(mine)], DEFAULT_CONFIG)
+    # CONFIG positional or --config; KEY=VALUE before or after the options
+    for argv in ([str(mine), "rollout.n_samples=2", "--etas", "0,2"], ["--config", str(mine), "--etas", "0,2", "rollout.n_samples=2"]):
+        settings, config = parse(*argv)
+        assert (config.trainer.max_steps, config.rollout.n_samples, settings.etas) == (5, 2, (0, 2))
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--steps", "3"], "--steps is now the run config key trainer.max_steps: pass trainer.max_steps=3"),
+        (["--n-samples", "4"], "--n-samples is now the run config key rollout.n_samples: pass rollout.n_samples=4"),
+        (["--batch-groups", "2"], "pass trainer.batch_groups=2"),
+        (["--max-new-tokens", "96"], "pass rollout.max_new_tokens=96"),
+        (["--seed", "1"], "--seed is now the run config key seed: pass seed=1"),
+        (["--max-groups-in-flight", "8"], "pass rollout.max_groups_in_flight=8"),
+        (["--rollout-cores", "0,1"], "--rollout-cores is now the run config key inference.cpu_cores: pass inference.cpu_cores=[0,1]"),
+        (["--trainer-cores", "none"], "pass trainer.cpu_cores=null"),
+    ],
+)
+def test_former_options_name_their_run_config_key(option: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "e2e", "--etas", "0,2", *option])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_overrides_name_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    for override, message in (("rollout.n_samples=0", "rollout.n_samples: Input should be greater than or equal to 1"),
+                              ("trainer.bogus=1", "trainer.bogus: unknown key"),
+                              ("rollout.max_new_tokens=2000", "trainer.micro_batch_tokens: 1024 is smaller")):  # fmt: skip
+        assert main(["bench", "e2e", "--etas", "0,2", override]) == 2
+        err = capsys.readouterr().err
+        assert "bench-e2e.yaml: " in err and message in err, err
+    assert main(["bench", "e2e", "--etas", "0,2", "rollout.eta=4"]) == 2
+    assert "rollout.eta: the sweep sets it in every run; use --etas instead of 'rollout.eta=4'" in capsys.readouterr().err
 
 
 def test_the_cap_on_groups_in_flight_reaches_every_run(tmp_path: Path) -> None:
     from asyncrl.bench.e2e import bench_run_config
-    from asyncrl.bench.e2e_settings import Workload
 
-    args = ["bench", "e2e", "--rollout-cores", "none", "--trainer-cores", "none"]
-    capped = settings_from_args(build_parser().parse_args([*args, "--max-groups-in-flight", "8"]))
     workload = Workload(tmp_path / "model", tmp_path / "train.parquet", ((1, 2),), (4,))
+    _, capped = parse("rollout.max_groups_in_flight=8")
     assert bench_run_config(capped, workload, tmp_path, eta=4, mode="keep").rollout.max_groups_in_flight == 8
-    default = settings_from_args(build_parser().parse_args(args))
+    _, default = parse()
     assert bench_run_config(default, workload, tmp_path, eta=4, mode="keep").rollout.max_groups_in_flight is None
+
+
+def test_a_run_changes_only_eta_mode_names_and_paths(tmp_path: Path) -> None:
+    from asyncrl.bench.e2e import bench_run_config
+
+    workload = Workload(tmp_path / "model", tmp_path / "train.parquet", ((1, 2),), (4,))
+    _, base = parse("trainer.max_steps=3", "seed=7")
+    run = bench_run_config(base, workload, tmp_path, eta=2, mode="keep")
+    assert (run.name, run.rollout.eta, run.rollout.interrupt_mode) == ("bench-e2e-eta2-keep", 2, "keep")
+    assert (run.work_dir, run.storage.root) == (str(tmp_path / "runs"), str(tmp_path / "runs" / run.name / "store"))
+    assert (run.model.path, run.data.train_path) == (str(workload.model_dir), str(workload.train_path))
+    assert run.trainer.checkpoint_every == 4 and run.seed == 7  # no checkpoint inside the timed phase
+    assert run.tracking.mlflow_uri == f"sqlite:///{tmp_path / 'mlflow.db'}" and run.tracking.experiment == "bench-e2e"
+    assert run.trainer.model_dump(exclude={"checkpoint_every"}) == base.trainer.model_dump(exclude={"checkpoint_every"})
 
 
 @pytest.mark.parametrize(
@@ -208,22 +284,15 @@ def test_the_cap_on_groups_in_flight_reaches_every_run(tmp_path: Path) -> None:
         ({"etas": (0, 2, 2)}, "etas"),
         ({"modes": ("recompute", "pause")}, "modes"),
         ({"modes": ()}, "modes"),
-        ({"steps": 0}, "steps"),
-        ({"batch_groups": 0}, "batch_groups"),
-        ({"max_groups_in_flight": 0}, "max_groups_in_flight"),
-        ({"max_new_tokens": 2000}, "micro_batch_tokens"),
-        ({"rollout_cores": (-1,)}, "rollout_cores"),
-        ({"trainer_cores": (max(machine_cpus()) + 1,)}, "trainer_cores"),
-        ({"gpus": ()}, "gpus"),
-        ({"gpus": (0, 1, 2)}, "gpus"),
-        ({"gpus": (-1,)}, "gpus"),
-        ({"gpus": (0,), "rollout_cores": (min(usable_cpus()),)}, "gpus"),
+        ({"n_prompts": 0}, "n_prompts"),
+        ({"gpus": ()}, "--gpus"),
+        ({"gpus": (0, 1, 2)}, "--gpus"),
+        ({"gpus": (-1,)}, "--gpus"),
     ],
 )
 def test_bad_settings_name_the_field(overrides: dict[str, Any], field: str) -> None:
-    base: dict[str, Any] = {"rollout_cores": None, "trainer_cores": None}
     with pytest.raises(ValueError, match=f"^{field}"):
-        E2EBenchSettings(**{**base, **overrides})
+        E2EBenchSettings(**overrides)
 
 
 @pytest.mark.parametrize(("gpus", "devices", "shared"), [("0", (0, 0), True), ("2,3", (2, 3), False)])
@@ -231,35 +300,34 @@ def test_on_gpus_the_runs_and_the_standalone_server_get_the_same_devices(
     gpus: str, devices: tuple[int, int], shared: bool, tmp_path: Path
 ) -> None:
     from asyncrl.bench.e2e import bench_run_config, standalone_server_config
-    from asyncrl.bench.e2e_settings import Workload
     from asyncrl.tasks.placement.devices import Machine
 
-    settings = settings_from_args(build_parser().parse_args(["bench", "e2e", "--gpus", gpus]))
-    assert (settings.gpus, settings.rollout_cores, settings.trainer_cores) == (tuple(map(int, gpus.split(","))), None, None)
+    settings, base = parse("--gpus", gpus)
+    assert settings.gpus == tuple(map(int, gpus.split(","))) and is_placed(base)
     workload = Workload(tmp_path / "model", tmp_path / "train.parquet", ((1, 2),), (4,))
-    run = bench_run_config(settings, workload, tmp_path, eta=4, mode="keep")
+    run = bench_run_config(base, workload, tmp_path, eta=4, mode="keep")
     assert (run.inference.devices, run.trainer.devices) == ([(devices[0],)], (devices[1],))
     assert run.placement.share_devices is shared
-    assert run.inference.cpu_cores is None and run.trainer.cpu_cores is None
+    assert run.inference.cpu_cores is None and run.trainer.cpu_cores is None  # on GPUs no CPU is pinned
     # GPU ids are those this process sees: here CUDA_VISIBLE_DEVICES=4,5,6,7.
     gpu_machine = Machine(gpus=("4", "5", "6", "7"), gpu_source="fake: 4 GPUs")
-    server = standalone_server_config(settings, workload, tmp_path, gpu_machine)
+    server = standalone_server_config(bench_run_config(base, workload, tmp_path, 0, "keep"), tmp_path, gpu_machine)
     assert server.cuda_visible_devices == str(4 + devices[0]) and server.cpu_cores is None
     # Launched as a run's server on a GPU machine: CUDA graphs, and the memory share when shared.
     assert server.enforce_eager is False
     assert server.gpu_memory_utilization == (0.45 if shared else None)
     assert (server.port, server.log_path) == (0, tmp_path / "standalone" / "server.log")
-    on_cpus = settings_from_args(build_parser().parse_args(["bench", "e2e", "--rollout-cores", "0", "--trainer-cores", "none"]))
-    cpu_server = standalone_server_config(on_cpus, workload, tmp_path, Machine(gpus=(), cpus=machine_cpus()))
+    _, on_cpus = parse("inference.cpu_cores=[0]", "trainer.cpu_cores=null")
+    cpu_run = bench_run_config(on_cpus, workload, tmp_path, eta=0, mode="keep")
+    cpu_server = standalone_server_config(cpu_run, tmp_path, Machine(gpus=(), cpus=machine_cpus()))
     assert (cpu_server.cpu_cores, cpu_server.cuda_visible_devices, cpu_server.enforce_eager) == ((0,), None, True)
-    cpu_run = bench_run_config(on_cpus, workload, tmp_path, eta=4, mode="keep")
     assert (cpu_run.inference.cpu_cores, cpu_run.inference.devices, cpu_run.trainer.devices) == ((0,), None, None)
 
 
-def test_rollout_and_trainer_cores_must_be_separate() -> None:
-    cpu = min(usable_cpus())
-    with pytest.raises(ValueError, match="rollout_cores, trainer_cores: both hold CPU"):
-        E2EBenchSettings(rollout_cores=(cpu,), trainer_cores=(cpu,))
+def test_gpu_overrides() -> None:
+    assert gpu_overrides(None) == []
+    assert gpu_overrides((1,)) == ["inference.devices=[[1]]", "trainer.devices=[1]", "placement.share_devices=true"]
+    assert gpu_overrides((0, 1))[-1] == "placement.share_devices=false"
 
 
 def test_default_cores_split_the_usable_cpus() -> None:
@@ -273,31 +341,49 @@ def test_default_cores_split_the_usable_cpus() -> None:
         assert max(rollout) < min(trainer)
 
 
+def test_the_cpus_are_split_unless_the_config_places_the_components() -> None:
+    _, split = parse()
+    rollout, trainer = split_cores()
+    assert (split.inference.cpu_cores, split.trainer.cpu_cores) == (rollout, trainer)
+    _, unpinned = parse("inference.cpu_cores=null")
+    assert unpinned.inference.cpu_cores is None and unpinned.trainer.cpu_cores is None
+    _, one = parse("trainer.cpu_cores=[0]")
+    assert (one.inference.cpu_cores, one.trainer.cpu_cores) == (None, (0,))
+
+
 def test_cli_options() -> None:
-    args = build_parser().parse_args(["bench", "e2e", "--etas", "0,2", "--modes", "recompute", "--steps", "3",
-                                      "--rollout-cores", "none", "--json", "out.json"])
-    assert (args.etas, args.modes, args.steps, args.rollout_cores, args.json) == ((0, 2), ("recompute",), 3, "none", "out.json")
+    args = build_parser().parse_args(["bench", "e2e", "--etas", "0,2", "--modes", "recompute", "--json", "out.json", "trainer.max_steps=3"])
+    assert (args.etas, args.modes, args.json, args.overrides, args.config) == ((0, 2), ("recompute",), "out.json", ["trainer.max_steps=3"], None)
     defaults = build_parser().parse_args(["bench", "e2e"])
     assert defaults.etas == (0, 1, 2, 4, 8) and defaults.modes == ("recompute", "keep")
-    assert defaults.workload == "balanced" and defaults.max_new_tokens is None
+    assert defaults.workload == "balanced" and defaults.overrides == []
     assert build_parser().parse_args(["bench", "e2e", "--workload", "generation-bound"]).workload == "generation-bound"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "e2e", "--workload", "huge"])
-
-
-def test_the_generation_bound_workload_has_four_times_longer_outputs() -> None:
-    parse = lambda *extra: settings_from_args(build_parser().parse_args(["bench", "e2e", "--rollout-cores", "none",  # noqa: E731
-                                                                         "--trainer-cores", "none", *extra]))
-    balanced, bound = parse(), parse("--workload", "generation-bound")
-    assert (balanced.workload, balanced.max_new_tokens, balanced.micro_batch_tokens) == ("balanced", 384, 1024)
-    assert (bound.workload, bound.max_new_tokens, bound.micro_batch_tokens) == ("generation-bound", 1536, 2048)
-    assert parse("--workload", "generation-bound", "--max-new-tokens", "2000").micro_batch_tokens == 2064  # fits
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "e2e", "--etas", "0,x"])
 
 
+def test_the_workloads_are_overrides_under_the_users() -> None:
+    balanced, bound = parse()[1], parse("--workload", "generation-bound")[1]
+    assert (balanced.rollout.max_new_tokens, balanced.trainer.micro_batch_tokens) == (384, 1024)
+    assert (bound.rollout.max_new_tokens, bound.trainer.micro_batch_tokens) == (1536, 2048)
+    longer = parse("--workload", "generation-bound", "rollout.max_new_tokens=2000", "trainer.micro_batch_tokens=2064")[1]
+    assert (longer.rollout.max_new_tokens, longer.trainer.micro_batch_tokens) == (2000, 2064)  # the user's win
+    with pytest.raises(ConfigError, match="trainer.micro_batch_tokens: 2048 is smaller"):
+        parse("--workload", "generation-bound", "rollout.max_new_tokens=2000")
+    mixed_settings, mixed = parse("--workload", "mixed")
+    assert (mixed_settings.code_share, mixed.data.max_prompt_tokens, mixed.trainer.micro_batch_tokens) == (0.5, 96, 1024)
+
+
+def report_config(**rollout: Any) -> dict[str, Any]:
+    """The parts of a result's run config (a public dict) the report reads."""
+    return {"rollout": {"n_samples": 4, "max_groups_in_flight": None, **rollout},
+            "trainer": {"max_steps": 8, "batch_groups": 4, "cpu_cores": [1], "devices": None},
+            "inference": {"cpu_cores": [0], "devices": None}, "placement": {"share_devices": False}}  # fmt: skip
+
+
 def test_report_has_every_run_and_the_bound() -> None:
-    settings = {"n_samples": 4, "steps": 8, "batch_groups": 4, "rollout_cores": [0], "trainer_cores": [1]}
     runs = [
         run_row(0, 60.0, training=20.0, trained_tokens_per_s=100.0, rollout_utilisation=0.31,
                 weight_sync_stall_fraction=0.02, packing_efficiency=0.91, staleness_max=0, staleness_counts={0: 128},
@@ -308,7 +394,8 @@ def test_report_has_every_run_and_the_bound() -> None:
         {"eta": 4, "mode": "recompute", "error": "ComponentFailed: trainer failed: boom\nlog tail"},
     ]
     result = {
-        "settings": settings,
+        "settings": {"workload": "balanced"},
+        "config": report_config(),
         "workload": {"groups": 32, "budget_mean": 70.2, "budget_p50": 52, "budget_p90": 140, "budget_max": 256},
         "standalone": {"t_gen_s": 30.0, "throughput": [{"concurrency": 16, "tokens_per_s": 900.0}]},
         **compare_runs(runs, t_gen=30.0),
@@ -327,11 +414,13 @@ def test_report_has_every_run_and_the_bound() -> None:
                                                          if line.startswith("| 4 | recompute")).count("|")
     assert "| 4 | recompute | failed: ComponentFailed: trainer failed: boom |" in table
     assert "groups in flight" not in table
-    capped = format_tables(json.loads(json.dumps({**result, "settings": {**settings, "max_groups_in_flight": 8}})))
+    assert "workload balanced: 32 groups x 4 samples" in table and "8 steps of 4 groups" in table
+    capped = format_tables(json.loads(json.dumps({**result, "config": report_config(max_groups_in_flight=8)})))
     assert "; at most 8 groups in flight" in capped
-    assert "CPUs: rollout [0], trainer [1]" in table
-    on_gpu = format_tables(json.loads(json.dumps({**result, "settings": {**settings, "gpus": [0]}})))
-    assert "GPUs: rollout 0, trainer 0" in on_gpu and "CPUs:" not in on_gpu
+    assert "rollout server on CPUs [0], trainer on CPUs [1]" in table
+    on_gpu = {**result["config"], "inference": {"cpu_cores": None, "devices": [[0]]},
+              "trainer": {**result["config"]["trainer"], "cpu_cores": None, "devices": [0]}, "placement": {"share_devices": True}}
+    assert "rollout server on devices [[0]], trainer on devices [0] (shared)" in format_tables({**result, "config": on_gpu})
     assert not math.isnan(result["overlap_bound"])
 
 
@@ -339,15 +428,14 @@ def test_the_mixed_workload_draws_code_and_math_from_one_mixture(tmp_path) -> No
     from asyncrl.bench.e2e import bench_run_config, prepare_workload
     from asyncrl.tasks.data.loader import load_prompts
 
-    settings = settings_from_args(build_parser().parse_args(
-        ["bench", "e2e", "--rollout-cores", "none", "--trainer-cores", "none", "--workload", "mixed", "--steps", "8"]
-    ))  # fmt: skip
-    assert (settings.code_share, settings.max_prompt_tokens, settings.micro_batch_tokens) == (0.5, 96, 1024)
-    workload = prepare_workload(tmp_path, settings)
+    settings, base = parse("--workload", "mixed", "trainer.max_steps=8")
+    workload = prepare_workload(tmp_path, base, settings.n_prompts, settings.code_share)
     assert workload.train_path.suffix == ".yaml"
     records = load_prompts(workload.train_path)
     assert {r.task for r in records} == {"math", "code"} and len(records) == settings.n_prompts
-    assert 0 < workload.code_groups < len(workload.prompts) == 8 * settings.batch_groups
-    assert max(workload.budgets) <= settings.max_new_tokens and all(len(p) <= 96 for p in workload.prompts)
-    config = bench_run_config(settings, workload, tmp_path, eta=0, mode="recompute")
+    assert 0 < workload.code_groups < len(workload.prompts) == 8 * base.trainer.batch_groups
+    assert max(workload.budgets) <= base.rollout.max_new_tokens and all(len(p) <= 96 for p in workload.prompts)
+    with pytest.raises(ValueError, match=r"code_share: must be in \[0, 1\)"):
+        prepare_workload(tmp_path, base, 8, code_share=1.0)
+    config = bench_run_config(base, workload, tmp_path, eta=0, mode="recompute")
     assert config.reward.code.extract == "whole" and config.data.train_path == str(workload.train_path)

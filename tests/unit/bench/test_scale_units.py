@@ -13,13 +13,12 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from asyncrl.bench.e2e import bench_run_config
-from asyncrl.bench.e2e_settings import Workload
+from asyncrl.bench.e2e_settings import DEFAULT_CONFIG as E2E_CONFIG, Workload
 from asyncrl.bench.process_memory import (
     MemorySampler,
     component_peak,
@@ -29,7 +28,8 @@ from asyncrl.bench.process_memory import (
     read_process_memory,
     reset_own_peak,
 )
-from asyncrl.bench.scale import cmd_bench_scale, scale_run_config, settings_from_args
+from asyncrl.bench.bench_config import load_bench_config
+from asyncrl.bench.scale import cmd_bench_scale, config_from_args, scale_run_config, settings_from_args
 from asyncrl.bench.scale_figures import (
     COSTS,
     fit_exponent,
@@ -42,8 +42,9 @@ from asyncrl.bench.scale_figures import (
     weight_sync_figures,
 )
 from asyncrl.bench.scale_report import format_tables, plot_curves
-from asyncrl.bench.scale_settings import SIZE_SPECS, ScaleBenchSettings, parse_sizes
-from asyncrl.cli.main import build_parser
+from asyncrl.bench.scale_settings import DEFAULT_CONFIG, SIZE_SPECS, ScaleBenchSettings, parse_sizes
+from asyncrl.cli.main import build_parser, main, parse_command_line
+from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.model.tiny import QWEN25_05B_SPEC, tiny_qwen2_config
 
 PARAMETERS = {"5m": 4_904_288, "30m": 31_927_232, "125m": 127_617_024, "0.5b": 494_032_768, "1.5b": 1_543_714_304}
@@ -94,19 +95,11 @@ def test_parse_sizes_orders_smallest_first_and_names_the_option() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("steps", 0, "--steps: must be an int >= 1, got 0"),
         ("repeats", 0, "--repeats: must be an int >= 1, got 0"),
-        ("eta", -1, "--eta: must be an int >= 0, got -1"),
-        ("batch_groups", True, "--batch-groups: must be an int >= 1, got True"),
-        ("n_samples", 1.5, "--n-samples: must be an int >= 1, got 1.5"),
-        ("max_new_tokens", 0, "--max-new-tokens: must be an int >= 1"),
-        ("micro_batch_tokens", 300, ("--micro-batch-tokens: 300 is below the longest sequence, 64 prompt "
-                                     r"\+ 256 \(--max-new-tokens\) output tokens")),
-        ("logit_chunk_tokens", 0, "--logit-chunk-tokens: must be an int >= 1, got 0"),
-        ("activation_checkpointing", 1, "--activation-checkpointing: must be a bool, got 1"),
-        ("zero_stage", 4, "--zero-stage: must be 0, 1, 2 or 3, got 4"),
+        ("repeats", True, "--repeats: must be an int >= 1, got True"),
         ("sample_s", 0, "sample_s: must be > 0, got 0"),
         ("sizes", ("7b",), "--sizes: unknown size '7b'"),
+        ("gpus", (0, 1, 2), r"--gpus: one GPU id \(shared\) or two"),
         ("png_path", Path("curves.jpg"), "--png: curves.jpg must end with .png"),
         ("json_path", Path("/no/such/dir/x.json"), "--json: /no/such/dir is not a directory"),
     ],
@@ -123,45 +116,76 @@ def test_png_without_matplotlib_says_so(monkeypatch: pytest.MonkeyPatch, tmp_pat
         ScaleBenchSettings(png_path=tmp_path / "curves.png")
 
 
-def test_the_command_line_builds_the_settings_and_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
-    parser = build_parser()
-    settings = settings_from_args(parser.parse_args(["bench", "scale"]))
-    assert settings.sizes == ("5m", "30m", "125m", "0.5b") and (settings.steps, settings.repeats, settings.eta) == (3, 2, 0)
-    on_gpus = settings_from_args(parser.parse_args(["bench", "scale", "--sizes", "5m", "--gpus", "0", "--steps", "2"]))
-    assert on_gpus.sizes == ("5m",) and on_gpus.gpus == (0,) and on_gpus.rollout_cores is on_gpus.trainer_cores is None
-    e2e = on_gpus.e2e_settings()
-    assert (e2e.steps, e2e.max_new_tokens, e2e.micro_batch_tokens, e2e.etas) == (2, 256, 4096, (0,))
-    lean = settings_from_args(parser.parse_args(["bench", "scale", "--logit-chunk-tokens", "256", "--activation-checkpointing"]))
-    assert (lean.logit_chunk_tokens, lean.activation_checkpointing) == (256, True)
-    assert (settings.logit_chunk_tokens, settings.activation_checkpointing) == (1024, False)
+def parse(*argv: str) -> tuple[ScaleBenchSettings, RunConfig]:
+    """The settings and the base run config of ``asyncrl bench scale ARGV``."""
+    args = parse_command_line(build_parser(), ["bench", "scale", *argv])
+    settings = settings_from_args(args)
+    return settings, config_from_args(args, settings)
+
+
+def test_the_command_line_builds_the_settings_and_the_run_config(capsys: pytest.CaptureFixture[str]) -> None:
+    settings, config = parse()
+    assert settings.sizes == ("5m", "30m", "125m", "0.5b") and settings.repeats == 2 and DEFAULT_CONFIG.is_file()
+    assert (config.name, config.trainer.max_steps, config.rollout.eta, config.seed) == ("bench-scale", 3, 0, 0)
+    assert (config.trainer.batch_groups, config.rollout.n_samples, config.rollout.max_new_tokens) == (4, 4, 256)
+    assert (config.trainer.micro_batch_tokens, config.trainer.logit_chunk_tokens, config.data.max_prompt_tokens) == (4096, 1024, 64)
+    assert (config.trainer.activation_checkpointing, config.trainer.zero_stage, config.model.dtype) == (False, 0, "float32")
+    on_gpus, gpu_config = parse("--sizes", "5m", "--gpus", "0", "trainer.max_steps=2")
+    assert on_gpus.sizes == ("5m",) and on_gpus.gpus == (0,) and gpu_config.trainer.max_steps == 2
+    assert gpu_config.inference.cpu_cores is gpu_config.trainer.cpu_cores is None  # on GPUs no CPU is pinned
+    _, lean = parse("trainer.logit_chunk_tokens=256", "--repeats", "1", "trainer.activation_checkpointing=true")
+    assert (lean.trainer.logit_chunk_tokens, lean.trainer.activation_checkpointing) == (256, True)
     for argv, message in (
-        (["--steps", "0"], "bench scale: --steps: must be an int >= 1, got 0"),
+        (["trainer.max_steps=0"], "bench scale: /"),  # the file, then the key
+        (["trainer.max_steps=0"], "bench-scale.yaml: trainer.max_steps: Input should be greater than or equal to 1"),
+        (["trainer.micro_batch_tokens=300"], "trainer.micro_batch_tokens: 300 is smaller than one sequence's maximum"),
         (["--sizes", "1b"], "bench scale: --sizes: unknown size '1b'"),
         (["--png", "out.svg"], "bench scale: --png: out.svg must end with .png"),
     ):
-        assert cmd_bench_scale(parser.parse_args(["bench", "scale", *argv])) == 2
+        assert cmd_bench_scale(parse_command_line(build_parser(), ["bench", "scale", *argv])) == 2
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        parser.parse_args(["bench", "scale", "--gpus", "a"])
+        build_parser().parse_args(["bench", "scale", "--gpus", "a"])
 
 
-def test_the_run_config_is_e2e_s_with_a_name_a_store_and_one_checkpoint(tmp_path: Path) -> None:
-    scale = ScaleBenchSettings(sizes=("5m",), steps=2, rollout_cores=None, trainer_cores=None)
-    settings = scale.e2e_settings()
+@pytest.mark.parametrize(
+    ("option", "override"),
+    [(["--steps", "2"], "trainer.max_steps=2"), (["--eta", "1"], "rollout.eta=1"), (["--zero-stage", "1"], "trainer.zero_stage=1"),
+     (["--activation-checkpointing"], "trainer.activation_checkpointing=true"),
+     (["--logit-chunk-tokens", "256"], "trainer.logit_chunk_tokens=256"), (["--micro-batch-tokens", "512"], "trainer.micro_batch_tokens=512"),
+     (["--batch-groups", "2"], "trainer.batch_groups=2"), (["--n-samples", "2"], "rollout.n_samples=2"),
+     (["--max-new-tokens", "64"], "rollout.max_new_tokens=64"), (["--seed", "3"], "seed=3")],
+)  # fmt: skip
+def test_former_options_name_their_run_config_key(option: list[str], override: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "scale", "--sizes", "5m", *option])
+    key = override.split("=")[0]
+    assert exit_info.value.code == 2
+    assert f"{option[0]} is now the run config key {key}: pass {override}" in capsys.readouterr().err
+
+
+def test_a_sizes_run_is_the_workload_s_run_named_for_the_size_with_one_checkpoint(tmp_path: Path) -> None:
+    _, base = parse("trainer.max_steps=2")
     workload = Workload(tmp_path / "model", tmp_path / "train.parquet", prompts=(), budgets=())
-    config = scale_run_config(scale, workload, tmp_path / "5m", "5m")
-    e2e = bench_run_config(settings, workload, tmp_path / "5m", 0, "recompute")
+    config = scale_run_config(base, workload, tmp_path / "5m", "5m")
     assert config.name == "bench-scale-5m" and config.storage.root == str(tmp_path / "5m" / "runs" / config.name / "store")
     assert config.trainer.checkpoint_every == config.trainer.max_steps == 2
     assert config.tracking.experiment == "bench-scale"
-    assert config.rollout == e2e.rollout and config.model == e2e.model and config.data == e2e.data
+    assert (config.model.path, config.data.train_path) == (str(workload.model_dir), str(workload.train_path))
+    assert config.rollout == base.rollout and config.data.max_prompt_tokens == base.data.max_prompt_tokens
     assert config.trainer.micro_batch_tokens == 4096 and config.model.dtype == "float32"
     assert config.trainer.logit_chunk_tokens == 1024 and not config.trainer.activation_checkpointing
     assert config.trainer.zero_stage == 0 and config.trainer.processes == 1
-    lean = scale_run_config(replace(scale, logit_chunk_tokens=256, activation_checkpointing=True, zero_stage=1),
-                            workload, tmp_path / "5m", "5m")  # fmt: skip
-    assert lean.trainer.logit_chunk_tokens == 256 and lean.trainer.activation_checkpointing
-    assert lean.trainer.zero_stage == 1
+    # bench e2e's run of the same values: only the name, the checkpoints and the experiment differ
+    e2e_base = load_bench_config(E2E_CONFIG, [], [f"{k}={v}" for k, v in (
+        ("rollout.max_new_tokens", 256), ("trainer.max_steps", 2), ("trainer.micro_batch_tokens", 4096),
+        ("trainer.logit_chunk_tokens", 1024), ("trainer.zero_stage", 0), ("model.dtype", "float32"),
+        ("tracking.experiment", "bench-scale"))])  # fmt: skip
+    e2e = bench_run_config(e2e_base, workload, tmp_path / "5m", 0, "recompute")
+    assert config.rollout == e2e.rollout and config.model == e2e.model and config.inference.model_dump(
+        exclude={"base_port"}) == e2e.inference.model_dump(exclude={"base_port"})  # fmt: skip
+    assert config.trainer.model_dump(exclude={"checkpoint_every"}) == e2e.trainer.model_dump(exclude={"checkpoint_every"})
+    assert config.reward == e2e.reward and config.tracking == e2e.tracking
 
 
 # ----- the figures -----
@@ -350,7 +374,8 @@ def size_entry(name: str, step_s: float, error: str | None = None) -> dict[str, 
 def sample_result() -> dict[str, Any]:
     sizes = [size_entry("5m", 0.5), size_entry("30m", 2.0), size_entry("0.5b", 0.0, error="ComponentFailed: trainer\nmore")]
     return {
-        "settings": {"steps": 2, "batch_groups": 4, "n_samples": 4, "max_new_tokens": 256, "eta": 0, "repeats": 2},
+        "settings": {"sizes": ["5m", "30m", "0.5b"], "repeats": 2},
+        "config": {"rollout": {"n_samples": 4, "max_new_tokens": 256, "eta": 0}, "trainer": {"max_steps": 2, "batch_groups": 4}},
         "dtype": "float32",
         "sizes": sizes,
         "exponents": scaling_exponents([s for s in sizes if "error" not in s]),
@@ -359,6 +384,8 @@ def sample_result() -> dict[str, Any]:
 
 def test_tables_show_each_size_its_failure_and_the_exponents() -> None:
     tables = format_tables(sample_result())
+    assert "workload: 2 RL steps of 4 groups x 4 samples, outputs up to 256 tokens (EOS ignored), eta 0;" in tables
+    assert "then 2 fresh versions published" in tables
     assert "- 5m: hidden 32, 2 layers, 1 heads (1 KV), intermediate 176: 4,904,288 parameters" in tables
     assert "| 5m | 4,904,288 | 0.500 | 2,000 | 0.010 | 0.005 | 0.002 | 0.015 | 4.000 / 8.000 / 1.333 | 0.015 |" in tables
     assert "| 0.5b | failed: ComponentFailed: trainer |" in tables

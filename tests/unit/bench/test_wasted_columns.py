@@ -18,7 +18,9 @@ def test_the_e2e_table_has_dropped_wasted_and_filtered_columns() -> None:
            "weight_sync_stall_fraction": 0.01, "packing_efficiency": 0.9, "staleness_max": 2,
            "staleness_counts": {0: 4, 2: 1}, "dropped_stale": 0, "wasted_tokens": 0, "cut_tokens": 7,
            "filtered_groups": 3}
-    result = {"settings": {"n_samples": 2, "steps": 2, "batch_groups": 2, "rollout_cores": [0], "trainer_cores": [1]},
+    config = {"rollout": {"n_samples": 2}, "trainer": {"max_steps": 2, "batch_groups": 2, "cpu_cores": [1]},
+              "inference": {"cpu_cores": [0]}}
+    result = {"settings": {"workload": "balanced"}, "config": config,
               "workload": {"groups": 4, "budget_mean": 8.0, "budget_p50": 8, "budget_p90": 8, "budget_max": 8},
               "standalone": {"t_gen_s": 1.0, "throughput": []}, "runs": [run]}  # fmt: skip
     table = format_tables(result)
