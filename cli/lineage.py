@@ -38,6 +38,13 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     if args.dataset is not None:
         uri = args.mlflow_uri or _run_store(args).lineage.tracking_uri
         lines = dataset_lineage(uri, args.dataset)
+    elif args.version.startswith("models:/") and not (args.root or args.config):
+        from asyncrl.tasks.tracking.lineage_query import model_history
+
+        uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            raise ValueError(f"{args.version}: name the MLflow store (--mlflow-uri or $MLFLOW_TRACKING_URI) or the run")
+        lines = model_history(uri, args.version)
     else:
         lines = version_lineage(_run_store(args), args.version)
     print("\n".join(lines))

@@ -26,6 +26,7 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.errors import StorageOperationError
 from asyncrl.cli.chaos import add_chaos_command
 from asyncrl.cli.lineage import add_lineage_commands
+from asyncrl.cli.registry import add_registry_commands
 from asyncrl.cli.replay import add_replay_command
 from asyncrl.cli.bench import (
     add_ablation_bench,
@@ -111,6 +112,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ComponentFailed as exc:  # its message names the component and carries its log tail
         print(f"asyncrl run: the run failed: {exc}", file=sys.stderr)
         return 1
+    if summary.get("skipped"):  # data.require_new_files and no new train file: nothing trained
+        print(f"asyncrl run: skipped: {summary['skipped']}")
+        return 0
     print_summary(summary)
     return 0
 
@@ -142,7 +146,9 @@ def print_summary(summary: dict[str, object]) -> None:
               " (1.0: run in turn, 2.0: two equal halves fully overlapped)")  # fmt: skip
     print(f"MLflow: {summary['mlflow_uri']} run {summary['mlflow_run_id']}")
     if summary.get("registered_model"):
-        print(f"registered: models:/{summary['registered_model']}@best (version {summary['registered_model_version']})")
+        print(f"registered: models:/{summary['registered_model']}/{summary['registered_model_version']}")
+    if summary.get("promotion"):
+        print(f"promotion: {summary['promotion']}")
     print(f"storage: {summary['storage_root']} (summary.json there)")
 
 
@@ -203,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_reward_commands(commands)
     add_lineage_commands(commands, add_debug_flag)
+    add_registry_commands(commands, add_debug_flag)
     add_replay_command(commands, add_debug_flag)
     add_chaos_command(commands)
     bench = commands.add_parser("bench", help="benchmarks that print figures (table and JSON)")

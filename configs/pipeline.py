@@ -201,6 +201,21 @@ class TrainingEvalConfig(StrictModel):
         return ids
 
 
+class PromotionConfig(StrictModel):
+    """The register stage's gate: a candidate replaces ``models:/<name>@best`` only when a
+    paired bootstrap over the held-out prompts says it is better
+    (:func:`asyncrl.tasks.pipeline.promotion.paired_bootstrap`)."""
+
+    min_gain: float = Field(0.0, ge=-1.0, le=1.0, description="Least pass@1 gain over the incumbent (0.01 = 1 point) to promote.")
+    confidence: float = Field(0.9, gt=0.5, lt=1.0, description="Promote when P(gain > min_gain) reaches this (paired bootstrap).")
+    max_task_regression: float = Field(
+        0.02, ge=0.0, le=1.0, description="No task's pass@1 may drop by more than this (0.02 = 2 points) to promote."
+    )
+    resamples: int = Field(2000, ge=100, description="Bootstrap resamples of the held-out prompts.")
+    prompts: int | None = Field(None, ge=1, description="Held-out prompts of the comparison (None: pipeline.eval_prompts).")
+    samples: int | None = Field(None, ge=1, description="Samples per prompt of the comparison (None: pipeline.eval_samples).")
+
+
 class PipelineConfig(StrictModel):
     init_tiny_model: bool = Field(
         False, description="Write the tiny Qwen2 model at model.path when nothing is there (demo, tests)."
@@ -228,3 +243,7 @@ class PipelineConfig(StrictModel):
     registered_model: str = Field(
         "asyncrl-policy", min_length=1, description="MLflow Model Registry name the best version is registered under."
     )
+    promotion: PromotionConfig = Field(
+        default_factory=PromotionConfig, description="When a run's best version replaces the registered model's `best`."
+    )
+    """With no ``models:/<registered_model>@best`` yet, the run's best version becomes it."""

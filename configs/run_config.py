@@ -150,6 +150,21 @@ class RunConfig(StrictModel):
                 raise ValueError(
                     f"pipeline.synthetic_data.{name}: needs n_sft > 0 (it shapes the separate warm-start set)"
                 )
+        if self.data.train_folder and synthetic is not None:
+            raise ValueError(
+                f"data.train_path: {self.data.train_path!r} names a folder; pipeline.synthetic_data writes one "
+                "file there: name a .parquet or .jsonl file, or remove pipeline.synthetic_data"
+            )
+        if self.data.require_new_files and synthetic is not None:
+            raise ValueError(
+                "data.require_new_files: pipeline.synthetic_data writes data.train_path in the data stage, after "
+                "the run looked for new files; remove one of the two"
+            )
+        if self.data.train_folder and self.pipeline.sft_steps and self.data.sft_path is None:
+            raise ValueError(
+                "pipeline.sft_steps: the warm start would train on data.train_path, a folder whose files each "
+                "run selects anew; set data.sft_path to the warm-start examples (or pipeline.sft_steps: 0)"
+            )
         if self.trainer.mini_batches > self.trainer.batch_groups:
             raise ValueError(
                 f"trainer.mini_batches: {self.trainer.mini_batches} exceeds trainer.batch_groups "

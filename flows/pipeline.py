@@ -7,6 +7,10 @@ their results are persisted under the run's work directory. Re-running a config 
 failure in RL skips data and SFT (state "Cached"); a changed setting or input file redoes the
 stage and everything after it; a stage whose outputs are gone runs again; ``refresh`` redoes
 every stage. The RL phase (`train`) is never cached: it resumes the run root.
+
+First the run's train files are chosen (:mod:`asyncrl.tasks.pipeline.train_data`; a folder
+``data.train_path`` grows between runs); with ``data.require_new_files`` and no new file the
+run ends there, in a Completed state named "Skipped" whose message says why.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.states import Completed
 
 from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
+from asyncrl.flows.prefect_api.events import emit_promotion
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.configs.secrets import strip_uri_password
 from asyncrl.flows.train import train
 from asyncrl.storage import fs
-from asyncrl.tasks.pipeline import stages
+from asyncrl.tasks.pipeline import registration, stages, train_data
 from asyncrl.flows.prefect_api.artifacts import PipelineSummary, artifact_key, stage_progress_artifact, summary_markdown
 from asyncrl.tasks.launch.context import RunContext, open_run_context, system_metrics
 from asyncrl.tasks.system.run_paths import run_paths
@@ -78,12 +84,23 @@ def evaluate(config: RunConfig, versions: list[int]) -> dict[str, dict[str, Any]
 
 @task(name="register", task_run_name="register")
 def register(config: RunConfig, run_id: str, logged_models: dict[int, str], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Evaluation metrics on each LoggedModel; the best version registered as `best`/`current`."""
+    """Evaluation metrics on each LoggedModel; the best version registered as the candidate
+    and promoted to `best`/`current` only through the gate (``pipeline.promotion``)."""
     from asyncrl.tasks.tracking.mlflow_run import RunLineage
 
     lineage = RunLineage.resume(config.tracking.mlflow_uri, run_id)
-    best, registered = stages.register_best(config, lineage, logged_models, stages.eval_results_from_json(results))
-    return {"best_version": best, "registered_version": registered}
+    done = registration.register_best(config, lineage, logged_models, stages.eval_results_from_json(results))
+    decision = done.decision
+    if decision is not None and decision.incumbent is not None:
+        create_markdown_artifact(
+            decision.markdown(), key=artifact_key(config.name, "promotion"), description="asyncrl promotion decision"
+        )
+        emit_promotion(config.name, decision)
+    return {
+        "best_version": done.best_version,
+        "registered_version": done.registered_version,
+        "promotion": None if decision is None else decision.message(),
+    }
 
 
 def run_stage(stage_task: Any, config: RunConfig, refresh: bool, outputs_present: bool, *args: Any) -> tuple[Any, str]:  # noqa: ANN401
@@ -132,6 +149,7 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> tu
         best_version=registered["best_version"],
         registered_model=config.pipeline.registered_model if registered["registered_version"] else None,
         registered_model_version=registered["registered_version"],
+        promotion=registered["promotion"],
         wall_s=time.monotonic() - started,
         train_wall_s=trained["wall_s"],
         mlflow_uri=strip_uri_password(config.tracking.mlflow_uri),
@@ -146,14 +164,29 @@ def pipeline_stages(config: RunConfig, context: RunContext, refresh: bool) -> tu
     ), results
 
 
+SKIPPED = "Skipped"
+"""Name of the Completed state of a run that ended without training (``data.require_new_files``)."""
+
+
+def skipped_result(config: RunConfig, context: RunContext, reason: str) -> dict[str, Any]:
+    """The result of a skipped run: ``skipped`` holds why."""
+    return {"run": config.name, "skipped": reason, "mlflow_run_id": context.lineage.run_id,
+            "storage_root": context.paths.root.uri}  # fmt: skip
+
+
 @flow(name="pipeline", log_prints=True)
-def pipeline(config: RunConfig, refresh: bool = False) -> dict[str, Any]:
-    """Prepare data, optional SFT warm start, asynchronous RL, evaluation, registration;
-    ``refresh`` redoes the cached stages."""
+def pipeline(config: RunConfig, refresh: bool = False) -> Any:  # noqa: ANN401 - the summary, or a state holding it
+    """Prepare data, optional SFT warm start, asynchronous RL, evaluation, registration through
+    the promotion gate; ``refresh`` redoes the cached stages. The summary (a dict) is the
+    result; with a promotion decision the final state's message is that decision."""
     apply_storage_credentials(config.storage)
     context = open_run_context(config)
     clear_progress(context.paths.work_dir)
     try:
+        skipped = train_data.choose_train_data(config, context.lineage).skipped
+        if skipped is not None:  # data.require_new_files, and nothing new: not a failure
+            context.lineage.end()
+            return Completed(name=SKIPPED, message=skipped, data=skipped_result(config, context, skipped))
         with system_metrics(context):
             summary, results = pipeline_stages(config, context, refresh)
         evaluations = {int(version): result for version, result in results.items()}
@@ -166,4 +199,4 @@ def pipeline(config: RunConfig, refresh: bool = False) -> dict[str, Any]:
     create_markdown_artifact(
         summary_markdown(summary), key=artifact_key(config.name, "summary"), description="asyncrl run summary"
     )
-    return asdict(summary)
+    return Completed(message=summary.promotion, data=asdict(summary)) if summary.promotion else asdict(summary)

@@ -60,6 +60,11 @@ class EvalResult:
     mean_output_tokens: float
     by_task: dict[str, float] = field(default_factory=dict)
     """:func:`~asyncrl.tasks.reward.pass_at_k.task_figures` of the held-out prompts (``pass_at_1/<task>``, ...)."""
+    prompt_pass: tuple[float, ...] = ()
+    """Each prompt's c_p / n, in the held-out file's order: what a paired comparison of two
+    versions on the same prompts pairs (the promotion gate)."""
+    prompt_tasks: tuple[str, ...] = ()
+    """Each prompt's task, in the same order."""
 
     def metrics(self, prefix: str = "eval_") -> dict[str, float]:
         """The figures as metrics named ``<prefix>pass_at_1``, ``<prefix>pass_at_1/<task>``, ...
@@ -75,7 +80,11 @@ class EvalResult:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> EvalResult:
         """The result of its JSON form (``dataclasses.asdict``); other keys are ignored."""
-        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
+        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
+        for name in ("prompt_pass", "prompt_tasks"):
+            if name in values:
+                values[name] = tuple(values[name])
+        return cls(**values)
 
 
 class EvaluationStore:

@@ -166,6 +166,17 @@ def weights_complete_marker(version: int) -> str:
     return weights_file(version, WEIGHTS_COMPLETE_MARKER)
 
 
+def split_weights_uri(uri: str) -> tuple[str, int]:
+    """The run root URI and the version of a weight version's URI (``{root}/weights/v000012``,
+    as the lineage records it); ``ValueError`` naming the URI for anything else."""
+    head, _, name = uri.rstrip("/").rpartition("/")
+    root, _, weights = head.rpartition("/")
+    version = parse_weights_version_dirname(name)
+    if weights != WEIGHTS_DIR or version is None or not root:
+        raise ValueError(f"{uri!r}: not a weight version's URI ({{root}}/{WEIGHTS_DIR}/v000012)")
+    return root, version
+
+
 def parse_weights_version_dirname(name: str) -> int | None:
     """Version of a ``v{version:06d}`` directory name, or ``None`` if it is not one."""
     match = _WEIGHTS_VERSION_RE.match(name)
@@ -268,3 +279,6 @@ def parse_evaluation_record_name(name: str) -> int | None:
 
 
 TRACKING_FILE = "tracking.json"
+
+TRAIN_FILES = "data/train-files.json"
+"""The train files a run selected from a folder ``data.train_path`` (:mod:`asyncrl.storage.train_manifest`)."""

@@ -306,6 +306,8 @@ class PipelineSummary:
     """Weight version -> held-out pass@1 evaluated during training (``pipeline.eval_every``;
     on the subset ``pipeline.training_eval`` names, so not comparable with the figures above
     unless that is the whole held-out set)."""
+    promotion: str | None = None
+    """The promotion gate's decision in one line (:meth:`~asyncrl.tasks.pipeline.promotion.PromotionDecision.message`)."""
     overlap: dict[str, float] = field(default_factory=dict)
     """What asynchrony bought the RL phase: ``generation_busy_s``, ``training_busy_s``,
     ``rl_wall_s`` and ``overlap_factor`` = (generation busy + training busy) / RL wall time
@@ -366,6 +368,7 @@ def summary_markdown(summary: PipelineSummary) -> str:
             *_overlap_rows(summary.overlap),
             f"| stages | {', '.join(f'{k}: {v}' for k, v in summary.stages.items())} |",
             f"| component restarts | {sum(summary.restarts.values())} |",
+            *([f"| promotion | {summary.promotion} |"] if summary.promotion else []),
             f"| MLflow | {summary.mlflow_uri}, run {summary.mlflow_run_id} |",
             f"| storage | {summary.storage_root} |",
         ]

@@ -1,10 +1,15 @@
-"""Prefect events a run emits: the mismatch canary's alarm (for automations)."""
+"""Prefect events a run emits (for automations): the mismatch canary's alarm and the promotion
+gate's decision."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from asyncrl.tasks.launch.canary import EVENT, CanaryAlarm
+from asyncrl.tasks.pipeline.promotion import PromotionDecision
+
+PROMOTION_EVENT = "asyncrl.promotion.{outcome}"
+"""``asyncrl.promotion.promoted`` or ``asyncrl.promotion.rejected``."""
 
 
 def prefect_alarm(run_name: str) -> Callable[[CanaryAlarm], None]:
@@ -27,3 +32,18 @@ def prefect_alarm(run_name: str) -> Callable[[CanaryAlarm], None]:
         )
 
     return report
+
+
+def emit_promotion(run_name: str, decision: PromotionDecision) -> None:
+    """The Prefect event ``asyncrl.promotion.promoted`` / ``.rejected`` on resource
+    ``asyncrl.model.<registered name>``, related to the run, with the decision's figures."""
+    from prefect.events import emit_event
+
+    model = decision.candidate.removeprefix("models:/").rsplit("/", 1)[0]
+    emit_event(
+        event=PROMOTION_EVENT.format(outcome=decision.outcome),
+        resource={"prefect.resource.id": f"asyncrl.model.{model}", "prefect.resource.name": model},
+        related=[{"prefect.resource.id": f"asyncrl.run.{run_name}", "prefect.resource.role": "run"}],
+        payload={"candidate": decision.candidate, "incumbent": decision.incumbent, "reason": decision.reason,
+                 **decision.tags()},
+    )  # fmt: skip

@@ -118,6 +118,8 @@ async def evaluate(
         samples_per_prompt=samples_per_prompt,
         mean_output_tokens=sum(tally.lengths) / max(len(tally.lengths), 1),
         by_task=task_figures(zip((record.task for record in prompts), rewards, strict=True), pass_k),
+        prompt_pass=tuple(c / samples_per_prompt for c in counts),
+        prompt_tasks=tuple(record.task for record in prompts),
     )
 
 

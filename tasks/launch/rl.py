@@ -28,7 +28,7 @@ from typing import Protocol, cast
 
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.evaluations import EvaluationStore
-from asyncrl.tasks.data.loader import dataset_files, load_prompts
+from asyncrl.tasks.data.train_files import choose_train_files, load_train_prompts
 from asyncrl.tasks.system.process_group import group_alive
 from asyncrl.tasks.reward.service_registry import TOKEN_ENV
 from asyncrl.tasks.launch.components import (
@@ -48,7 +48,8 @@ from asyncrl.tasks.launch.context import RunContext, open_run_context
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.tasks.launch.kinds import ComponentKind
 from asyncrl.storage.evaluations import EvalResult
-from asyncrl.tasks.tracking.lineage_recorder import BackgroundPoller, LineageRecorder, file_ref, read_evaluations
+from asyncrl.tasks.tracking.lineage_recorder import BackgroundPoller, LineageRecorder, read_evaluations
+from asyncrl.tasks.tracking.train_history import train_datasets
 from asyncrl.tasks.launch.supervisor import (
     ComponentEvent,
     ComponentFailed,
@@ -251,13 +252,15 @@ def run_rl(
     run's logger; default this module's) gets the changes of an adaptive staleness bound
     (:mod:`~asyncrl.tasks.launch.bound_watch`, also logged to MLflow, so not without ``context``)."""
     started = time.monotonic()
+    if config.data.train_folder:  # kept if the pipeline chose them; a train run of its own takes every file
+        choose_train_files(config.data, config.seed, paths.root, earlier=frozenset)
     # a bad data file fails before anything starts
-    prompts = load_prompts(config.data.train_path, plugins=config.reward.plugins)
+    prompts = load_train_prompts(config.data, paths.root, plugins=config.reward.plugins)
     if not prompts:
         raise ValueError(f"{config.data.train_path}: no prompts")
     recorder = None
     if context is not None:
-        datasets = [file_ref(f, Path(f).name) for f in dataset_files(config.data.train_path)]  # a mixture and its sources
+        datasets = train_datasets(config.data, paths.root)  # a folder's chosen files, a mixture and its sources
         for ref in datasets:
             context.lineage.log_dataset(ref)
         recorder = LineageRecorder(context.lineage, paths.root, paths.work_dir / METRICS_FILE, datasets,

@@ -18,17 +18,15 @@ from asyncrl.configs.loading import ConfigError
 from asyncrl.configs.processes import process_configs
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage import fs, paths
-from asyncrl.storage.fs import open_root
-from asyncrl.tasks.tracking.mlflow_run import RunLineage
 from asyncrl.storage.weight_lineage import LINEAGE_FILE
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.data.loader import dataset_files, load_prompts
+from asyncrl.tasks.data.records import DatasetError
 from asyncrl.tasks.data.prepared_stamp import file_state, write_stamp
 from asyncrl.tasks.placement.launch_settings import server_config, server_start_dir, trainer_launch
 from asyncrl.tasks.system.run_paths import RunPaths
 from asyncrl.storage.evaluations import EvalResult
 from asyncrl.tasks.evaluator.held_out import held_out_task
-from asyncrl.tasks.tracking.lineage_recorder import file_ref
 from asyncrl.tasks.launch.components import trainer_component
 from asyncrl.tasks.pipeline.progress import StageProgress
 from asyncrl.tasks.launch.supervisor import RestartPolicy, supervise
@@ -49,8 +47,17 @@ DATA_FIELDS = ("train_path", "eval_path", "sft_path")
 
 
 def data_paths(config: RunConfig) -> dict[str, str]:
-    """The run's data files by their ``data.*`` key."""
-    return {f"data.{field}": path for field in DATA_FIELDS if (path := getattr(config.data, field))}
+    """The run's data files by their ``data.*`` key; for a folder ``data.train_path``, the files
+    the run chose from it (:mod:`asyncrl.tasks.pipeline.train_data`) as ``data.train_path[i]``."""
+    found = {f"data.{field}": path for field in DATA_FIELDS if (path := getattr(config.data, field))}
+    if config.data.train_folder:
+        from asyncrl.tasks.data.train_files import train_files
+        from asyncrl.tasks.system.run_paths import run_paths
+
+        del found["data.train_path"]
+        chosen = train_files(config.data, run_paths(config).root) or ()
+        found = {**{f"data.train_path[{i}]": file.uri for i, file in enumerate(chosen)}, **found}
+    return found
 
 
 def data_files(config: RunConfig) -> list[str]:
@@ -153,8 +160,11 @@ def prepare_data(config: RunConfig) -> dict[str, str]:
                 write_stamp(Path(path), settings)
     progress = StageProgress(config.run_work_dir, "prepare-data", len(data_files(config)), "files")
     rows = 0
-    for index, path in enumerate(data_files(config), start=1):
-        rows += len(load_prompts(path))  # a malformed file fails here, naming file, row and field
+    for index, (key, path) in enumerate(data_paths(config).items(), start=1):
+        try:
+            rows += len(load_prompts(path))  # a malformed file fails here, naming file, row and field
+        except DatasetError as exc:
+            raise DatasetError(f"{key}: {exc}") from None
         progress.update(index, f"{rows} rows")
     progress.finish(f"{rows} rows in {len(data_files(config))} files")
     return {path: content_digest(path) for path in data_files(config)}
@@ -396,37 +406,3 @@ def eval_results_to_json(results: dict[int, EvalResult]) -> dict[str, dict[str, 
 
 def eval_results_from_json(raw: dict[str, dict[str, Any]]) -> dict[int, EvalResult]:
     return {int(v): EvalResult.from_json(r) for v, r in raw.items()}
-
-
-# ----- register -----
-
-def register_best(
-    config: RunConfig, lineage: RunLineage, logged_models: dict[int, str], results: dict[int, EvalResult]
-) -> tuple[int | None, str | None]:
-    """Link evaluation metrics to each LoggedModel (against the held-out dataset, so the UI's
-    model list ranks versions by them); register the best version with the aliases `best`
-    and `current` (MLflow reserves `latest`; `models:/<name>/latest` already names the newest
-    registered version) through :func:`register_version`: its weights pinned in the run root
-    (retention never deletes a registered model's weights; :class:`UnknownWeightVersionError`
-    if they are gone already) and logged once into its LoggedModel in the transformers
-    flavor, so ``mlflow.transformers.load_model("models:/<name>@best")`` loads it. A model
-    already registered under the name (a re-run) keeps its registered version."""
-    from asyncrl.tasks.tracking.model_registry import register_version
-
-    eval_ref = file_ref(config.data.eval_path, Path(config.data.eval_path).name) if config.data.eval_path else None
-    for version, result in results.items():
-        model_id = logged_models.get(version)
-        if model_id is not None and eval_ref is not None:
-            lineage.log_evaluation(model_id, version, result.metrics(), eval_ref)
-    if not results:
-        return None, None
-    best = max(results.values(), key=lambda r: (r.pass_at_1, r.version))
-    model_id = logged_models.get(best.version)
-    if model_id is None:
-        return best.version, None
-    root = open_root(config.storage.root, config.storage.options)
-    base = Path(config.model.path) if config.trainer.lora is not None else None
-    registered = register_version(
-        root, lineage, best.version, model_id, config.pipeline.registered_model, ["best", "current"], base_model_dir=base
-    )
-    return best.version, registered

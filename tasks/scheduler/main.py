@@ -38,7 +38,7 @@ from asyncrl.tasks.model.codec import HFCodec, load_codec
 from asyncrl.tasks.scheduler.setup import run_scheduler
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weights import WeightStore, final_step_published
-from asyncrl.tasks.data.loader import load_prompts
+from asyncrl.tasks.data.train_files import load_train_prompts
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.inference.server_registry import list_servers
 from asyncrl.tasks.inference.routing import NoLiveServerError
@@ -212,7 +212,7 @@ def serve(
     source = ServerSource(paths.root, api_key, tuple(urls))
     terminate = StopSignal()
     terminate.install()
-    prompts = load_prompts(config.data.train_path, plugins=config.reward.plugins)
+    prompts = load_train_prompts(config.data, paths.root, plugins=config.reward.plugins)  # a folder: the run's chosen files
     codec = load_codec(config.model.path)  # while the servers start: slow on busy CPUs, so not on the first batch
     max_groups: int | None = None
     unlike: object = None

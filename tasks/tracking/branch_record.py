@@ -38,6 +38,18 @@ def parent_model_id(tracking_uri: str, parent: BranchParent) -> str | None:
         return None
 
 
+def link_first_version(lineage: RunLineage, parent: str) -> str | None:
+    """Name LoggedModel ``parent`` (another run's) as the parent of the run's first weight
+    version, so ``asyncrl lineage`` walks from this run into that one; the first version's
+    LoggedModel id, None when the run logged none."""
+    logged = lineage.logged_versions()
+    if not logged:
+        return None
+    first = logged[min(logged)]
+    lineage.client.set_logged_model_tags(first, {PARENT_MODEL_TAG: parent})
+    return first
+
+
 def record_branch(
     tracking_uri: str,
     experiment: str,
@@ -59,11 +71,10 @@ def record_branch(
     )  # fmt: skip
     recorder = LineageRecorder(lineage, root, metrics_file, shards_root=shards_root)
     recorder.poll()
-    if parent is not None and recorder.logged_versions:
+    if parent is not None:
         linked = parent_model_id(tracking_uri, parent)
         if linked is not None:
-            first = recorder.logged_versions[min(recorder.logged_versions)]
-            lineage.client.set_logged_model_tags(first, {PARENT_MODEL_TAG: linked})
+            link_first_version(lineage, linked)
     lineage.log_text(report, "replay.json")
     lineage.end()
     return lineage.run_id

@@ -184,3 +184,39 @@ def dataset_lineage(lineage_uri: str, path: str) -> list[str]:
             weight = next((v for v, m in versions.items() if m == model_id), "?")
             lines.append(f"    registered models:/{version.name}/{version.version} = weight version {weight} ({model_id})")
     return lines
+
+
+def model_history(tracking_uri: str, ref: str, max_runs: int = 100) -> list[str]:
+    """A registered version's history across runs (``asyncrl lineage models:/NAME@ALIAS`` with
+    no run named): from its LoggedModel to the first version of its run, that run's dataset
+    inputs (SFT and RL files, with digests), then across the link a scheduled run's first
+    version carries (``asyncrl.parent_model_id``, another run's LoggedModel) into the run it
+    continued, and so on back to the first run. Per run a bounded number of reads (its
+    LoggedModels, its inputs); at most ``max_runs`` runs."""
+    from mlflow import MlflowClient
+
+    check_mlflow_uri(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    registered = _registered_version(RunLineage(client, "", "", tracking_uri), ref)
+    model = client.get_logged_model(registered.model_id or registered.tags.get("asyncrl.model_id"))
+    lines = [f"{ref} = version {registered.version} of {registered.name}"]
+    for _ in range(max_runs):
+        run = client.get_run(model.source_run_id)
+        lineage = RunLineage(client, model.experiment_id, run.info.run_id, tracking_uri)
+        versions = lineage.logged_versions()
+        first = client.get_logged_model(versions[min(versions)]) if versions else model
+        lines.append(
+            f"  weight version {model.tags.get('asyncrl.version')} of run {run.info.run_name!r} "
+            f"(MLflow run {run.info.run_id}; its versions {min(versions, default='?')}..{max(versions, default='?')})"
+        )
+        for found in run.inputs.dataset_inputs:
+            context = next((t.value for t in found.tags if t.key == "mlflow.data.context"), "input")
+            lines.append(f"    {context:<9} {found.dataset.name} sha256:{found.dataset.digest} {found.dataset.source}")
+        parent = first.tags.get("asyncrl.parent_model_id")
+        if not parent:
+            lines.append("  (the first run: it continued from no registered model)")
+            return lines
+        model = client.get_logged_model(parent)
+        lines.append(f"  continued from LoggedModel {parent}")
+    lines.append(f"  ... (stopped after {max_runs} runs)")
+    return lines

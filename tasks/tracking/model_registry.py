@@ -9,7 +9,6 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 
-from mlflow import MlflowClient
 from pathlib import Path
 
 from asyncrl.storage.fs import RunRoot
@@ -70,16 +69,3 @@ def register_version(
                 files = merge_adapter(base_model_dir, files, Path(tmp) / "merged")
             lineage.log_hf_model(model_id, files)
     return lineage.register(model_id, name, aliases)
-
-
-def registered_weights_uri(tracking_uri: str, registered_model: str, alias: str = "best") -> str:
-    """Where the weights of `registered_model@alias` live (the LoggedModel's weights URI)."""
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    version = client.get_model_version_by_alias(registered_model, alias)
-    model_id = version.tags.get("asyncrl.model_id") or version.model_id
-    if not model_id:
-        raise ValueError(f"models:/{registered_model}@{alias} (version {version.version}) names no asyncrl LoggedModel")
-    uri = client.get_logged_model(model_id).tags.get("asyncrl.weights_uri")
-    if not uri:
-        raise ValueError(f"LoggedModel {model_id} has no asyncrl.weights_uri tag")
-    return uri

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 from pathlib import Path
 from uuid import UUID
@@ -139,3 +140,35 @@ def result_error(state: Any) -> BaseException | None:  # noqa: ANN401 - a Prefec
     except BaseException as exc:  # noqa: BLE001 - the tests read its message
         return exc
     return None
+
+
+def read_events(event: str, resource_id: str, since: datetime, expected: int, timeout_s: float = 30.0) -> list[Any]:
+    """The events named ``event`` on resource ``resource_id`` since ``since``, oldest first,
+    from the Prefect server: polled until ``expected`` are there (events reach the server
+    asynchronously) or ``timeout_s`` has passed."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventOrder, EventResourceFilter
+
+    query = EventFilter(
+        occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[event]),
+        resource=EventResourceFilter(id=[resource_id]), order=EventOrder.ASC,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while True:
+        query.occurred.until = datetime.now(timezone.utc)
+        with get_client(sync_client=True) as client:
+            found = list(client.read_events(query, limit=50).events)
+        if len(found) >= expected or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def latest_artifacts(keys: list[str]) -> dict[str, Any]:
+    """The newest Prefect artifact of each key, from the test server."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    with get_client(sync_client=True) as client:
+        wanted = ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=keys))
+        found = client.read_latest_artifacts(artifact_filter=wanted)
+    return {a.key: a for a in found}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import s3_servers
-from prefect_runs import run_records_text, run_tree
+from prefect_runs import latest_artifacts, run_records_text, run_tree
 import mlflow
 import yaml
 from mlflow import MlflowClient
@@ -64,17 +64,6 @@ def stored_text(root: Any) -> str:  # noqa: ANN401 - a RunRoot
     binary = (".arrow", ".safetensors", ".bin", ".pt", ".pkl")
     names = [p for p in root.fs.find(root.path) if not p.endswith(binary)]
     return "\n".join(root.fs.cat_file(name).decode(errors="replace") for name in names)
-
-
-def latest_artifacts(keys: list[str]) -> dict[str, Any]:
-    """The newest Prefect artifact of each key, from the test server."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
-
-    with get_client(sync_client=True) as client:
-        wanted = ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=keys))
-        found = client.read_latest_artifacts(artifact_filter=wanted)
-    return {a.key: a for a in found}
 
 
 def test_pipeline_on_seaweedfs(

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prefect_runs import result_error
+from prefect_runs import read_events, result_error
 from process_scan import processes_with_env, wait_gone
 
 from asyncrl.configs.run_config import RunConfig
@@ -39,7 +38,6 @@ from asyncrl.tasks.system.process_group import spawn_session
 from asyncrl.tasks.system.run_paths import RunPaths
 
 MARKER = "ASYNCRL_RUN_TEST_MARKER"  # tests/conftest.py: process_marker
-EVENT_TIMEOUT_S = 30.0
 ELSEWHERE = {"deployment": "component/stand-in"}  # never run: the factory below makes the components
 
 HEALTHY = {"mismatch/current_version_tokens": 500.0, "mismatch/abs_logp_diff_mean": 0.004,
@@ -126,27 +124,6 @@ def run_config(tmp_path: Path, name: str, steps: int, max_restarts: int) -> RunC
         "run": {"max_restarts": max_restarts, "restart_backoff_s": 0.05},
         "placement": {"rollout_server": ELSEWHERE, "trainer": ELSEWHERE, "scheduler": ELSEWHERE},
     })  # fmt: skip
-
-
-def read_events(event: str, resource_id: str, since: datetime, expected: int) -> list[Any]:
-    """The events named ``event`` on resource ``resource_id`` since ``since``, oldest first,
-    from the Prefect server: polled until ``expected`` are there (events reach the server
-    asynchronously) or ``EVENT_TIMEOUT_S`` has passed."""
-    from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventOrder, EventResourceFilter
-
-    query = EventFilter(
-        occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[event]),
-        resource=EventResourceFilter(id=[resource_id]), order=EventOrder.ASC,
-    )  # fmt: skip
-    deadline = time.monotonic() + EVENT_TIMEOUT_S
-    while True:
-        query.occurred.until = datetime.now(timezone.utc)
-        with get_client(sync_client=True) as client:
-            found = list(client.read_events(query, limit=50).events)
-        if len(found) >= expected or time.monotonic() > deadline:
-            return found
-        time.sleep(0.5)
 
 
 def scheduler_events(since: datetime) -> list[Any]:

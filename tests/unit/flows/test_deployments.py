@@ -72,3 +72,13 @@ def test_deployments_run_the_demo_config() -> None:
     for name in ("train", "pipeline", "scheduler", "train-nightly"):
         deployed = RunConfig.model_validate(DEPLOYMENTS[name]["parameters"]["config"])
         assert deployed.model_dump() == demo.model_dump(), name
+
+
+def test_the_example_automation_is_a_valid_prefect_automation_on_the_gate_s_event() -> None:
+    from prefect.events.schemas.automations import AutomationCore
+
+    from asyncrl.flows.prefect_api.events import PROMOTION_EVENT
+
+    raw = yaml.safe_load((REPO / "infra" / "automations" / "promotion-rejected.yaml").read_text())
+    automation = AutomationCore.model_validate(raw)
+    assert automation.trigger.expect == {PROMOTION_EVENT.format(outcome="rejected")}
