@@ -47,9 +47,12 @@ $(VENV)/.installed: pyproject.toml
 
 setup: system-deps $(VENV)/.installed
 
+# The unit tests, in-process and short, run on two workers (pytest-xdist); the integration and
+# end-to-end tests start servers and whole runs that already keep both cores busy, one at a time.
 test: setup test-deps
 	$(VENV)/bin/lint-imports
-	$(VPY) -m pytest
+	$(VPY) -m pytest -n 2 tests/unit
+	$(VPY) -m pytest tests/integration tests/e2e
 
 demo: setup
 	$(VENV)/bin/asyncrl run configs/demo.yaml
