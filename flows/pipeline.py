@@ -95,7 +95,7 @@ def register(config: RunConfig, run_id: str, logged_models: dict[int, str], resu
         create_markdown_artifact(
             decision.markdown(), key=artifact_key(config.name, "promotion"), description="asyncrl promotion decision"
         )
-        emit_promotion(config.name, decision)
+        emit_promotion(config.name, config.pipeline.registered_model, decision)
     return {
         "best_version": done.best_version,
         "registered_version": done.registered_version,

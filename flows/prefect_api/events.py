@@ -34,12 +34,12 @@ def prefect_alarm(run_name: str) -> Callable[[CanaryAlarm], None]:
     return report
 
 
-def emit_promotion(run_name: str, decision: PromotionDecision) -> None:
+def emit_promotion(run_name: str, model: str, decision: PromotionDecision) -> None:
     """The Prefect event ``asyncrl.promotion.promoted`` / ``.rejected`` on resource
-    ``asyncrl.model.<registered name>``, related to the run, with the decision's figures."""
+    ``asyncrl.model.<model>`` (the registered model's name), related to the run, with the
+    decision's figures."""
     from prefect.events import emit_event
 
-    model = decision.candidate.removeprefix("models:/").rsplit("/", 1)[0]
     emit_event(
         event=PROMOTION_EVENT.format(outcome=decision.outcome),
         resource={"prefect.resource.id": f"asyncrl.model.{model}", "prefect.resource.name": model},

@@ -57,6 +57,13 @@ def evaluate_pair(config: RunConfig, paths: RunPaths, incumbent: RegisteredWeigh
     return held[inc_version], candidate[version]
 
 
+def is_untrained_start(config: RunConfig, version: int) -> bool:
+    """Whether weight ``version`` is the run's start as given (``model.path``, no SFT): version 0
+    of a run without a warm start. A scheduled run starts from the incumbent's own weights, so
+    when that version is its best, the run trained nothing better and has no candidate."""
+    return version == 0 and config.pipeline.sft_steps == 0
+
+
 def register_best(
     config: RunConfig, lineage: RunLineage, logged_models: dict[int, str], results: dict[int, EvalResult]
 ) -> Registration:
@@ -67,7 +74,8 @@ def register_best(
     MLflow); then the gate: with no ``@best`` yet it is promoted; otherwise the incumbent and
     it are evaluated together and :func:`decide` says whether ``best`` and ``current`` move to
     it. The decision is written on the version (tags, description). A re-run of a run whose
-    version is ``@best`` already keeps it without a new evaluation."""
+    version is ``@best`` already keeps it without a new evaluation; a run whose best version is
+    its untrained start (:func:`is_untrained_start`) registers nothing."""
     eval_ref = file_ref(config.data.eval_path, Path(config.data.eval_path).name) if config.data.eval_path else None
     for version, result in results.items():
         model_id = logged_models.get(version)
@@ -83,6 +91,9 @@ def register_best(
     root = open_root(config.storage.root, config.storage.options)
     base = Path(config.model.path) if config.trainer.lora is not None else None
     incumbent = aliased_version(uri, name, PROMOTED_ALIASES[0])
+    if incumbent is not None and is_untrained_start(config, best.version):
+        reason = f"no trained version of run {config.name} beat its start (weight version 0); nothing registered"
+        return Registration(best.version, None, PromotionDecision(False, reason, f"run {config.name}", incumbent.ref))
     number = register_version(root, lineage, best.version, model_id, name, [CANDIDATE_ALIAS], base_model_dir=base)
     candidate = f"models:/{name}/{number}"
     if incumbent is not None and incumbent.number == number:

@@ -4,6 +4,7 @@ and a per-task regression check, on hand-made evaluations whose answer is known.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +104,17 @@ def test_the_first_version_is_promoted_without_a_comparison() -> None:
 def test_promotion_settings_are_checked_by_name() -> None:
     with pytest.raises(ValueError, match="confidence"):
         PromotionConfig(confidence=1.5)
+
+
+def test_a_run_s_untrained_start_is_no_candidate(tmp_path: Path) -> None:
+    """A scheduled run starts from the incumbent's weights without SFT: its version 0 is the
+    incumbent, so it is no candidate; with an SFT warm start version 0 was trained by the run."""
+    from asyncrl.configs.loading import config_from_dict
+    from asyncrl.tasks.pipeline.registration import is_untrained_start
+
+    raw = {"name": "n", "model": {"path": str(tmp_path / "m")}, "data": {"train_path": str(tmp_path / "t.parquet")},
+           "storage": {"root": str(tmp_path / "s")}, "work_dir": str(tmp_path / "w")}  # fmt: skip
+    nightly = config_from_dict(raw)
+    assert is_untrained_start(nightly, 0) and not is_untrained_start(nightly, 1)
+    warm_started = config_from_dict({**raw, "pipeline": {"sft_steps": 2}})
+    assert not is_untrained_start(warm_started, 0)
