@@ -39,9 +39,9 @@ def _filesystem(location: str, storage_options: Mapping[str, Any] | None) -> tup
     return fsspec.core.url_to_fs(location, **dict(storage_options or {}))
 
 
-def _digest(filesystem: Any, path: str) -> str:  # noqa: ANN401 - an fsspec filesystem
-    """sha256 of the file's bytes, first 16 hex digits (as MLflow's dataset digest and
-    :func:`~asyncrl.tasks.tracking.lineage_recorder.file_ref`)."""
+def file_digest(filesystem: Any, path: str) -> str:  # noqa: ANN401 - an fsspec filesystem
+    """A data file's digest: sha256 of its bytes, first 16 hex digits (MLflow's dataset digest
+    column holds 36; every dataset a run records is named by this one rule)."""
     digest = hashlib.sha256()
     with filesystem.open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -70,7 +70,7 @@ def list_train_files(train_path: str, storage_options: Mapping[str, Any] | None 
             filesystem, fs_path = _filesystem(path, storage_options)
             if not filesystem.isfile(fs_path):
                 raise DatasetError(f"data.train_path: {path}: file not found")
-            listed.append(TrainFile(path, _digest(filesystem, fs_path)))
+            listed.append(TrainFile(path, file_digest(filesystem, fs_path)))
         return listed
     filesystem, folder = _filesystem(train_path, storage_options)
     folder = folder.rstrip("/")
@@ -96,7 +96,7 @@ def list_train_files(train_path: str, storage_options: Mapping[str, Any] | None 
     if not found:
         what = "holds no data files" if filesystem.isdir(folder) else "is not there (no such folder or prefix)"
         raise DatasetError(f"data.train_path: {train_path} {what}; expected a folder of {expected}")
-    return [TrainFile(_uri(filesystem, path), _digest(filesystem, path)) for _, path in sorted(found)]
+    return [TrainFile(_uri(filesystem, path), file_digest(filesystem, path)) for _, path in sorted(found)]
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def load_train_prompts(data: DataConfig, root: RunRoot, plugins: Collection[str]
     for file in files:
         filesystem, path = _filesystem(file.uri, None)
         try:
-            now = _digest(filesystem, path)
+            now = file_digest(filesystem, path)
         except FileNotFoundError:
             raise DatasetError(f"data.train_path: {file.uri}: chosen for this run, now gone") from None
         if now != file.digest:

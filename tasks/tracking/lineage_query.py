@@ -68,20 +68,20 @@ def open_run_store(root: RunRoot, mlflow_uri: str | None = None) -> RunStore:
     return RunStore(root, open_lineage(mlflow_uri or str(recorded["mlflow_uri"]), str(recorded["mlflow_run_id"])))
 
 
-def _registered_version(lineage: RunLineage, uri: str) -> Any:  # noqa: ANN401 - an MLflow ModelVersion
+def _registered_version(client: Any, tracking_uri: str, uri: str) -> Any:  # noqa: ANN401 - an MlflowClient; a ModelVersion
     from mlflow.exceptions import MlflowException
 
     rest = uri.removeprefix("models:/")
     try:
         if "@" in rest:
             name, alias = rest.split("@", 1)
-            return lineage.client.get_model_version_by_alias(name, alias)
+            return client.get_model_version_by_alias(name, alias)
         name, _, number = rest.partition("/")
         if not number.isdigit():
             raise ValueError(f"{uri}: expected models:/NAME/NUMBER or models:/NAME@ALIAS")
-        return lineage.client.get_model_version(name, number)
+        return client.get_model_version(name, number)
     except MlflowException as exc:
-        raise ValueError(f"{uri}: not in the registry of {lineage.tracking_uri} ({exc.message})") from None
+        raise ValueError(f"{uri}: not in the registry of {tracking_uri} ({exc.message})") from None
 
 
 def resolve_version(store: RunStore, ref: str) -> tuple[int, str]:
@@ -89,7 +89,7 @@ def resolve_version(store: RunStore, ref: str) -> tuple[int, str]:
     registered version ``models:/NAME/N`` / ``models:/NAME@ALIAS`` of one of its models."""
     lineage = store.lineage
     if ref.startswith("models:/"):
-        registered = _registered_version(lineage, ref)
+        registered = _registered_version(lineage.client, lineage.tracking_uri, ref)
         model_id = registered.model_id or registered.tags.get("asyncrl.model_id")
         model = lineage.client.get_logged_model(model_id) if model_id else None
         if model is None or model.source_run_id != lineage.run_id:
@@ -197,7 +197,7 @@ def model_history(tracking_uri: str, ref: str, max_runs: int = 100) -> list[str]
 
     check_mlflow_uri(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    registered = _registered_version(RunLineage(client, "", "", tracking_uri), ref)
+    registered = _registered_version(client, tracking_uri, ref)
     model = client.get_logged_model(registered.model_id or registered.tags.get("asyncrl.model_id"))
     lines = [f"{ref} = version {registered.version} of {registered.name}"]
     for _ in range(max_runs):

@@ -32,6 +32,7 @@ from asyncrl.storage.shards import quarantined_shard_names
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.weights import WeightStore
 from asyncrl.storage.evaluations import EvalResult
+from asyncrl.tasks.data.train_files import file_digest
 
 LOG = logging.getLogger("asyncrl.lineage")
 EVAL_PREFIX = "eval/"
@@ -105,12 +106,10 @@ def version_manifest(
 
 
 def file_ref(path: str, name: str) -> DataRef:
-    """A dataset file as an MLflow dataset (sha256 of its bytes, first 16 hex)."""
+    """A dataset file as an MLflow dataset (:func:`~asyncrl.tasks.data.train_files.file_digest`)."""
     import fsspec
 
-    with fsspec.open(path, "rb") as handle:
-        digest = hashlib.sha256(handle.read()).hexdigest()[:16]
-    return DataRef(name=name, uri=str(path), digest=digest)
+    return DataRef(name=name, uri=str(path), digest=file_digest(*fsspec.core.url_to_fs(str(path))))
 
 
 class VersionFollower:
