@@ -47,12 +47,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: system-deps $(VENV)/.installed
 
-# The unit tests, in-process and short, run on two workers (pytest-xdist); the integration and
-# end-to-end tests start servers and whole runs that already keep both cores busy, one at a time.
+# Two pytest-xdist workers: the unit tests one by one; the end-to-end and integration tests a
+# module at a time (a module's fixtures are made once), the end-to-end ones first since they are
+# the longest. A whole run leaves the cores idle for a third of its wall time (process starts,
+# polls, server waits), which the other worker's tests fill.
 test: setup test-deps
 	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest -n 2 tests/unit
-	$(VPY) -m pytest tests/integration tests/e2e
+	$(VPY) -m pytest -n 2 --dist loadfile tests/e2e tests/integration
 
 demo: setup
 	$(VENV)/bin/asyncrl run configs/demo.yaml

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ports import restartable_base_port
 import yaml
 
 from asyncrl.cli.main import main
@@ -30,6 +31,7 @@ def tiny_config(tmp_path: Path) -> Path:
                  "eval_path": str(tmp_path / "data" / "heldout.parquet"),
                  "sft_path": str(tmp_path / "data" / "sft.parquet"), "max_prompt_tokens": 64},
         "rollout": {"n_samples": 2, "max_new_tokens": 48, "eta": 1},
+        "inference": {"base_port": restartable_base_port()},
         "trainer": {"batch_groups": 2, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": STEPS},
         "reward": {"pool": {"workers": 1}},
         "pipeline": {"init_tiny_model": True, "sft_steps": 3, "sft_batch_size": 8, "eval_samples": 1, "eval_prompts": 4,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from ports import restartable_base_port
 from mlflow import MlflowClient
 
 from asyncrl.configs.loading import config_from_dict
@@ -36,6 +37,7 @@ def test_a_lora_pipeline_trains_serves_evaluates_and_registers_adapters(
         "data": {"train_path": str(tmp_path / "data" / "train.parquet"),
                  "eval_path": str(tmp_path / "data" / "heldout.parquet"), "max_prompt_tokens": 64},
         "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "interrupt_mode": "keep"},
+        "inference": {"base_port": restartable_base_port()},
         "trainer": {"batch_groups": 2, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": 2,
                     "zero_stage": 0, "optimizer": {"lr": 1.0e-3}, "lora": {"rank": 8, "alpha": 16}},
         "pipeline": {"init_tiny_model": True, "synthetic_data": {"n_train": 64, "n_heldout": 6},

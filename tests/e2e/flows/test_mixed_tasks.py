@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ports import restartable_base_port
 import yaml
 from mlflow import MlflowClient
 
@@ -54,6 +55,7 @@ def test_a_mixed_math_and_code_run_routes_and_reports_per_task(prefect_server: N
         "model": {"path": str(tmp_path / "model")},
         "data": {"train_path": str(train), "eval_path": str(heldout), "max_prompt_tokens": 96},
         "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "shard_groups": B, "shard_seconds": 2.0},
+        "inference": {"base_port": restartable_base_port()},
         "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": 2},
         "reward": {"code": {"extract": "whole"}},  # every answer is a program: the sandbox runs each one
         "pipeline": {"init_tiny_model": True, "eval_samples": 2, "registered_model": "mixed-policy"},

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import restartable_base_port
 import s3_servers
 from prefect_runs import latest_artifacts, run_records_text, run_tree
 import mlflow
@@ -47,7 +48,7 @@ def e2e_config(tmp_path: Path, root_uri: str, options: dict[str, Any]) -> dict[s
             "max_prompt_tokens": 64,
         },
         "rollout": {"n_samples": 2, "max_new_tokens": 24, "eta": 1, "shard_groups": B, "shard_seconds": 2.0},
-        "inference": {"api_key": API_KEY},
+        "inference": {"api_key": API_KEY, "base_port": restartable_base_port()},
         "trainer": {"batch_groups": B, "max_steps": STEPS, "micro_batch_tokens": 256, "checkpoint_every": 1,
                     "optimizer": {"lr": 1.0e-4}},
         "pipeline": {"init_tiny_model": True, "synthetic_data": {"n_train": 64, "n_heldout": 6},

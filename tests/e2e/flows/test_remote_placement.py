@@ -12,6 +12,12 @@ component/trainer`` and a world-size-2 trainer; the scheduler and its reward ser
   nothing of any flow run is left afterwards.
 - Cancelling the `train` run cancels the remote components' flow runs and leaves no process
   on either worker.
+- A `train` run with its components in its own flow run (no placement), cancelled through the
+  API as the UI does, ends Cancelled and leaves no process: no vLLM server or engine, no
+  trainer, no reward worker; its MLflow run ends KILLED.
+
+The tests share the session's worker stack, so they live in one module: `make test`'s
+pytest-xdist workers take a module at a time (``--dist loadfile``), and one stack serves them.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from asyncrl.storage.heartbeats import read_heartbeat
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weights import WeightStore
 from asyncrl.tasks.inference.server_registry import list_servers, read_server
+from asyncrl.tasks.system.process_group import read_log_tail
 from asyncrl.chaos.audit import audit_run
 
 pytestmark = pytest.mark.slow
@@ -45,7 +52,8 @@ RUN_TIMEOUT_S = 900.0
 """Flow start, two vLLM starts (30-250 s each here), two DeepSpeed ranks' start."""
 UP_TIMEOUT_S = 600.0
 CANCEL_TIMEOUT_S = 150.0
-"""Cancelling the train run -> Cancelled, its remote flow runs cancelled in turn."""
+"""Cancelling the train run -> Cancelled, its remote flow runs cancelled in turn (the worker's
+30 s SIGTERM grace, the SIGKILL, the state change)."""
 
 
 def placed_config(tmp_path: Path, model_dir: Path, bucket: str, endpoint_url: str, name: str,
@@ -62,6 +70,21 @@ def placed_config(tmp_path: Path, model_dir: Path, bucket: str, endpoint_url: st
         "heartbeat_s": 2.0, "heartbeat_timeout_s": 60.0,
     }  # fmt: skip
     return config
+
+
+def mlflow_run_statuses(config: dict[str, Any]) -> list[str]:
+    """The status of each MLflow run of the run config's experiment."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=config["tracking"]["mlflow_uri"])
+    experiment = client.get_experiment_by_name(config["tracking"]["experiment"])
+    return [run.info.status for run in client.search_runs([experiment.experiment_id])]
+
+
+def components_up(root_uri: str, run_dir: Path) -> bool:
+    """The rollout server is healthy (registered) and the trainer has built its engine."""
+    trainer_log = read_log_tail(run_dir / "logs" / "trainer.log", 200)
+    return bool(list_servers(open_root(root_uri))) and '"event": "start"' in trainer_log
 
 
 def component_runs(run_name: str) -> list[Any]:  # noqa: ANN401 - prefect FlowRuns
@@ -144,6 +167,7 @@ def test_run_with_remote_server_and_two_rank_trainer(
     assert read_state(scheduler_run.id).is_completed(), read_state(scheduler_run.id)
     assert [entry.step for entry in Ledger(root).entries()] == list(range(1, STEPS + 1))
     assert WeightStore(root).latest() == STEPS
+    assert mlflow_run_statuses(config) == ["FINISHED"]
     report = audit_run(root, "placed", max_staleness=1, in_flight_ok=True)
     assert report.ok, report.violations
     remote = [run.id for run in component_runs("placed")]
@@ -188,3 +212,40 @@ def test_cancel_reaches_components_on_both_workers(
     left = process_scan.wait_gone(running + leftovers(remote + [flow_run_id]), 30.0)
     assert not left, f"left after cancel ({took_s:.0f} s): {left}\n{diagnostics()}"
     assert list_servers(root) == []
+
+
+def test_cancelled_train_run_leaves_no_process(worker_stack: WorkerStack, tiny_model_dir: Path, tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    config = train_config(tmp_path, tiny_model_dir, "cancelled", max_steps=1000)
+    run_dir = Path(config["work_dir"]) / config["name"]
+    flow_run_id = start_train_run(config)
+
+    def up() -> bool:
+        state = read_state(flow_run_id)
+        assert state is None or not state.is_final(), f"{state.type}: {state.message}\n{worker_stack.diagnostics(run_dir)}"
+        return components_up(config["storage"]["root"], run_dir)
+
+    wait_until(up, UP_TIMEOUT_S, lambda: f"rollout server healthy and trainer started\n{worker_stack.diagnostics(run_dir)}")
+    running = process_scan.processes_with_env("PREFECT__FLOW_RUN_ID", str(flow_run_id))
+    commands = " | ".join(p.cmdline for p in running)
+    for component in ("prefect.engine", "vllm.entrypoints.openai.api_server", "VLLM::EngineCore",
+                      "asyncrl.tasks.trainer.main", "asyncrl.tasks.reward.server", "asyncrl.tasks.reward.worker",
+                      "asyncrl.tasks.scheduler.main"):  # fmt: skip
+        assert component in commands, f"no {component} among the run's processes: {running}"
+
+    cancelled_at = time.monotonic()
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Cancelling())
+    state = wait_final_state(flow_run_id, CANCEL_TIMEOUT_S, lambda: worker_stack.diagnostics(run_dir))
+    took_s = time.monotonic() - cancelled_at
+
+    assert state.is_cancelled(), f"{state.type}: {state.message}\n{worker_stack.diagnostics(run_dir)}"
+    left = process_scan.wait_gone(running, timeout_s=10.0)
+    late = process_scan.processes_with_env("PREFECT__FLOW_RUN_ID", str(flow_run_id))
+    assert not left and not late, f"left after cancel ({took_s:.0f} s): {left + late}\n{worker_stack.diagnostics(run_dir)}"
+    # The flow shut down by itself within the worker's grace period (a SIGKILLed flow
+    # process ends nothing): its server left the registry, its MLflow run is KILLED.
+    assert list_servers(open_root(config["storage"]["root"])) == []
+    assert mlflow_run_statuses(config) == ["KILLED"]
