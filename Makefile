@@ -48,13 +48,13 @@ $(VENV)/.installed: pyproject.toml
 setup: system-deps $(VENV)/.installed
 
 # Two pytest-xdist workers: the unit tests one by one; the end-to-end and integration tests a
-# module at a time (a module's fixtures are made once), the end-to-end ones first since they are
-# the longest. A whole run leaves the cores idle for a third of its wall time (process starts,
-# polls, server waits), which the other worker's tests fill.
+# module at a time (a module's fixtures are made once), longest first (tests/conftest.py orders
+# them). A whole run leaves the cores idle for a third of its wall time (process starts, polls,
+# server waits), which the other worker's tests fill.
 test: setup test-deps
 	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest -n 2 tests/unit
-	$(VPY) -m pytest -n 2 --dist loadfile tests/e2e tests/integration
+	$(VPY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/e2e tests/integration
 
 demo: setup
 	$(VENV)/bin/asyncrl run configs/demo.yaml

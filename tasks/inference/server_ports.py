@@ -9,6 +9,7 @@ import socket
 
 from asyncrl.tasks.inference.server_config import RolloutServerConfig
 from asyncrl.tasks.inference.server_errors import PortInUseError, RolloutServerError
+from asyncrl.tasks.system.network import ephemeral_port_range
 
 
 def _url_host(host: str) -> str:
@@ -37,20 +38,6 @@ def free_port(host: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def ephemeral_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int] | None:
-    """The kernel's range of ports for outgoing connections (Linux), or None where unreadable.
-
-    A listening port inside it can be taken, while its server is down, as the local end of
-    any outgoing connection on the machine, so a restarted server may find it in use.
-    """
-    try:
-        with open(path) as file:
-            low, high = (int(value) for value in file.read().split())
-    except (OSError, ValueError):
-        return None
-    return low, high
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -64,6 +64,15 @@ def is_untrained_start(config: RunConfig, version: int) -> bool:
     return version == 0 and config.pipeline.sft_steps == 0
 
 
+def candidate_results(config: RunConfig, results: dict[int, EvalResult], gated: bool) -> list[EvalResult]:
+    """The versions the run's candidate is chosen from. Behind the gate (``gated``: an ``@best``
+    exists), a run's untrained start (:func:`is_untrained_start`, the incumbent's own weights)
+    is no candidate while any trained version was evaluated: a night that made the model worse
+    registers its best trained version, which the gate then rejects with the figures."""
+    trained = [r for r in results.values() if not is_untrained_start(config, r.version)]
+    return trained if gated and trained else list(results.values())
+
+
 def register_best(
     config: RunConfig, lineage: RunLineage, logged_models: dict[int, str], results: dict[int, EvalResult]
 ) -> Registration:
@@ -73,9 +82,9 @@ def register_best(
     and logged once into its LoggedModel in the transformers flavor, so it loads through
     MLflow); then the gate: with no ``@best`` yet it is promoted; otherwise the incumbent and
     it are evaluated together and :func:`decide` says whether ``best`` and ``current`` move to
-    it. The decision is written on the version (tags, description). A re-run of a run whose
-    version is ``@best`` already keeps it without a new evaluation; a run whose best version is
-    its untrained start (:func:`is_untrained_start`) registers nothing."""
+    it. The decision is written on the version (tags, description). The candidate is the best
+    of :func:`candidate_results`. A re-run of a run whose version is ``@best`` already keeps it
+    without a new evaluation; a run that evaluated only its untrained start registers nothing."""
     eval_ref = file_ref(config.data.eval_path, Path(config.data.eval_path).name) if config.data.eval_path else None
     for version, result in results.items():
         model_id = logged_models.get(version)
@@ -83,14 +92,14 @@ def register_best(
             lineage.log_evaluation(model_id, version, result.metrics(), eval_ref)
     if not results:
         return Registration(None, None, None)
-    best = max(results.values(), key=lambda r: (r.pass_at_1, r.version))
+    name, uri = config.pipeline.registered_model, config.tracking.mlflow_uri
+    incumbent = aliased_version(uri, name, PROMOTED_ALIASES[0])
+    best = max(candidate_results(config, results, incumbent is not None), key=lambda r: (r.pass_at_1, r.version))
     model_id = logged_models.get(best.version)
     if model_id is None:
         return Registration(best.version, None, None)
-    name, uri = config.pipeline.registered_model, config.tracking.mlflow_uri
     root = open_root(config.storage.root, config.storage.options)
     base = Path(config.model.path) if config.trainer.lora is not None else None
-    incumbent = aliased_version(uri, name, PROMOTED_ALIASES[0])
     if incumbent is not None and is_untrained_start(config, best.version):
         reason = f"no trained version of run {config.name} beat its start (weight version 0); nothing registered"
         return Registration(best.version, None, PromotionDecision(False, reason, f"run {config.name}", incumbent.ref))

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from asyncrl.configs.trainer import ZERO3_LIVE_ELEMENTS, LoraConfig, OptimizerConfig
+from asyncrl.tasks.system.network import listen_port
 from asyncrl.tasks.trainer.zero3 import (
     WEIGHTS_FILE,
     build_partitioned_model,
@@ -128,21 +128,15 @@ class TrainEngine:
         return float(self.ds.get_lr()[0])
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def single_process_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables ``torch.distributed`` needs, filled in for one local process where absent.
 
-    MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>, RANK=0, WORLD_SIZE=1, LOCAL_RANK=0;
+    MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port below the outgoing range, :func:`listen_port`>, RANK=0, WORLD_SIZE=1, LOCAL_RANK=0;
     values already set (by ``deepspeed`` or ``torchrun``) are kept.
     """
     source = os.environ if environ is None else environ
     filled = {key: source.get(key, default) for key, default in DIST_ENV_DEFAULTS.items()}
-    filled["MASTER_PORT"] = source.get("MASTER_PORT") or str(_free_port())
+    filled["MASTER_PORT"] = source.get("MASTER_PORT") or str(listen_port())
     return filled
 
 

@@ -372,11 +372,14 @@ def test_checkpoints_resume_at_another_world_size(zero2_runs: dict[int, Any], ti
 def test_other_zero_stages_train_alike_and_resume_at_another_world_size(
     stage: int, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """ZeRO 1 partitions the optimizer state like ZeRO 2 (same files); ZeRO 0 keeps it
-    whole in the model-states file, which loads at any world size as it is."""
+    """ZeRO 0 keeps the optimizer state whole in the model-states file, which loads at any
+    world size as it is: resumed both ways. ZeRO 1 partitions it like ZeRO 2, in the same
+    files, re-partitioned on load by the same code that
+    :func:`test_checkpoints_resume_at_another_world_size` resumes both ways: trained alike only."""
     runs = runs_at_both_world_sizes(stage, tmp_path, tiny_model_dir)
     check_same_steps(runs)
-    check_resume_at_the_other_world_size(runs, tiny_model_dir, stage)
+    if stage == 0:
+        check_resume_at_the_other_world_size(runs, tiny_model_dir, stage)
 
 
 # --- ZeRO stage 3 ----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ resume at another world size.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -22,6 +21,7 @@ from asyncrl.storage.fs import open_root
 from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.shards import ShardWriter
 from asyncrl.storage.weights import WeightStore
+from asyncrl.tasks.system.network import listen_port
 from asyncrl.tasks.system.process_group import kill_group, read_log_tail
 from asyncrl.tasks.trainer.checkpoint import complete_checkpoints, read_manifest
 from asyncrl.tasks.trainer.metrics import read_jsonl_metrics
@@ -91,18 +91,12 @@ def test_two_processes_under_torchrun_then_resume_in_one(
     assert [r["step"] for r in read_jsonl_metrics(tmp_path / "metrics.jsonl")][-2:] == [3, 4]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _run_nodes(
     config: Path, tmp_path: Path, name: str, overrides: tuple[str, ...] = (), timeout_s: float = 300
 ) -> list[Path]:
     """Two trainer nodes of one process each on this machine, each with its own work
     directory (its "local disk"), meeting at a c10d rendezvous; returns their logs."""
-    rendezvous = f"127.0.0.1:{_free_port()}"
+    rendezvous = f"127.0.0.1:{listen_port()}"
     launches = [
         TrainerLaunch(config, tmp_path / f"{name}-node{n}.log", overrides=overrides, nnodes=2, rendezvous=rendezvous,
                       work_dir=tmp_path / f"node{n}", metrics_file=tmp_path / f"metrics-node{n}.jsonl",

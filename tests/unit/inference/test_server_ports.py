@@ -10,15 +10,16 @@ import pytest
 
 from asyncrl.tasks.inference import server_ports
 from asyncrl.tasks.inference.server_errors import PortInUseError
+from asyncrl.tasks.system import network
 
 
 def test_the_outgoing_range_is_read_and_an_unreadable_one_is_none(tmp_path: Path) -> None:
     path = tmp_path / "ip_local_port_range"
     path.write_text("32768\t60999\n")
-    assert server_ports.ephemeral_port_range(str(path)) == (32768, 60999)
+    assert network.ephemeral_port_range(str(path)) == (32768, 60999)
     path.write_text("garbage\n")
-    assert server_ports.ephemeral_port_range(str(path)) is None
-    assert server_ports.ephemeral_port_range(str(tmp_path / "missing")) is None
+    assert network.ephemeral_port_range(str(path)) is None
+    assert network.ephemeral_port_range(str(tmp_path / "missing")) is None
 
 
 @pytest.mark.parametrize("inside", [True, False])
@@ -33,3 +34,12 @@ def test_a_taken_port_names_the_outgoing_range_only_when_inside_it(monkeypatch: 
             server_ports.check_port_free("127.0.0.1", port)
     hinted = f"choose a base_port below {span[0]}" in str(caught.value)
     assert hinted is inside
+
+
+def test_a_listen_port_is_free_and_below_the_outgoing_range() -> None:
+    low = (network.ephemeral_port_range() or (32_768, 60_999))[0]
+    for _ in range(20):
+        port = network.listen_port("127.0.0.1", count=2)
+        assert network.LOWEST_LISTEN_PORT <= port and port + 1 < low
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port + 1))  # every port of the span binds

@@ -118,3 +118,24 @@ def test_a_run_s_untrained_start_is_no_candidate(tmp_path: Path) -> None:
     assert is_untrained_start(nightly, 0) and not is_untrained_start(nightly, 1)
     warm_started = config_from_dict({**raw, "pipeline": {"sft_steps": 2}})
     assert not is_untrained_start(warm_started, 0)
+
+
+def test_behind_the_gate_a_night_s_candidate_is_its_best_trained_version(tmp_path: Path) -> None:
+    """A night whose start (the incumbent's weights) scored best still offers its best trained
+    version to the gate, which rejects it with the figures; with no ``@best`` (no gate) or
+    nothing trained, every evaluated version competes."""
+    from asyncrl.configs.loading import config_from_dict
+    from asyncrl.storage.evaluations import EvalResult
+    from asyncrl.tasks.pipeline.registration import candidate_results
+
+    raw = {"name": "n", "model": {"path": str(tmp_path / "m")}, "data": {"train_path": str(tmp_path / "t.parquet")},
+           "storage": {"root": str(tmp_path / "s")}, "work_dir": str(tmp_path / "w")}  # fmt: skip
+    nightly = config_from_dict(raw)
+    results = {v: EvalResult(version=v, pass_at_1=p, prompts=4, samples_per_prompt=1, mean_output_tokens=8.0)
+               for v, p in ((0, 0.7), (1, 0.1), (2, 0.3))}  # fmt: skip
+    best = lambda rs: max(rs, key=lambda r: (r.pass_at_1, r.version)).version  # noqa: E731
+    assert best(candidate_results(nightly, results, gated=True)) == 2
+    assert best(candidate_results(nightly, results, gated=False)) == 0
+    assert best(candidate_results(nightly, {0: results[0]}, gated=True)) == 0  # nothing trained: no candidate
+    warm_started = config_from_dict({**raw, "pipeline": {"sft_steps": 2}})
+    assert best(candidate_results(warm_started, results, gated=True)) == 0  # its version 0 was trained (SFT)
