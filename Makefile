@@ -47,14 +47,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: system-deps $(VENV)/.installed
 
-# Two pytest-xdist workers: the unit tests one by one; the end-to-end and integration tests a
-# module at a time (a module's fixtures are made once), longest first (tests/conftest.py orders
-# them). A whole run leaves the cores idle for a third of its wall time (process starts, polls,
-# server waits), which the other worker's tests fill.
+# One pytest run on two pytest-xdist workers, a module at a time (a module's fixtures are made
+# once), longest first (tests/conftest.py orders them): the whole runs of tests/e2e, then
+# tests/integration, then the short tests/unit modules, which fill the last minutes. A whole
+# run leaves the cores idle for a third of its wall time (process starts, polls, server
+# waits), which the other worker's tests fill.
 test: setup test-deps
 	$(VENV)/bin/lint-imports
-	$(VPY) -m pytest -n 2 tests/unit
-	$(VPY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/e2e tests/integration
+	$(VPY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests
 
 demo: setup
 	$(VENV)/bin/asyncrl run configs/demo.yaml

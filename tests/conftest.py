@@ -69,12 +69,16 @@ def prefect_server() -> Iterator[None]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest modules first, so that `make test`'s two pytest-xdist workers (``--dist
     loadfile --no-loadscope-reorder``: a module at a time, in this order) end together: the
-    whole runs (tests/e2e), then the trainer's (DeepSpeed ranks, torchrun), then the rest, each
-    in its collection order."""
+    whole runs (tests/e2e), the trainer's (DeepSpeed ranks, torchrun), the other integration
+    tests, then the short unit tests, each part in its collection order."""
 
     def rank(item: pytest.Item) -> int:
         parts = item.path.parts
-        return 0 if "e2e" in parts else 1 if ("integration" in parts and "trainer" in parts) else 2
+        if "e2e" in parts:
+            return 0
+        if "integration" in parts:
+            return 1 if "trainer" in parts else 2
+        return 3
 
     items.sort(key=rank)
 

@@ -1,8 +1,9 @@
-"""`asyncrl bench time-to-accuracy`, `asyncrl bench learning` and `asyncrl bench ablation` for
-real in a tiny setting, from one warm start (the pipeline's inputs and a short SFT, made once):
-the synchronous run and one asynchronous arm (each a real `train_run`), the saved versions of
-both evaluated afterwards on one vLLM server, the JSON, PNG and MLflow run; the learning check's
-verdict; then one staleness bound with standard PPO, the ablation's table, JSON and PNG."""
+"""`asyncrl bench time-to-accuracy` and `asyncrl bench ablation` for real in a tiny setting, from
+one warm start (the pipeline's inputs and a short SFT, made once): the synchronous run and one
+asynchronous arm (each a real `train_run`), the saved versions of both evaluated afterwards on
+one vLLM server, the JSON, PNG and MLflow run; then one staleness bound with standard PPO, the
+ablation's table, JSON and PNG. `asyncrl bench learning` runs the same arms
+(tests/unit/bench/test_time_to_accuracy_units.py checks its command around them)."""
 
 from __future__ import annotations
 
@@ -80,16 +81,8 @@ def test_sync_and_one_async_arm_from_one_warm_start(tmp_path: Path, capsys: pyte
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "time-to-accuracy")}
     assert artifacts == {"time-to-accuracy/t2a.json", "time-to-accuracy/t2a.png"}
 
-    # The learning check from the same warm start (its SFT is not run again): a threshold no
-    # 2-step run can reach fails it, with exit 1.
     sft_metrics = work / "runs" / "t2a-ablation-base" / "sft-metrics.jsonl"
     sft_written = sft_metrics.stat().st_mtime_ns
-    code = main(["bench", "learning", str(path), "--repeats", "1", "--min-gain", "101", "--work-dir", str(work)])
-    printed = capsys.readouterr().out
-    check = json.loads((work / "learning.json").read_text())
-    assert sft_metrics.stat().st_mtime_ns == sft_written
-    assert code == 1 and check["passed"] is False and "FAILED" in printed
-    assert len(check["gain_points"]) == 1 and check["seeds"] == [0]
 
     # The ablation from the same warm start: one bound, the objective the arms above did not
     # train with (standard PPO), every version evaluated.

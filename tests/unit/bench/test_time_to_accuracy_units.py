@@ -239,6 +239,41 @@ def test_learning_check_gain_and_verdict() -> None:
     assert "gain per run +20.0, +24.0, +16.0 points; mean +20.0 +- 4.0 (threshold +18.0): PASSED" in line
 
 
+def test_the_learning_command_runs_each_seed_from_one_warm_start_and_exits_by_the_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`asyncrl bench learning` around its edges (the warm start, the arms' runs and their one
+    evaluation, all run for real by the time-to-accuracy e2e test): one warm start, one run per
+    seed with that seed, one evaluation of the start and every final, the JSON, and exit 1 on a
+    failed check, 0 on a passed one."""
+    import asyncrl.bench.learning_check as learning
+    from asyncrl.cli.main import main
+
+    calls: dict[str, list] = {"warm": [], "runs": [], "evaluations": []}
+
+    def train_arm(config):  # noqa: ANN001, ANN202 - the arm's run: its seed decides its final score
+        calls["runs"].append((config.seed, config.model.path))
+        return {"config": config, "start": 0, "final": 2, "steps": 2, "wall_s": 1.0, "seed": config.seed}
+
+    def evaluate_arms(arms):  # noqa: ANN001, ANN202
+        calls["evaluations"].append([versions for _, versions in arms])
+        return [{0: 0.40, 2: 0.50 + 0.10 * run["seed"]} for run, _ in arms]
+
+    monkeypatch.setattr(learning, "prepare_warm_start", lambda base, work: calls["warm"].append(work) or tmp_path / "warm")
+    monkeypatch.setattr(learning, "train_arm", train_arm)
+    monkeypatch.setattr(learning, "evaluate_arms", evaluate_arms)
+    config = REPO / "configs" / "reasoning.yaml"
+    work = tmp_path / "work"
+    assert main(["bench", "learning", str(config), "--repeats", "2", "--min-gain", "101", "--work-dir", str(work)]) == 1
+    check = json.loads((work / "learning.json").read_text())
+    assert "FAILED" in capsys.readouterr().out and check["passed"] is False
+    assert check["seeds"] == [0, 1] and check["gain_points"] == pytest.approx([10.0, 20.0])
+    assert calls["warm"] == [work] and calls["runs"] == [(0, str(tmp_path / "warm")), (1, str(tmp_path / "warm"))]
+    assert calls["evaluations"] == [[[0, 2], [0, 2]]]  # one evaluation for every run
+    assert main(["bench", "learning", str(config), "--repeats", "1", "--min-gain", "5", "--work-dir", str(work)]) == 0
+    assert "PASSED" in capsys.readouterr().out
+
+
 def test_the_benches_are_on_the_command_line() -> None:
     from asyncrl.cli.main import build_parser
 
