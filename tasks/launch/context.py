@@ -198,12 +198,19 @@ def write_process_config(run: RunPaths, process: ProcessName, config: ProcessCon
 
 
 def _write_private_config(path: Path, full: dict[str, Any]) -> None:
+    """Write ``path`` (mode 0600) whole or not at all: a temporary file beside it, renamed over
+    it. Components placed on one machine each prepare the run while the processes started
+    before them read their configs; a file truncated and rewritten in place was once read
+    empty (a scheduler exiting with "name: Field required")."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
         with os.fdopen(descriptor, "w") as handle:
             yaml.safe_dump(full, handle, sort_keys=False)
+        os.replace(partial, path)
     except OSError as exc:
+        partial.unlink(missing_ok=True)
         raise _no_space(exc, str(path)) or exc
 
 

@@ -181,3 +181,33 @@ def test_a_credentials_block_outside_the_flows_needs_the_store_s_credentials_in_
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     prepare_run(config)
     assert (Path(raw["storage"]["root"]) / "config.yaml").is_file()
+
+
+def test_a_process_config_is_replaced_whole_and_a_failed_write_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Components placed on one machine each prepare the run while processes started before
+    them read their configs: a reader sees the old file or the new one, never a part."""
+    import yaml
+
+    paths = prepare_run(RunConfig.model_validate(raw_config(tmp_path)))
+    config = paths.process_config("scheduler")
+    before = config.read_bytes()
+    inode = config.stat().st_ino
+
+    real_dump = yaml.safe_dump
+
+    def dump_half(data: Any, handle: Any = None, **kwargs: Any) -> Any:  # noqa: ANN401 - a write to a file fails midway
+        if handle is None:
+            return real_dump(data, **kwargs)
+        handle.write("name: resu")
+        raise OSError(errno.EIO, "disk gone mid-write")
+
+    monkeypatch.setattr(yaml, "safe_dump", dump_half)
+    with pytest.raises(OSError, match="disk gone mid-write"):
+        prepare_run(RunConfig.model_validate(raw_config(tmp_path)))
+    assert config.read_bytes() == before and not list(config.parent.glob(".*partial"))
+    monkeypatch.undo()
+    prepare_run(RunConfig.model_validate(raw_config(tmp_path)))
+    assert config.read_bytes() == before and config.stat().st_ino != inode  # renamed over, not rewritten in place
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600 and not list(config.parent.glob(".*partial"))
