@@ -33,7 +33,7 @@ from typing import Any
 from asyncrl.bench.process_memory import own_memory, reset_own_peak
 from asyncrl.bench.scale_settings import SIZE_SPECS
 from asyncrl.configs.trainer import ZERO3_LIVE_ELEMENTS
-from asyncrl.tasks.trainer.process import DIST_ENV
+from asyncrl.tasks.trainer.process import without_process_group_env
 
 WORKER_MODULE = "asyncrl.bench.trainer_memory_worker"
 GLIBC_DEFAULT = "glibc"
@@ -231,10 +231,10 @@ def worker_command(settings: MemorySettings, heap: str, out_dir: Path, python: s
 
 def run_heap(settings: MemorySettings, heap: str, out_dir: Path, python: str = sys.executable) -> list[dict[str, Any]]:
     """Measure ``heap`` in fresh processes (:func:`worker_command`), glibc's malloc variables and
-    this process's own process-group variables (``DIST_ENV``: a caller that built an engine
-    holds its MASTER_PORT) removed from their environment; every rank's phases, or
+    this process's own process-group variables (:func:`without_process_group_env`) removed from
+    their environment; every rank's phases, or
     ``RuntimeError`` with the output's tail."""
-    env = {name: value for name, value in os.environ.items() if name not in HEAP_ENV and name not in DIST_ENV}
+    env = {name: value for name, value in without_process_group_env(os.environ).items() if name not in HEAP_ENV}
     out_dir.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(worker_command(settings, heap, out_dir, python), env=env, capture_output=True, text=True, check=False)
     outs = [out_dir / f"rank{rank}.json" for rank in range(settings.world_size)]

@@ -107,10 +107,16 @@ def with_torch_extensions_dir(environ: Mapping[str, str]) -> dict[str, str]:
     return {"TORCH_EXTENSIONS_DIR": str(torch_extensions_dir()), **environ}
 
 
+def without_process_group_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without :data:`DIST_ENV`: a process that built an engine holds its
+    MASTER_PORT, which a trainer it starts must not inherit."""
+    return {k: v for k, v in environ.items() if k not in DIST_ENV}
+
+
 def trainer_env(launch: TrainerLaunch) -> dict[str, str]:
     """This process's environment without its process-group variables, with a per-venv
     ``TORCH_EXTENSIONS_DIR`` default (a Prefect worker is not started by ``make``), plus ``launch.env``."""
-    inherited = with_torch_extensions_dir({k: v for k, v in os.environ.items() if k not in DIST_ENV})
+    inherited = with_torch_extensions_dir(without_process_group_env(os.environ))
     return {**inherited, **launch.env}
 
 
