@@ -1,5 +1,6 @@
 """Screenshots of the MLflow UI on a run's store (how the README's MLflow pictures were taken):
-the run page, its plots, the experiment's model list and the registered model's version page.
+the run page, its plots, the experiment's model list, the registered model (every version with
+its aliases) and its best version's page, plus any ``--version`` asked for.
 
     .venv/bin/python infra/mlflow_screenshots.py sqlite:///runs/demo/mlflow.db docs/ --model asyncrl-demo-policy
 
@@ -63,8 +64,9 @@ def mlflow_ui(store_uri: str, start_timeout_s: float = 120.0) -> Iterator[str]:
         server.wait(10)
 
 
-def pages(store_uri: str, model: str, alias: str) -> dict[str, str]:
-    """File name -> UI route (after ``#``) of each page to take."""
+def pages(store_uri: str, model: str, alias: str, versions: tuple[str, ...] = ()) -> dict[str, str]:
+    """File name -> UI route (after ``#``) of each page to take; ``versions`` adds
+    ``mlflow-version-<v>.png`` for each (a rejected candidate's tags and description)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=store_uri, registry_uri=store_uri)
@@ -75,16 +77,21 @@ def pages(store_uri: str, model: str, alias: str) -> dict[str, str]:
         "mlflow-run.png": f"/experiments/{experiment}/runs/{run_id}",
         "mlflow-run-plots.png": f"/experiments/{experiment}/runs/{run_id}/artifacts/plots/pass_at_1.png",
         "mlflow-models.png": f"/experiments/{experiment}/models",
+        "mlflow-registered-model.png": f"/models/{model}",
         "mlflow-registered-version.png": f"/models/{model}/versions/{version.version}",
-    }
+        **{f"mlflow-version-{v}.png": f"/models/{model}/versions/{client.get_model_version(model, v).version}"
+           for v in versions},
+    }  # fmt: skip
 
 
-def take_screenshots(store_uri: str, out_dir: Path, model: str, alias: str = "best", wait_s: float = 10.0) -> list[Path]:
+def take_screenshots(
+    store_uri: str, out_dir: Path, model: str, alias: str = "best", wait_s: float = 10.0, versions: tuple[str, ...] = ()
+) -> list[Path]:
     """Each page of :func:`pages` as ``out_dir/<name>`` (1600 x 1000)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     taken = []
     with mlflow_ui(store_uri) as base:
-        for name, route in pages(store_uri, model, alias).items():
+        for name, route in pages(store_uri, model, alias, versions).items():
             screenshot(f"{base}/#{route}", out_dir / name, None, 1600, 1000, wait_s, UI_PREFERENCES)
             taken.append(out_dir / name)
     return taken
@@ -96,9 +103,12 @@ def main() -> None:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--model", required=True, help="registered model name")
     parser.add_argument("--alias", default="best")
+    parser.add_argument("--version", action="append", default=[], help="also a page of this version (repeatable)")
     parser.add_argument("--wait", type=float, default=10.0, help="seconds for each page to render")
     args = parser.parse_args()
-    for path in take_screenshots(args.store_uri, args.out_dir, args.model, args.alias, args.wait):
+    for path in take_screenshots(
+        args.store_uri, args.out_dir, args.model, args.alias, args.wait, tuple(args.version)
+    ):
         print(f"wrote {path} ({path.stat().st_size} bytes)")
 
 

@@ -40,7 +40,8 @@ def test_screenshots_of_the_run_and_the_registered_model(
 
     taken = load_script().take_screenshots(run.lineage.tracking_uri, tmp_path / "shots", "shot-policy", wait_s=6.0)
     assert [p.name for p in taken] == [
-        "mlflow-run.png", "mlflow-run-plots.png", "mlflow-models.png", "mlflow-registered-version.png"]  # fmt: skip
+        "mlflow-run.png", "mlflow-run-plots.png", "mlflow-models.png", "mlflow-registered-model.png",
+        "mlflow-registered-version.png"]  # fmt: skip
     for path in taken:
         with Image.open(path) as image:
             assert image.size == (1600, 1000)
