@@ -22,14 +22,16 @@ class SandboxLimits(StrictModel):
     cpu_s: int = Field(5, ge=1, le=3600, description="RLIMIT_CPU of each process of one test run, seconds.")
     """SIGXCPU at the limit, SIGKILL one second later."""
     wall_s: float = Field(10.0, gt=0.0, le=3600.0, description="Wall time of one test run; the whole sandbox is killed when it is over.")
-    memory_mb: int = Field(512, ge=32, description="RLIMIT_AS of each process; with cgroup v2 also memory.max of the whole sandbox, MiB.")
-    """With cgroup v2 (``code.cgroup``) the sandbox as a whole, its /tmp and /dev/shm files
-    included, is capped at this too; without, only each process is (docs/sandbox.md)."""
-    nproc: int = Field(16, ge=2, le=4096, description="RLIMIT_NPROC: processes and threads of the sandbox; with cgroup v2 also its pids.max.")
+    memory_mb: int = Field(512, ge=32, description="RLIMIT_AS of each process; with a cgroup also the memory limit of the whole sandbox, MiB.")
+    """With a cgroup (``code.cgroup``; v2 memory.max, v1 memory.limit_in_bytes) the sandbox as
+    a whole, its /tmp and /dev/shm files included, is capped at this too; without, only each
+    process is (docs/sandbox.md)."""
+    nproc: int = Field(16, ge=2, le=4096, description="RLIMIT_NPROC: processes and threads of the sandbox; with a cgroup also its pids.max.")
     """Counted inside the sandbox's own user namespace (so concurrent sandboxes do not share it)."""
-    cpus: float = Field(1.0, ge=0.01, le=1024.0, description="With cgroup v2, cpu.max of the whole sandbox: the CPUs its processes share.")
-    """The sandbox's CPU bandwidth (quota per 100 ms period). Only with cgroup v2: RLIMIT_CPU
-    bounds each process's CPU time, not how many cores a sandbox keeps busy at once."""
+    cpus: float = Field(1.0, ge=0.01, le=1024.0, description="With a cgroup, the CPU bandwidth of the whole sandbox: the CPUs its processes share.")
+    """The sandbox's CPU bandwidth (quota per 100 ms period: v2 cpu.max, v1 cpu.cfs_quota_us).
+    Only with a cgroup: RLIMIT_CPU bounds each process's CPU time, not how many cores a sandbox
+    keeps busy at once."""
     nofile: int = Field(64, ge=8, le=65536, description="RLIMIT_NOFILE: open file descriptors per process.")
     fsize_mb: int = Field(16, ge=1, description="RLIMIT_FSIZE: largest file a process may write, MiB.")
     tmpfs_mb: int = Field(64, ge=1, description="Size of the private, writable /tmp (memory-backed, gone after the run), MiB.")
@@ -48,17 +50,24 @@ class CodeRewardConfig(StrictModel):
     sandbox_uid: int = Field(65534, ge=1, description="Host uid (and gid) the sandbox runs as when the service runs as root.")
     """Host uid (and gid) the sandbox runs as when the service runs as root: root is
     exempt from RLIMIT_NPROC, so code must never run with host uid 0."""
-    cgroup: Literal["auto", "off"] = Field("auto", description="`auto`: a cgroup v2 caps each whole sandbox where the machine allows it; `off`: rlimits only.")
+    cgroup: Literal["auto", "off"] = Field("auto", description="`auto`: a cgroup (v2, else v1) caps each whole sandbox where the host allows; `off`: rlimits only.")
     """``auto``: decided once when the pool starts, and reported (``caps: ...`` in the pool's
-    stats and the reward service's log); where cgroup v2 is not available (no unified
-    hierarchy, controllers not delegated, read-only) the rlimits alone cap, and the report says
-    why. How to delegate a cgroup: docs/sandbox.md."""
-    cgroup_parent: str | None = Field(None, description="cgroup v2 directory holding one cgroup per sandbox; null: made in the process's own cgroup.")
+    stats and the reward service's log): cgroup v2 where the unified hierarchy is mounted at
+    /sys/fs/cgroup, else cgroup v1 where its memory, pids and cpu hierarchies are mounted and
+    writable; where neither is available (controllers not delegated, read-only, processes of
+    other programs in the own v2 cgroup) the rlimits alone cap, and the report says why. How to
+    delegate a cgroup: docs/sandbox.md."""
+    cgroup_parent: str | None = Field(None, description="cgroup v2 directory holding one cgroup per sandbox; null: made in the process's own cgroup(s).")
     """An absolute path under the cgroup v2 mount with the cpu, memory and pids controllers
-    available (e.g. a directory delegated to the service's user). None: ``asyncrl-sandboxes``
-    in the process's own cgroup (``/proc/self/cgroup``), whose processes move to a leaf child
-    ``asyncrl-leaf`` when they must (cgroup v2 lets only a cgroup without processes give its
-    children controllers)."""
+    available (e.g. a directory delegated to the service's user); cgroup v2 only. None:
+    ``asyncrl-sandboxes`` in the process's own cgroup (``/proc/self/cgroup``; on cgroup v1 in
+    each of its memory, pids and cpu cgroups). On v2 the own cgroup's processes move to a leaf
+    child ``asyncrl-leaf`` when they must (cgroup v2 lets only a cgroup without processes give
+    its children controllers), and only if all are the service's own."""
+    require_cgroup: bool = Field(False, description="Refuse to start the pool or score code unless a cgroup (v1 or v2) caps each sandbox.")
+    """With ``true``, where no cgroup can cap the sandboxes (``cgroup: off`` included) the
+    reward pool does not start and code is not scored (``sandbox_unavailable``); the error
+    names this field and why no cgroup is available."""
     allow_unsandboxed: bool = Field(False, description="Run programs WITHOUT bubblewrap when bwrap is missing (unsafe).")
     """Run programs WITHOUT bubblewrap (rlimits and a temp dir only) when bwrap is missing.
     Unsafe for untrusted code: the program can read host files and use the network."""

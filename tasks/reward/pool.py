@@ -7,9 +7,9 @@ batch always completes). Workers are separate interpreters
 (``python -m asyncrl.tasks.reward.worker``), not forks, so a pool can start from a threaded
 process; they start with an allow-listed environment (``environ.worker_environment``), so
 the caller's secrets never reach a worker, a plug-in or a sandbox. Which caps bound each
-sandbox (a cgroup v2 per sandbox, or per-process rlimits) is decided once when the pool
-starts (``sandbox_cgroup.decide_caps``), handed to every worker, and reported in the stats
-(``PoolStats.caps``).
+sandbox (a cgroup per sandbox, v2 or v1, or per-process rlimits) is decided once when the
+pool starts (``sandbox_cgroup.decide_caps``), handed to every worker, and reported in the stats
+(``PoolStats.caps``); with ``reward.code.require_cgroup`` a pool without a cgroup does not start.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ class PoolStats:
     worker_restarts: int
     workers_killed_for_timeout: int
     caps: str = ""
-    """What caps each code sandbox: ``caps: cgroup v2 (...)`` or ``caps: rlimit (...: reason)``
-    (``SandboxCaps.describe``); empty before the pool starts."""
+    """What caps each code sandbox: ``caps: cgroup v2 (...)``, ``caps: cgroup v1 (...)`` or
+    ``caps: rlimit (...: reason)`` (``SandboxCaps.describe``); empty before the pool starts."""
 
 
 def request_budget_s(request: RewardRequest, config: RewardConfig) -> float:
@@ -147,11 +147,16 @@ class RewardPool:
     # -- public API ---------------------------------------------------------------------
 
     def start(self) -> RewardPool:
-        """Start the workers and wait until each has loaded its verifiers."""
+        """Start the workers and wait until each has loaded its verifiers. Refused when
+        ``reward.code.require_cgroup`` is set and no cgroup can cap the code sandboxes."""
         if self._thread is not None:
             raise RewardPoolError("RewardPool.start: already started")
         code = self.config.code
         self.caps = decide_caps(code, sandboxed=shutil.which(code.bwrap) is not None)
+        refusal = self.caps.refusal(code)
+        if refusal is not None:
+            self.close()
+            raise RewardPoolError(f"reward pool failed to start: {refusal}")
         self._worker_config = self.config.model_copy(update={"code": self.caps.for_workers(code)})
         self._thread = threading.Thread(target=self._run, name="reward-pool", daemon=True)
         self._thread.start()

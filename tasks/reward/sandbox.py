@@ -6,10 +6,11 @@ private size-capped tmpfs (``/tmp``, ``/dev/shm``) as the only writable places, 
 networking, an allow-listed environment (``environ.py``) and a seccomp deny-list
 (``seccomp.py``). Limits: ``prlimit`` sets RLIMIT_CPU/AS/NPROC/NOFILE/FSIZE (no core dumps)
 inside the sandbox's user namespace, so a fork bomb stops at ``limits.nproc``; wall time and
-output are capped here by killing the whole sandbox. Where cgroup v2 allows it, each sandbox
-also gets a cgroup of its own (memory.max, pids.max, cpu.max over all its processes, decided
-once per pool: ``sandbox_cgroup.py``, ``Sandbox.caps``); without one, memory is bounded only
-per process, by ``nproc * memory_mb`` plus the tmpfs in all.
+output are capped here by killing the whole sandbox. Where cgroup v2, or else cgroup v1,
+allows it, each sandbox also gets a cgroup of its own (memory, pids and CPU bandwidth over all
+its processes, decided once per pool: ``sandbox_cgroup.py``, ``Sandbox.caps``); without one,
+memory is bounded only per process, by ``nproc * memory_mb`` plus the tmpfs in all
+(``reward.code.require_cgroup`` refuses code then).
 :class:`~asyncrl.tasks.reward.sandbox_session.SandboxSession` runs one program's tests in one sandbox (``sandbox_driver.py``).
 What each measure stops, and why: ``docs/internals/reward.md``.
 """
@@ -66,7 +67,7 @@ class Sandbox:
         self.driver_source = Path(__file__).with_name("sandbox_driver.py").read_bytes()
         """The source of the driver a session runs inside its sandbox."""
         self.caps: SandboxCaps = decide_caps(config, sandboxed=self._bwrap is not None)
-        """A cgroup per sandbox (``caps.parent``) or the rlimits alone (``caps.reason``); a pool
+        """A cgroup per sandbox (``caps.parents``) or the rlimits alone (``caps.reason``); a pool
         decides once and hands its workers the decision (``SandboxCaps.for_workers``)."""
 
     @property
@@ -107,6 +108,9 @@ class Sandbox:
                     f"code.python: {self.python!r} resolves to {resolved!r}, outside /usr, "
                     "the only system tree mounted in the sandbox"
                 )
+        refusal = self.caps.refusal(self.config)
+        if refusal is not None:
+            raise SandboxUnavailable(refusal)
 
     def run(
         self, files: Sequence[SandboxFile], main: str, stdin: bytes = b"", limits: SandboxLimits | None = None
@@ -191,9 +195,7 @@ class Sandbox:
     def new_cgroup(self, limits: SandboxLimits) -> SandboxCgroup | None:
         """A cgroup with ``limits`` for one sandbox when ``caps`` says so, else None;
         ``CgroupUnavailable`` when it cannot be made."""
-        if self.caps.parent is None:
-            return None
-        return SandboxCgroup.create(Path(self.caps.parent), limits)
+        return self.caps.new_cgroup(limits) if self.caps.cgroup else None
 
     def release(self, proc: subprocess.Popen[bytes], cgroup: SandboxCgroup, status_r: int, block_w: int) -> str | None:
         """Move bwrap's sandbox into ``cgroup`` and let it run (``release_into``); the error, if

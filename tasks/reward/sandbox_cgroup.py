@@ -1,115 +1,191 @@
-"""Caps on a sandbox as a whole: one cgroup v2 per sandbox with memory.max, pids.max and cpu.max.
+"""Caps on a sandbox as a whole: a cgroup per sandbox (v2, else v1) capping memory, pids and CPU.
 
 The rlimits (``sandbox_process.prlimit_argv``) cap each PROCESS of a sandbox: a program that
 forks can hold ``nproc x memory_mb``. Where the machine allows it, every sandbox also gets a
-cgroup of its own that caps all its processes together. Whether it does is decided once per
-pool (``decide_caps``) and reported (``SandboxCaps.describe``):
+cgroup of its own that caps all its processes together. Whether it does, and with which
+cgroup version, is decided once per pool (``decide_caps``) and reported (``SandboxCaps.describe``).
 
-- the cgroup v2 unified hierarchy is mounted at ``/sys/fs/cgroup`` (its ``cgroup.controllers``
-  exists: not cgroup v1, not the hybrid layout);
+cgroup v2 (memory.max, pids.max, cpu.max) is used when:
+
+- the unified hierarchy is mounted at ``/sys/fs/cgroup`` (its ``cgroup.controllers`` exists);
 - the cpu, memory and pids controllers are available in this process's cgroup (the ``0::``
   line of ``/proc/self/cgroup``): it runs as root, or its cgroup was delegated to it (systemd
   ``Delegate=yes``; ``reward.code.cgroup_parent`` names another delegated directory);
 - it can enable them for a child: cgroup v2 gives controllers only to the children of a cgroup
   without processes, so the processes of this cgroup move to a leaf child (``LEAF``) first,
-  as systemd's ``DelegateSubgroup=`` would; the sandboxes' cgroups go under ``SANDBOXES``;
+  as systemd's ``DelegateSubgroup=`` would; only when every one of them is this process or
+  one of its descendants (no other program's process is moved); the sandboxes' cgroups go
+  under ``SANDBOXES``;
 - a child cgroup with the three limits can be created, written and removed (a probe).
 
-Otherwise the rlimits alone cap, with the reason. A sandbox's cgroup (``SandboxCgroup``) is
-made before its bubblewrap starts; bwrap blocks (``--block-fd``) until the process that will
-run the program, named on its JSON status channel, is moved into it (``release_into``), so
-nothing of the program ever runs outside; at the end every process left in it is killed
-(``cgroup.kill``, else SIGKILL to each of ``cgroup.procs``) and it is removed.
+Where the unified hierarchy is absent, cgroup v1 (``sandbox_cgroup_v1.py``) is used when its
+memory, pids and cpu hierarchies are mounted and writable, and a probe works there. Otherwise
+the rlimits alone cap, with the reason. A sandbox's cgroup (``SandboxCgroup``,
+``sandbox_cgroup_fs.py``) is made before its bubblewrap starts; bwrap blocks (``--block-fd``)
+until the process that will run the program, named on its JSON status channel, is moved into
+it (``release_into``), so nothing of the program ever runs outside; at the end every process
+left in it is killed and it is removed.
 """
 
 from __future__ import annotations
 
 import errno
-import itertools
 import json
-import logging
 import os
 import select
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
+from asyncrl.tasks.reward import sandbox_cgroup_v1
+from asyncrl.tasks.reward.sandbox_cgroup_fs import (
+    CONTROLLERS,
+    CPU_PERIOD_US,
+    SANDBOXES,
+    CgroupParent,
+    CgroupUnavailable,
+    LimitFile,
+    SandboxCgroup,
+    cfs_quota_us,
+    procs,
+    sweep,
+    words,
+    write,
+)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
-CONTROLLERS = ("cpu", "memory", "pids")
-"""The controllers a sandbox's cgroup needs (cpu.max, memory.max, pids.max)."""
 LEAF = "asyncrl-leaf"
 """Child of the process's own cgroup that its processes move to, so that the cgroup may give
 its children controllers (cgroup v2's no-internal-processes rule)."""
-SANDBOXES = "asyncrl-sandboxes"
-"""Child of the process's own cgroup holding one cgroup per sandbox."""
-CPU_PERIOD_US = 100_000
 RELEASE_TIMEOUT_S = 30.0
 """How long a sandbox start waits for bubblewrap to name the process to move into the cgroup."""
-REMOVE_TIMEOUT_S = 5.0
-_names = itertools.count()
-logger = logging.getLogger("asyncrl.reward.sandbox")
-
-
-class CgroupUnavailable(Exception):
-    """cgroup v2 cannot cap the sandboxes here; the message says why (shown in the caps report)."""
+FOREIGN_SHOWN = 5
+"""Pids of other programs' processes named in the reason a cgroup v2 is refused."""
 
 
 @dataclass(frozen=True)
 class SandboxCaps:
-    """The caps in force for every sandbox of a pool: a cgroup each under ``parent``, or (parent
-    None) the per-process rlimits only, for ``reason``."""
+    """The caps in force for every sandbox of a pool: a cgroup each under ``parents`` (cgroup
+    ``version`` 2: one directory; 1: one per hierarchy), or (no parents) the per-process
+    rlimits only, for ``reason``."""
 
-    parent: str | None
+    parents: tuple[CgroupParent, ...] = ()
+    version: Literal[1, 2] | None = None
     reason: str = ""
+
+    @classmethod
+    def v2(cls, parent: Path) -> SandboxCaps:
+        """A cgroup v2 per sandbox under ``parent`` (with all of CONTROLLERS)."""
+        return cls((CgroupParent(str(parent), CONTROLLERS),), 2)
 
     @property
     def cgroup(self) -> bool:
-        return self.parent is not None
+        """True when each sandbox gets a cgroup (v1 or v2)."""
+        return bool(self.parents)
 
     def describe(self, limits: SandboxLimits) -> str:
-        """The one-line report: ``caps: cgroup v2 (...)`` or ``caps: rlimit (...: reason)``."""
-        if self.parent is not None:
+        """The one-line report: ``caps: cgroup v2 (...)``, ``caps: cgroup v1 (...)`` or
+        ``caps: rlimit (...: reason)``."""
+        under = ", ".join(p.path for p in self.parents)
+        if self.version == 2:
             return (
                 f"caps: cgroup v2 (memory.max={limits.memory_mb} MiB, pids.max={limits.nproc}, "
-                f"cpu.max={cpu_max(limits)} = {limits.cpus:g} CPU) per sandbox under {self.parent}; rlimits per process too"
+                f"cpu.max={cpu_max(limits)} = {limits.cpus:g} CPU) per sandbox under {under}; rlimits per process too"
             )
-        return f"caps: rlimit (per process; cgroup v2 not available: {self.reason})"
+        if self.version == 1:
+            return (
+                f"caps: cgroup v1 (memory.limit_in_bytes={limits.memory_mb} MiB, pids.max={limits.nproc}, "
+                f"cpu.cfs_quota_us={cfs_quota_us(limits)} per cpu.cfs_period_us={CPU_PERIOD_US} = {limits.cpus:g} CPU) "
+                f"per sandbox under {under}; rlimits per process too"
+            )
+        return f"caps: rlimit (per process; no cgroup: {self.reason})"
+
+    def refusal(self, code: CodeRewardConfig) -> str | None:
+        """Why code may not be scored under these caps (``reward.code.require_cgroup`` and no
+        cgroup), or None."""
+        if code.require_cgroup and not self.cgroup:
+            return f"reward.code.require_cgroup is true, but no cgroup can cap the code sandboxes: {self.reason}"
+        return None
 
     def for_workers(self, code: CodeRewardConfig) -> CodeRewardConfig:
-        """``code`` as a pool's workers get it: the decision made, so no worker makes another
-        (an ``off`` for the rlimits; the parent found for a cgroup)."""
-        if self.parent is None:
+        """``code`` as a pool's workers get it: the decision made, so no worker makes another.
+        An ``off`` for the rlimits; for a cgroup, ``require_cgroup`` (a worker that cannot use
+        it refuses code rather than run it uncapped) and, on v2, the parent found. On v1 a
+        worker finds the same parents again: it is in its pool's cgroups, which v1 never moves."""
+        if not self.parents:
             return code.model_copy(update={"cgroup": "off"})
-        return code.model_copy(update={"cgroup_parent": self.parent})
+        update: dict[str, object] = {"require_cgroup": True}
+        if self.version == 2:
+            update["cgroup_parent"] = self.parents[0].path
+        return code.model_copy(update=update)
+
+    def new_cgroup(self, limits: SandboxLimits, prefix: str = "sandbox") -> SandboxCgroup:
+        """A cgroup with ``limits`` for one sandbox (a directory under each parent);
+        ``CgroupUnavailable`` when it cannot be made."""
+        if not self.parents:
+            raise CgroupUnavailable(f"no cgroup for the sandboxes: {self.reason}")
+        layout = [(Path(p.path), self._limit_files(p.controllers, limits)) for p in self.parents]
+        return SandboxCgroup.create(layout, prefix)
+
+    def _limit_files(self, controllers: tuple[str, ...], limits: SandboxLimits) -> list[LimitFile]:
+        if self.version == 1:
+            return sandbox_cgroup_v1.limit_files(controllers, limits)
+        return [
+            LimitFile("memory.max", str(limits.memory_mb << 20)),
+            LimitFile("memory.swap.max", "0", only_if_present=True),
+            LimitFile("pids.max", str(limits.nproc)),
+            LimitFile("cpu.max", cpu_max(limits)),
+        ]
 
 
 def decide_caps(
-    code: CodeRewardConfig, sandboxed: bool, root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP
+    code: CodeRewardConfig,
+    sandboxed: bool,
+    root: Path = CGROUP_ROOT,
+    proc_cgroup: Path = PROC_SELF_CGROUP,
+    mountinfo: Path = sandbox_cgroup_v1.PROC_SELF_MOUNTINFO,
 ) -> SandboxCaps:
     """The caps for sandboxes run with ``code`` from this process (see the module docstring):
-    a cgroup per sandbox if possible, else the rlimits with the reason. ``root`` and
-    ``proc_cgroup`` are the cgroup v2 mount and ``/proc/self/cgroup`` (other paths in tests)."""
+    a cgroup per sandbox if possible, else the rlimits with the reason. ``root``,
+    ``proc_cgroup`` and ``mountinfo`` are the cgroup v2 mount, ``/proc/self/cgroup`` and
+    ``/proc/self/mountinfo`` (other paths in tests)."""
     if not sandboxed:
-        return SandboxCaps(None, "no bubblewrap: the unsandboxed mode runs programs on the host with rlimits only")
+        return SandboxCaps(reason="no bubblewrap: the unsandboxed mode runs programs on the host with rlimits only")
     if code.cgroup == "off":
-        return SandboxCaps(None, "turned off (reward.code.cgroup: off)")
+        return SandboxCaps(reason="turned off (reward.code.cgroup: off)")
     try:
-        if code.cgroup_parent is not None:
-            parent = Path(code.cgroup_parent)
-            enable_controllers(parent, move_processes=False)
-        else:
-            parent = prepare_own_cgroup(root, proc_cgroup)
-        sweep(parent)
-        probe = SandboxCgroup.create(parent, code.limits, prefix="probe")
+        caps = find_parents(code, root, proc_cgroup, mountinfo)
+        for parent in caps.parents:
+            sweep(Path(parent.path))
+        probe = caps.new_cgroup(code.limits, prefix="probe")
         if not probe.remove():
-            raise CgroupUnavailable(f"a probe cgroup {probe.path} could not be removed")
+            raise CgroupUnavailable(f"a probe cgroup {probe} could not be removed")
     except CgroupUnavailable as exc:
-        return SandboxCaps(None, str(exc))
-    return SandboxCaps(str(parent))
+        return SandboxCaps(reason=str(exc))
+    return caps
+
+
+def find_parents(code: CodeRewardConfig, root: Path, proc_cgroup: Path, mountinfo: Path) -> SandboxCaps:
+    """The sandboxes' parent directories, prepared: ``code.cgroup_parent``; else on cgroup v2
+    ``<own cgroup>/asyncrl-sandboxes``; else those of cgroup v1. ``CgroupUnavailable`` says why not."""
+    if code.cgroup_parent is not None:
+        parent = Path(code.cgroup_parent)
+        enable_controllers(parent, move_processes=False)
+        return SandboxCaps.v2(parent)
+    if (root / "cgroup.controllers").is_file():
+        return SandboxCaps.v2(prepare_own_cgroup(root, proc_cgroup))
+    try:
+        return SandboxCaps(sandbox_cgroup_v1.sandbox_parents(proc_cgroup, mountinfo), 1)
+    except CgroupUnavailable as exc:
+        raise CgroupUnavailable(
+            f"no cgroup v2 unified hierarchy at {root} ({root / 'cgroup.controllers'} missing), and cgroup v1: {exc}"
+        ) from None
+
+
+# -- cgroup v2 ------------------------------------------------------------------------------
 
 
 def own_cgroup(proc_cgroup: Path = PROC_SELF_CGROUP) -> str:
@@ -132,13 +208,13 @@ def prepare_own_cgroup(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_C
             f"no cgroup v2 unified hierarchy at {root} ({root / 'cgroup.controllers'} missing: cgroup v1 or hybrid)"
         )
     own = root / own_cgroup(proc_cgroup).lstrip("/")
-    if own.name == LEAF and not missing(_words(own.parent / "cgroup.subtree_control")):
+    if own.name == LEAF and not missing(words(own.parent / "cgroup.subtree_control")):
         own = own.parent  # started by a process that an earlier start moved to the leaf
     enable_controllers(own, move_processes=True)
     sandboxes = own / SANDBOXES
     try:
         sandboxes.mkdir(exist_ok=True)
-        if missing(_words(sandboxes / "cgroup.subtree_control")):
+        if missing(words(sandboxes / "cgroup.subtree_control")):
             write(sandboxes / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
     except OSError as exc:
         raise CgroupUnavailable(f"cannot create {sandboxes} with {', '.join(CONTROLLERS)} for its children: {exc.strerror}") from None
@@ -153,25 +229,34 @@ def missing(enabled: list[str]) -> list[str]:
 def enable_controllers(directory: Path, move_processes: bool) -> None:
     """Enable CONTROLLERS in ``directory``'s ``cgroup.subtree_control`` (so its children get
     cpu.max, memory.max, pids.max). A non-root cgroup holding processes cannot: with
-    ``move_processes`` they move to its child LEAF first, else that is the reason given."""
+    ``move_processes`` they move to its child LEAF first, if all are this process or its
+    descendants; else that is the reason given."""
     if not (directory / "cgroup.controllers").is_file():
         raise CgroupUnavailable(f"{directory} is not a cgroup v2 directory")
-    available = _words(directory / "cgroup.controllers")
+    available = words(directory / "cgroup.controllers")
     absent = missing(available)
     if absent:
         raise CgroupUnavailable(
             f"controller(s) {', '.join(absent)} not available in {directory} (cgroup.controllers: "
             f"{' '.join(available) or 'none'}): not root, and no cgroup delegated with them"
         )
-    if not missing(_words(directory / "cgroup.subtree_control")):
+    if not missing(words(directory / "cgroup.subtree_control")):
         return
     non_root = (directory / "cgroup.type").exists()  # the root cgroup has no cgroup.type
     for attempt in range(3):
-        pids = _pids(directory) if non_root else []
+        pids = procs(directory) if non_root else []
         if pids:
             if not move_processes:
                 raise CgroupUnavailable(
                     f"{directory} holds processes ({len(pids)}), so cgroup v2 lets it give its children no controller"
+                )
+            strangers = foreign(pids)
+            if strangers:
+                shown = ", ".join(map(str, strangers[:FOREIGN_SHOWN])) + (", ..." if len(strangers) > FOREIGN_SHOWN else "")
+                raise CgroupUnavailable(
+                    f"{directory} holds {len(strangers)} process(es) not of this service (pid {os.getpid()} and its "
+                    f"descendants): {shown}; they are not moved to {LEAF}, so cgroup v2 lets the cgroup give its "
+                    "children no controller; name a cgroup delegated to the service in reward.code.cgroup_parent"
                 )
             _move(pids, directory / LEAF)
         try:
@@ -183,6 +268,34 @@ def enable_controllers(directory: Path, move_processes: bool) -> None:
             raise CgroupUnavailable(
                 f"cannot enable {', '.join(CONTROLLERS)} in {directory / 'cgroup.subtree_control'}: {exc.strerror}"
             ) from None
+
+
+def foreign(pids: list[int], proc: Path = Path("/proc")) -> list[int]:
+    """Those of ``pids`` that are neither this process nor one of its descendants (their chain
+    of parents, ``/proc/<pid>/stat``, never reaches it). A process gone meanwhile is none."""
+    me = os.getpid()
+    strangers = []
+    for pid in pids:
+        chain, current = set(), pid
+        while current != me:
+            parent = _parent_of(current, proc)
+            if parent is None and current == pid:
+                break  # gone: nothing to move
+            if parent is None or parent == 0 or current in chain:  # 0: above pid 1
+                strangers.append(pid)
+                break
+            chain.add(current)
+            current = parent
+    return strangers
+
+
+def _parent_of(pid: int, proc: Path) -> int | None:
+    """The parent pid of ``pid`` (the field after the state in ``/proc/<pid>/stat``), None if gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        return int(stat.rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _move(pids: list[int], leaf: Path) -> None:
@@ -204,92 +317,12 @@ def _move(pids: list[int], leaf: Path) -> None:
         os.close(fd)
 
 
-def sweep(parent: Path) -> None:
-    """Remove the cgroups of sandboxes whose process is gone (a worker killed mid-run)."""
-    try:
-        children = [p for p in parent.iterdir() if p.is_dir()]
-    except OSError:
-        return
-    for child in children:
-        prefix, _, rest = child.name.partition("-")
-        pid = rest.partition("-")[0]
-        if prefix in ("sandbox", "probe") and pid.isdigit() and not _alive(int(pid)):
-            SandboxCgroup(child).remove()
+def cpu_max(limits: SandboxLimits) -> str:
+    """``cpu.max`` for ``limits.cpus``: ``<quota> <period>`` in microseconds."""
+    return f"{cfs_quota_us(limits)} {CPU_PERIOD_US}"
 
 
-class SandboxCgroup:
-    """The cgroup of one sandbox: made with its limits, given the sandbox's first process, read
-    for OOM kills, emptied and removed at the end."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @classmethod
-    def create(cls, parent: Path, limits: SandboxLimits, prefix: str = "sandbox") -> SandboxCgroup:
-        """``parent/<prefix>-<pid>-<n>`` with memory.max, memory.swap.max (0, where there is
-        swap accounting), pids.max and cpu.max from ``limits``; ``CgroupUnavailable`` if not."""
-        path = parent / f"{prefix}-{os.getpid()}-{next(_names)}"
-        try:
-            path.mkdir()
-        except OSError as exc:
-            raise CgroupUnavailable(f"cannot create the sandbox cgroup {path}: {exc.strerror}") from None
-        cgroup = cls(path)
-        try:
-            write(path / "memory.max", str(limits.memory_mb << 20))
-            if (path / "memory.swap.max").exists():
-                write(path / "memory.swap.max", "0")
-            write(path / "pids.max", str(limits.nproc))
-            write(path / "cpu.max", cpu_max(limits))
-        except OSError as exc:
-            cgroup.remove()
-            raise CgroupUnavailable(f"cannot set the limits of {path}: {exc.filename}: {exc.strerror}") from None
-        return cgroup
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` into this cgroup (its children to come are born in it)."""
-        write(self.path / "cgroup.procs", str(pid))
-
-    def oom_kills(self) -> int:
-        """Processes of this cgroup the OOM killer ended so far (memory.events ``oom_kill``)."""
-        try:
-            for line in (self.path / "memory.events").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
-
-    def kill(self) -> None:
-        """SIGKILL every process in the cgroup: ``cgroup.kill`` (Linux 5.14+), else each of ``cgroup.procs``."""
-        if (self.path / "cgroup.kill").exists():
-            try:
-                write(self.path / "cgroup.kill", "1")
-                return
-            except OSError:
-                pass  # fall back to the processes one by one
-        for pid in _pids(self.path):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # already gone
-
-    def remove(self, timeout_s: float = REMOVE_TIMEOUT_S) -> bool:
-        """Kill what is left and remove the cgroup (retried while its processes die); False,
-        logged, if it is still there after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.kill()
-            try:
-                os.rmdir(self.path)
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    logger.warning("sandbox cgroup %s not removed: %s", self.path, exc.strerror)
-                    return False
-            time.sleep(0.01)
+# -- both -----------------------------------------------------------------------------------
 
 
 def release_into(cgroup: SandboxCgroup, status_r: int, block_w: int, timeout_s: float = RELEASE_TIMEOUT_S) -> bool:
@@ -318,44 +351,9 @@ def release_into(cgroup: SandboxCgroup, status_r: int, block_w: int, timeout_s: 
     try:
         cgroup.add(pid)
     except OSError as exc:
-        raise CgroupUnavailable(f"cannot move the sandbox (pid {pid}) into {cgroup.path}: {exc.strerror}") from None
+        raise CgroupUnavailable(f"cannot move the sandbox (pid {pid}) into {cgroup}: {exc.strerror}") from None
     try:
         os.write(block_w, b"1")
     except BrokenPipeError:
         return False  # bwrap died meanwhile
-    return True
-
-
-def cpu_max(limits: SandboxLimits) -> str:
-    """``cpu.max`` for ``limits.cpus``: ``<quota> <period>`` in microseconds."""
-    return f"{max(1000, round(limits.cpus * CPU_PERIOD_US))} {CPU_PERIOD_US}"
-
-
-def write(path: Path, text: str) -> None:
-    """One write of ``text`` to a cgroup interface file (created in a plain directory, as in tests)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _words(path: Path) -> list[str]:
-    try:
-        return path.read_text().split()
-    except OSError:
-        return []
-
-
-def _pids(directory: Path) -> list[int]:
-    return [int(word) for word in _words(directory / "cgroup.procs") if word.isdigit()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True

@@ -1,6 +1,7 @@
 """The cgroup v2 caps of the code sandbox (``sandbox_cgroup.py``): the decision, its report, and
 the cgroup writer, against a fake cgroupfs tree in tmp_path (files the tests write where the
-kernel would). The real cgroupfs path: tests/integration/reward/test_sandbox_cgroup.py.
+kernel would). cgroup v1: test_sandbox_cgroup_v1.py. The real cgroupfs path:
+tests/integration/reward/test_sandbox_cgroup.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pydantic import ValidationError
 from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.pool import PoolStats
 from asyncrl.tasks.reward.sandbox_cgroup import (
-    CGROUP_ROOT,
     LEAF,
     SANDBOXES,
     CgroupUnavailable,
@@ -39,7 +39,7 @@ ALL = "cpuset cpu io memory hugetlb pids rdma misc"
 def removed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, dict[str, str]]:
     """cgroupfs's rmdir for directories under tmp_path: a cgroup with only its interface files
     goes (a plain directory would not: ENOTEMPTY), one with a child cgroup is EBUSY. Returns
-    what each removed cgroup's files held when it went, by directory name."""
+    what each removed cgroup's files held when it went, by directory path."""
     real_rmdir = os.rmdir
     log: dict[str, dict[str, str]] = {}
 
@@ -49,7 +49,7 @@ def removed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, dict[s
             return real_rmdir(path, *args, **kwargs)  # type: ignore[arg-type]
         if any(p.is_dir() for p in directory.iterdir()):
             raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(directory))
-        log[directory.name] = {f.name: f.read_text() for f in directory.iterdir()}
+        log[str(directory)] = {f.name: f.read_text() for f in directory.iterdir()}
         for f in directory.iterdir():
             f.unlink()
         real_rmdir(directory)
@@ -65,8 +65,9 @@ Tree = Callable[..., tuple[Path, Path, Path]]
 def tree(tmp_path: Path) -> Tree:
     """A fake cgroup v2 mount and /proc/self/cgroup: ``(root, proc_self_cgroup, own cgroup dir)``."""
 
-    def make(own: str = "/system.slice/reward.service", controllers: str = ALL, procs: tuple[int, ...] = (4242, 4243),
+    def make(own: str = "/system.slice/reward.service", controllers: str = ALL, procs: tuple[int, ...] | None = None,
              enabled: str = "", proc_line: str | None = None) -> tuple[Path, Path, Path]:  # fmt: skip
+        procs = (os.getpid(),) if procs is None else procs  # this process: its own, to move
         root = tmp_path / "cgroup"
         directory = root / own.lstrip("/")
         directory.mkdir(parents=True)
@@ -87,12 +88,16 @@ def config(**update: object) -> CodeRewardConfig:
     return CodeRewardConfig(limits=LIMITS).model_copy(update=update)
 
 
-@pytest.mark.skipif((CGROUP_ROOT / "cgroup.controllers").exists(), reason="this machine mounts cgroup v2")
-def test_this_machine_falls_back_to_rlimits_and_says_why() -> None:
-    caps = decide_caps(config(), sandboxed=True)
-    assert caps.parent is None and not caps.cgroup
-    assert "cgroup.controllers missing" in caps.reason
-    assert caps.describe(LIMITS) == f"caps: rlimit (per process; cgroup v2 not available: {caps.reason})"
+def test_neither_cgroup_version_falls_back_to_rlimits_and_says_why(tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n")
+    caps = decide_caps(config(), sandboxed=True, root=tmp_path, proc_cgroup=tmp_path / "none", mountinfo=mountinfo)
+    assert caps.parents == () and not caps.cgroup and caps.version is None
+    assert caps.reason == (
+        f"no cgroup v2 unified hierarchy at {tmp_path} ({tmp_path / 'cgroup.controllers'} missing), and cgroup v1: "
+        f"no cgroup v1 hierarchy with the cpu, memory, pids controller(s) is mounted ({mountinfo})"
+    )
+    assert caps.describe(LIMITS) == f"caps: rlimit (per process; no cgroup: {caps.reason})"
 
 
 def test_off_and_unsandboxed_keep_the_rlimits() -> None:
@@ -103,11 +108,16 @@ def test_off_and_unsandboxed_keep_the_rlimits() -> None:
 def test_own_cgroup_moves_its_processes_to_a_leaf_and_gets_a_sandboxes_child(
     tree: Tree, removed: dict[str, dict[str, str]]
 ) -> None:
-    root, proc_cgroup, own = tree()
-    caps = decide_caps(config(), sandboxed=True, root=root, proc_cgroup=proc_cgroup)
-    assert caps == SandboxCaps(str(own / SANDBOXES)), caps
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        root, proc_cgroup, own = tree(procs=(os.getpid(), child.pid))
+        caps = decide_caps(config(), sandboxed=True, root=root, proc_cgroup=proc_cgroup)
+    finally:
+        child.kill()
+        child.wait()
+    assert caps == SandboxCaps.v2(own / SANDBOXES) and caps.version == 2, caps
     # cgroup v2 gives controllers only to the children of a cgroup without processes.
-    assert (own / LEAF / "cgroup.procs").read_text() == "4242\n4243\n"
+    assert (own / LEAF / "cgroup.procs").read_text() == f"{os.getpid()}\n{child.pid}\n"
     assert (own / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert (own / SANDBOXES / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     # The probe cgroup was made with the limits, then removed.
@@ -123,7 +133,7 @@ def test_own_cgroup_moves_its_processes_to_a_leaf_and_gets_a_sandboxes_child(
 def test_the_root_cgroup_keeps_its_processes(tree: Tree, removed: dict[str, dict[str, str]]) -> None:
     root, proc_cgroup, own = tree(own="/")
     caps = decide_caps(config(), sandboxed=True, root=root, proc_cgroup=proc_cgroup)
-    assert caps.parent == str(root / SANDBOXES)
+    assert caps == SandboxCaps.v2(root / SANDBOXES)
     assert not (root / LEAF).exists()  # the root cgroup may hold processes and give controllers
     assert (root / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
 
@@ -133,7 +143,7 @@ def test_a_process_already_in_the_leaf_uses_the_prepared_parent(tree: Tree, remo
     (own.parent / "cgroup.subtree_control").write_text("cpu memory pids\n")  # as the kernel shows it
     (own.parent / "cgroup.controllers").write_text(f"{ALL}\n")
     caps = decide_caps(config(), sandboxed=True, root=root, proc_cgroup=proc_cgroup)
-    assert caps.parent == str(own.parent / SANDBOXES)
+    assert caps == SandboxCaps.v2(own.parent / SANDBOXES)
     assert not (own / LEAF).exists()  # no leaf in the leaf
 
 
@@ -147,30 +157,57 @@ def test_a_process_already_in_the_leaf_uses_the_prepared_parent(tree: Tree, remo
 def test_what_is_missing_is_the_reason(tree: Tree, options: dict[str, str], reason: str) -> None:
     root, proc_cgroup, _ = tree(**options)
     caps = decide_caps(config(), sandboxed=True, root=root, proc_cgroup=proc_cgroup)
-    assert caps.parent is None and reason in caps.reason, caps
-    assert caps.describe(LIMITS).startswith("caps: rlimit (per process; cgroup v2 not available: ")
+    assert not caps.cgroup and reason in caps.reason, caps
+    assert caps.describe(LIMITS).startswith("caps: rlimit (per process; no cgroup: ")
 
 
 def test_a_configured_parent_is_used_as_it_is_or_refused_with_the_reason(
     tree: Tree, removed: dict[str, dict[str, str]]
 ) -> None:
     _, _, delegated = tree(own="/delegated", procs=())
-    assert decide_caps(config(cgroup_parent=str(delegated)), sandboxed=True).parent == str(delegated)
+    assert decide_caps(config(cgroup_parent=str(delegated)), sandboxed=True) == SandboxCaps.v2(delegated)
     assert not (delegated / LEAF).exists()
-    _, _, busy = tree(own="/busy", procs=(77,))
+    _, _, busy = tree(own="/busy", procs=(os.getpid(),))
     caps = decide_caps(config(cgroup_parent=str(busy)), sandboxed=True)
-    assert caps.parent is None and "holds processes (1)" in caps.reason
+    assert not caps.cgroup and "holds processes (1)" in caps.reason  # a named parent is used as it is
     caps = decide_caps(config(cgroup_parent=str(busy / "nowhere")), sandboxed=True)
-    assert caps.parent is None and "is not a cgroup v2 directory" in caps.reason
+    assert not caps.cgroup and "is not a cgroup v2 directory" in caps.reason
     with pytest.raises(ValidationError, match="must be an absolute path"):
         CodeRewardConfig(cgroup_parent="sys/fs/cgroup/x")
 
 
+def test_processes_of_other_programs_are_never_moved(tree: Tree) -> None:
+    # Run as root in a shared cgroup, the service finds processes that are not its own: pid 1
+    # is no descendant of it, nor is this process's parent (what started the test run).
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        root, proc_cgroup, own = tree(procs=(os.getpid(), child.pid, 1, os.getppid()))
+        caps = decide_caps(config(), sandboxed=True, root=root, proc_cgroup=proc_cgroup)
+    finally:
+        child.kill()
+        child.wait()
+    assert not caps.cgroup
+    strangers = f"holds 2 process(es) not of this service (pid {os.getpid()} and its descendants): 1, {os.getppid()};"
+    assert f"{own} {strangers}" in caps.reason, caps.reason
+    assert "reward.code.cgroup_parent" in caps.reason, caps.reason
+    assert not (own / LEAF).exists()  # nothing moved, not even this process
+    assert (own / "cgroup.subtree_control").read_text() == "\n"
+
+
+def test_a_process_gone_meanwhile_is_no_stranger(tree: Tree, removed: dict[str, dict[str, str]]) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    root, proc_cgroup, own = tree(procs=(os.getpid(), gone.pid))
+    assert decide_caps(config(), sandboxed=True, root=root, proc_cgroup=proc_cgroup).cgroup
+
+
 def test_workers_get_the_decision_not_a_new_one() -> None:
     code = config()
-    assert SandboxCaps(None, "why").for_workers(code).cgroup == "off"
-    handed = SandboxCaps("/sys/fs/cgroup/x/asyncrl-sandboxes").for_workers(code)
+    off = SandboxCaps(reason="why").for_workers(code)
+    assert off.cgroup == "off" and off.require_cgroup is False
+    handed = SandboxCaps.v2(Path("/sys/fs/cgroup/x/asyncrl-sandboxes")).for_workers(code)
     assert handed.cgroup == "auto" and handed.cgroup_parent == "/sys/fs/cgroup/x/asyncrl-sandboxes"
+    assert handed.require_cgroup is True  # a worker that cannot use it refuses code, never runs it uncapped
     assert CodeRewardConfig.model_validate(handed.model_dump(mode="json")) == handed
 
 
@@ -179,20 +216,21 @@ def test_a_sandbox_cgroup_gets_its_limits_its_process_and_is_killed_then_removed
 ) -> None:
     parent = tmp_path / "sandboxes"
     parent.mkdir()
-    cgroup = SandboxCgroup.create(parent, LIMITS.model_copy(update={"cpus": 0.001}))
-    assert cgroup.path.parent == parent and cgroup.path.name.startswith(f"sandbox-{os.getpid()}-")
-    assert (cgroup.path / "cpu.max").read_text() == "1000 100000"  # the kernel's smallest quota
-    assert not (cgroup.path / "memory.swap.max").exists()  # written only where the kernel has it
+    cgroup = SandboxCaps.v2(parent).new_cgroup(LIMITS.model_copy(update={"cpus": 0.001}))
+    (path,) = cgroup.paths
+    assert path.parent == parent and path.name.startswith(f"sandbox-{os.getpid()}-")
+    assert (path / "cpu.max").read_text() == "1000 100000"  # the kernel's smallest quota
+    assert not (path / "memory.swap.max").exists()  # written only where the kernel has it
     cgroup.add(31337)
-    assert (cgroup.path / "cgroup.procs").read_text() == "31337"
+    assert (path / "cgroup.procs").read_text() == "31337"
     assert cgroup.oom_kills() == 0
-    (cgroup.path / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\noom_group_kill 0\n")
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\noom_group_kill 0\n")
     assert cgroup.oom_kills() == 2
-    (cgroup.path / "cgroup.kill").write_text("0")
+    (path / "cgroup.kill").write_text("0")
     assert cgroup.remove() is True
-    assert removed[cgroup.path.name]["cgroup.kill"] == "1"  # everything left was killed at once
-    assert removed[cgroup.path.name]["memory.max"] == str(256 << 20)
-    assert not cgroup.path.exists()
+    assert removed[str(path)]["cgroup.kill"] == "1"  # everything left was killed at once
+    assert removed[str(path)]["memory.max"] == str(256 << 20)
+    assert not path.exists()
     assert cgroup.remove() is True  # already gone
 
 
@@ -210,10 +248,10 @@ def test_without_cgroup_kill_each_process_is_killed(tmp_path: Path) -> None:
 def test_a_cgroup_that_stays_busy_is_left_and_reported(
     tmp_path: Path, removed: dict[str, dict[str, str]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    busy = SandboxCgroup.create(tmp_path, LIMITS)
-    (busy.path / "child").mkdir()  # EBUSY for ever
+    busy = SandboxCaps.v2(tmp_path).new_cgroup(LIMITS)
+    (busy.paths[0] / "child").mkdir()  # EBUSY for ever
     assert busy.remove(timeout_s=0.05) is False
-    assert busy.path.exists() and "not removed" in caplog.text
+    assert busy.paths[0].exists() and "not removed" in caplog.text
 
 
 def test_sweep_removes_the_cgroups_of_dead_processes_only(tmp_path: Path, removed: dict[str, dict[str, str]]) -> None:
@@ -258,6 +296,6 @@ def test_an_oom_kill_in_the_cgroup_is_a_memory_failure() -> None:
 
 
 def test_the_stats_line_reports_the_caps() -> None:
-    stats = PoolStats(1, 0, 0, 0, {}, {}, 0, 0, caps="caps: rlimit (per process; cgroup v2 not available: why)")
-    assert format_stats(stats).endswith("; caps: rlimit (per process; cgroup v2 not available: why)")
+    stats = PoolStats(1, 0, 0, 0, {}, {}, 0, 0, caps="caps: rlimit (per process; no cgroup: why)")
+    assert format_stats(stats).endswith("; caps: rlimit (per process; no cgroup: why)")
     assert "caps" not in format_stats(PoolStats(1, 0, 0, 0, {}, {}, 0, 0))
