@@ -16,10 +16,12 @@ violation is one line naming the objects involved. Rules:
     and a token version never published or not older than the version step k published is
     a violation (labels grow in publish order; a trainer resumed from a checkpoint names that
     checkpoint's version as its next parent, and trains tokens of later labels legitimately);
-(e) no waste: a sample dropped as too stale is a violation, counted both ways: by (d)'s
-    formula over the consumed shards, and as the trainer recorded it (``dropped_stale`` in
-    the ``metrics`` of the lineage of each final step's weights); one line names how many
-    were dropped at which steps, another any step where the two counts differ.
+(e) no waste: a sample dropped as too stale is a violation, counted from two sources
+    (:mod:`asyncrl.chaos.waste`): the trainer's formula, by (d) over the consumed shards and
+    as the trainer recorded it (``dropped_stale`` in the ``metrics`` of the lineage of each
+    final step's weights), and the scheduler's admission records in the shards (each group's
+    admission version against the step that trained it); one line names how many were
+    dropped at which steps, others any step where the counts differ.
 The rules in full: ``docs/internals/launch.md``.
 """
 
@@ -32,7 +34,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from asyncrl.chaos.waste import admission_drops, audit_waste, recorded_drops
 from asyncrl.storage import fs, paths
+from asyncrl.storage.admissions import Admission, read_admissions
 from asyncrl.storage.errors import ShardValidationError
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.ledger import Ledger, LedgerEntry
@@ -45,7 +49,7 @@ from asyncrl.storage.weights import WeightStore
 # the trainer (the lineage file beside each version, the staleness formula): it imports
 # their definitions rather than restating them.
 from asyncrl.tasks.scheduler.filtered import filtered_groups
-from asyncrl.tasks.scheduler.gate_state import load_gate_state
+from asyncrl.tasks.scheduler.gate_state import load_admissions, load_gate_state
 from asyncrl.tasks.scheduler.group_schedule import group_id, scheduler_group_index
 from asyncrl.tasks.trainer.staleness import sample_staleness
 
@@ -90,11 +94,18 @@ class AuditReport:
     """Staleness -> number of trained samples."""
     max_staleness: int
     dropped_steps: dict[int, int] = field(default_factory=dict)
-    """Final ledger step -> samples it dropped as too stale (the larger of the audit's count
-    and the trainer's recorded one); only steps that dropped any. Rule (e): any is a violation."""
+    """Final ledger step -> samples it dropped as too stale (the largest of the audit's count,
+    the trainer's recorded one and the admission records' count); only steps that dropped
+    any. Rule (e): any is a violation."""
     trainer_dropped_stale: int = 0
     """Samples the trainer recorded as dropped for staleness over the final ledger steps
     (``dropped_stale`` in each step's lineage metrics; steps whose lineage has none count 0)."""
+    admission_dropped_stale: int = 0
+    """Trained samples whose group's admission record lags the step that trained it by more
+    than ``max_staleness`` (rule (e)'s second source, :func:`~asyncrl.chaos.waste.admission_drops`)."""
+    unrecorded_admissions: int = 0
+    """Trained groups whose shard holds no admission record of them (a violation when the
+    scheduler's state says it keeps records)."""
     violations: tuple[str, ...] = field(default=())
 
     @property
@@ -115,6 +126,8 @@ class _ShardContent:
     """The groups of one shard by id, each its samples in row order."""
 
     groups: dict[str, list[Sample]]
+    admissions: dict[str, Admission] | None
+    """The scheduler's admission record of each group (None: the shard has none)."""
 
 
 def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: bool = False) -> AuditReport:
@@ -142,7 +155,15 @@ def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: b
         entries, contents, step_versions, lineages, set(versions) | set(pruned), max_staleness, violations
     )
     recorded = recorded_drops(step_versions, lineages)
-    dropped_steps = audit_waste(dropped_by_step, recorded, max_staleness, violations)
+    admitted_drops = admission_drops(
+        entries,
+        {name: {gid: len(group) for gid, group in c.groups.items()} if c else None for name, c in contents.items()},
+        {name: c.admissions if c else None for name, c in contents.items()},
+        max_staleness,
+    )
+    dropped_steps = audit_waste(
+        dropped_by_step, recorded, admitted_drops, step_versions, records_admissions(root), max_staleness, violations
+    )
     return AuditReport(
         admitted=admitted,
         groups_written=len({gid for content in contents.values() if content for gid in content.groups}),
@@ -164,6 +185,8 @@ def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: b
         max_staleness=max_staleness,
         dropped_steps=dropped_steps,
         trainer_dropped_stale=sum(recorded.values()),
+        admission_dropped_stale=sum(admitted_drops.by_step.values()),
+        unrecorded_admissions=len(admitted_drops.unrecorded),
         violations=tuple(violations),
     )
 
@@ -178,6 +201,15 @@ def admitted_groups(root: RunRoot, violations: list[str]) -> int:
     return 0 if state is None else state.admitted
 
 
+def records_admissions(root: RunRoot) -> bool:
+    """Whether the run's scheduler keeps admission records (its state has them); a corrupt
+    state is rule (a)'s violation (:func:`admitted_groups`) and requires none."""
+    try:
+        return load_admissions(root) is not None
+    except ValueError:
+        return False
+
+
 def read_shards(root: RunRoot, run_id: str, violations: list[str]) -> dict[str, _ShardContent | None]:
     """Every shard of the run (``trajectories/`` and ``consumed/``) by name (None: unreadable
     or invalid, a violation).
@@ -186,13 +218,15 @@ def read_shards(root: RunRoot, run_id: str, violations: list[str]) -> dict[str, 
     for info in ShardReader(root, run_id).list_shards():
         source = root.display(info.relpath)
         try:
-            table = upgrade_table(pa.ipc.open_file(pa.py_buffer(fs.read_bytes(root, info.relpath))).read_all())
+            stored = pa.ipc.open_file(pa.py_buffer(fs.read_bytes(root, info.relpath))).read_all()
+            admissions = read_admissions(stored.schema.metadata, source)
+            table = upgrade_table(stored)
             validate_table(table, source, run_id=run_id)
         except (pa.ArrowException, OSError, ShardValidationError) as exc:
             violations.append(f"(b) shard {info.name} is not a valid shard of run {run_id!r}: {exc}")
             contents[info.name] = None
             continue
-        contents[info.name] = _ShardContent({group[0].group_id: group for group in table_to_groups(table)})
+        contents[info.name] = _ShardContent({group[0].group_id: group for group in table_to_groups(table)}, admissions)
     return contents
 
 
@@ -466,39 +500,3 @@ def audit_staleness(
                     else:
                         trained[s] += 1
     return trained, dropped, dropped_tokens
-
-
-def recorded_drops(step_versions: dict[int, int], lineages: dict[int, dict[str, Any]]) -> dict[int, int]:
-    """Final ledger step -> samples the trainer recorded as dropped for staleness
-    (``metrics.dropped_stale`` in the lineage of the step's weights); steps without the figure
-    are left out."""
-    recorded: dict[int, int] = {}
-    for step, version in step_versions.items():
-        metrics = lineages.get(version, {}).get("metrics")
-        value = metrics.get("dropped_stale") if isinstance(metrics, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            recorded[step] = int(value)
-    return recorded
-
-
-def audit_waste(
-    counted: Counter[int], recorded: dict[int, int], max_staleness: int, violations: list[str]
-) -> dict[int, int]:
-    """Rule (e); returns step -> dropped samples (the larger count of the two) for the steps
-    that dropped any."""
-    for step in sorted(set(counted) | set(recorded)):
-        if step in recorded and recorded[step] != counted.get(step, 0):
-            violations.append(
-                f"(e) step {step}: the trainer recorded {recorded[step]} samples dropped as too stale, "
-                f"the audit counts {counted.get(step, 0)}"
-            )
-    by_step = {
-        step: n for step in sorted(set(counted) | set(recorded)) if (n := max(counted.get(step, 0), recorded.get(step, 0)))
-    }
-    if by_step:
-        at = ", ".join(f"{n} at step {step}" for step, n in by_step.items())
-        violations.append(
-            f"(e) {sum(by_step.values())} samples were dropped as staler than max_staleness {max_staleness} "
-            f"(generated, then thrown away): {at}"
-        )
-    return by_step

@@ -45,7 +45,9 @@ def format_report(report: ChaosReport) -> str:
         f"audit: {audit.admitted} groups admitted, {audit.groups_written} written, {len(audit.unwritten_groups)} unwritten; "
         f"{audit.shards} shards, {audit.consumed_shards} consumed by {audit.ledger_steps} steps; "
         f"{len(audit.versions)} weight versions; {audit.trained_samples} samples trained, staleness counts "
-        f"{audit.staleness_counts} (bound {audit.max_staleness}), {audit.dropped_stale} dropped as too stale"
+        f"{audit.staleness_counts} (bound {audit.max_staleness}), {audit.dropped_stale} dropped as too stale "
+        f"(trainer's record {audit.trainer_dropped_stale}; admission records {audit.admission_dropped_stale}, "
+        f"{audit.unrecorded_admissions} trained groups without one)"
     )
     for problem in [*report.problems, *audit.violations]:
         lines.append(f"  VIOLATION {problem}")

@@ -9,14 +9,22 @@ Everything here is ordinary user code: the official ``openai`` client, a loop ov
 tools run by the episode itself. asyncrl records the tokens the model sampled at the
 endpoint (``context.base_url``), so the trainer trains on exactly those tokens and on
 nothing the tools or the chat template added.
+
+Each tool call comes with an idempotency key (its ``id``, ``docs/agents.md``), the same when
+the same turn of the same episode runs again. With ``rollout.episode.options.memo_dir`` set,
+the tool keeps its results by key (:class:`ToolMemo`) and answers a repeated call from the
+record: the template of a tool whose side effect must happen once. ``calc`` itself has none.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import operator
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from asyncrl.tasks.agent import EpisodeContext
@@ -54,9 +62,57 @@ def calc(expr: str) -> int:
     return value(tree.body)
 
 
-def run_tool(name: str, arguments: str) -> str:
+class ToolMemo:
+    """Results of tool calls by idempotency key, one JSON file per key under ``directory``
+    (on disk, so a record outlives a crash of the process that made the call).
+
+    A call whose key was recorded with the same tool and arguments is a repeat (a retry, a
+    resumed turn): it gets the recorded result. A key recorded with other arguments is a turn
+    the model sampled anew rather than a replay: the call is a new one, and its result
+    replaces the record. A record is written under a temporary name and then renamed, so
+    a crash leaves no record or a whole one."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+    def recall(self, key: str, name: str, arguments: str) -> str | None:
+        """The result recorded for this call (``key``, same tool and arguments), else None."""
+        try:
+            record = json.loads(self._path(key).read_text())
+        except FileNotFoundError:
+            return None
+        if record["key"] == key and record["call"] == [name, arguments]:
+            return str(record["result"])
+        return None
+
+    def record(self, key: str, name: str, arguments: str, result: str) -> None:
+        """Record ``result`` as the answer to this call (replacing any record of ``key``)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self._path(key)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"key": key, "call": [name, arguments], "result": result}))
+        temporary.replace(path)
+
+
+def run_tool(name: str, arguments: str, key: str | None = None, memo: ToolMemo | None = None) -> str:
     """What the episode sends back for one tool call: the result, or an error text the model
-    reads (a bad call is the model's mistake, not the episode's)."""
+    reads (a bad call is the model's mistake, not the episode's). With a ``memo`` and the
+    call's idempotency ``key``, a repeated call gets the first result without running again."""
+    if memo is not None and key is not None:
+        recalled = memo.recall(key, name, arguments)
+        if recalled is not None:
+            return recalled
+    result = _calc_call(name, arguments)
+    if memo is not None and key is not None:
+        memo.record(key, name, arguments, result)
+    return result
+
+
+def _calc_call(name: str, arguments: str) -> str:
+    """:func:`run_tool` without the memo: one call of ``calc``."""
     if name != "calc":
         return f"error: unknown tool {name!r}"
     try:
@@ -72,11 +128,15 @@ def run_tool(name: str, arguments: str) -> str:
 async def solve(context: EpisodeContext) -> float | None:
     """Ask, run the tools the model calls, send their results back; stop when the model
     answers without a tool call (or after ``max_turns`` calls). The row's math reward then
-    scores the last assistant message (``return None``)."""
+    scores the last assistant message (``return None``). Each call's ``id`` is its
+    idempotency key (``context.tool_call_key(turn, index)``); results are kept by it under
+    ``options.memo_dir`` when set."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=context.base_url, api_key=context.api_key, max_retries=0)
     tools = context.options["tools"]  # rollout.episode.options.tools: the calculator's schema
+    memo_dir = context.options.get("memo_dir")
+    memo = ToolMemo(memo_dir) if memo_dir else None
     messages: list[dict[str, Any]] = [{"role": "user", "content": context.row.prompt}]
     for _ in range(int(context.options.get("max_turns", MAX_TURNS))):
         reply = await client.chat.completions.create(model=context.model, messages=messages, tools=tools)  # type: ignore[arg-type]
@@ -85,7 +145,6 @@ async def solve(context: EpisodeContext) -> float | None:
         if not message.tool_calls or reply.choices[0].finish_reason == "length":
             break
         for call in message.tool_calls:
-            messages.append(
-                {"role": "tool", "tool_call_id": call.id, "content": run_tool(call.function.name, call.function.arguments)}
-            )
+            result = run_tool(call.function.name, call.function.arguments, key=call.id, memo=memo)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return None

@@ -18,12 +18,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from asyncrl.storage import fs, paths
+from asyncrl.storage.admissions import Admission, admissions_metadata
 from asyncrl.storage.errors import ShardValidationError
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.schema import (
@@ -261,8 +262,12 @@ class ShardWriter:
                 seq = self._first_free_seq(seq + 1)
         raise RuntimeError(f"no free shard sequence number after {self._max_attempts} attempts")
 
-    def write_groups(self, groups: Sequence[Sequence[Sample]]) -> ShardInfo:
-        """Write ``groups`` (each the complete list of samples of one group) as one new shard.
+    def write_groups(
+        self, groups: Sequence[Sequence[Sample]], admissions: Mapping[str, Admission] | None = None
+    ) -> ShardInfo:
+        """Write ``groups`` (each the complete list of samples of one group) as one new shard,
+        with the scheduler's ``admissions`` of exactly these groups by group id, if given
+        (:mod:`asyncrl.storage.admissions`).
 
         The rows are validated (see :mod:`asyncrl.storage.schema`) before anything
         is written; the shard is serialised in memory and published with one
@@ -274,6 +279,11 @@ class ShardWriter:
         num_groups = validate_table(table, source, run_id=self._run_id)
         min_version, max_version = token_version_range(table)
         group_ids = [group[0].group_id for group in groups]
+        if admissions is not None and set(admissions) != set(group_ids):
+            raise ShardValidationError(
+                source, f"admission records of groups {sorted(admissions)}, the shard holds {sorted(group_ids)}"
+            )
+        extra = {} if admissions is None else admissions_metadata(admissions)
         for _ in range(self._max_attempts):
             seq = self._claim_seq(min_version, max_version, group_ids)
             info = ShardInfo(paths.shard_name(seq, min_version, max_version), seq, min_version, max_version)
@@ -286,7 +296,7 @@ class ShardWriter:
                 num_groups=num_groups,
                 num_rows=table.num_rows,
             )
-            data = _serialize(table.replace_schema_metadata(metadata.to_arrow()))
+            data = _serialize(table.replace_schema_metadata(metadata.to_arrow() | extra))
             try:
                 fs.put_if_absent(self._root, info.relpath, data)
                 return info

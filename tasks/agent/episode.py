@@ -7,12 +7,15 @@ endpoint (:mod:`asyncrl.tasks.inference.proxy`), which keeps the exact tokens th
 sampled and those inserted between turns. The runner here opens an episode there, calls
 the user's function under a time limit, and closes it; whatever the function does
 (returns, raises, hangs) the run goes on, and :class:`EpisodeOutcome` says which.
+An episode's id is stable (:func:`stable_episode_id`), so the idempotency key of each tool
+call (:meth:`EpisodeContext.tool_call_key`) repeats when the same turn is run again.
 An example episode: ``docs/internals/agent.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import numbers
 import time
@@ -24,6 +27,7 @@ from typing import Any, Protocol
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.reward.plugin import load_plugin
 from asyncrl.tasks.inference.conversation import EpisodeTokens
+from asyncrl.tasks.inference.tool_calls import tool_call_id
 
 EPISODE_API_KEY = "asyncrl-episode"
 """What :attr:`EpisodeContext.api_key` holds: the endpoint listens on 127.0.0.1 only and
@@ -31,6 +35,8 @@ checks no key (the ``openai`` client insists on one). Never a real credential.""
 EPISODE_ERROR = "episode_error"
 EPISODE_TIMEOUT = "episode_timeout"
 EPISODE_OVER_BUDGET = "episode_over_budget"
+MAX_SCOPE_CHARS = 64
+"""Longest scope kept verbatim in an episode id (:func:`stable_episode_id`)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,21 @@ class EpisodeContext:
     """0..n-1: which of the group's n episodes this is."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """``rollout.episode.options``."""
+    episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """This episode's stable id (:func:`stable_episode_id`): ``<run name>.<group id>.<sample
+    index>`` in training, ``<run name>.v<version>.eval-<prompt>.<sample index>`` in held-out
+    evaluation; the same whenever this episode is run again (a retry after a crash, a group
+    generated again). A context built by hand gets a random one."""
+
+    def tool_call_key(self, turn: int, index: int = 0) -> str:
+        """Idempotency key of the ``index``-th tool call of model turn ``turn`` (both from 0;
+        turn t is the (t+1)-th model call the endpoint recorded, a refused or failed call
+        being none): ``call_<episode_id>_<turn>_<index>``,
+        the ``id`` the endpoint gives that call. For tool calls an episode parses itself
+        (completions); the contract is in ``docs/agents.md``."""
+        if turn < 0 or index < 0:
+            raise ValueError(f"tool_call_key: turn and index count from 0, got turn={turn}, index={index}")
+        return tool_call_id(self.episode_id, turn, index)
 
 
 EpisodeFunction = Callable[[EpisodeContext], Awaitable[Any]]
@@ -81,6 +102,17 @@ class EpisodeOutcome:
         return self.failure is not None
 
 
+def stable_episode_id(scope: str, group: str, sample_index: int) -> str:
+    """``<scope>.<group>.<sample_index>``: the id of one episode of a group, a function of where
+    it stands in the run only, so a retry or a resume of it gets the same id. ``scope`` names
+    the run (its name; an evaluation adds the version), so no two runs share ids. A scope of
+    more than :data:`MAX_SCOPE_CHARS` characters becomes its first 47 and 16 hex digits of its
+    sha256, so the id fits the endpoint's 128 characters."""
+    if len(scope) > MAX_SCOPE_CHARS:
+        scope = f"{scope[:47]}-{hashlib.sha256(scope.encode()).hexdigest()[:16]}"
+    return f"{scope}.{group}.{sample_index}"
+
+
 def load_episode(spec: str, where: str = "rollout.episode.function") -> EpisodeFunction:
     """The user's episode function; ``ValueError`` naming ``where`` if it cannot be imported
     or is not an ``async def``."""
@@ -106,13 +138,14 @@ async def run_episode(
     context: Callable[[str], EpisodeContext],
     recorder: EpisodeRecorder,
     timeout_s: float,
+    episode_id: str | None = None,
 ) -> EpisodeOutcome:
-    """Run one episode: open it on ``recorder``, call ``function(context(base_url))`` for at
-    most ``timeout_s``, close it. Exceptions and time-outs of the user's code become the
-    outcome's ``failure`` (an exception once the episode's budget is spent is
-    ``episode_over_budget``); cancellation of the runner itself propagates (the episode is
-    closed first)."""
-    episode_id = uuid.uuid4().hex
+    """Run one episode: open it on ``recorder`` as ``episode_id`` (the context's; None: a
+    random one), call ``function(context(base_url))`` for at most ``timeout_s``, close it.
+    Exceptions and time-outs of the user's code become the outcome's ``failure`` (an
+    exception once the episode's budget is spent is ``episode_over_budget``); cancellation
+    of the runner itself propagates (the episode is closed first)."""
+    episode_id = uuid.uuid4().hex if episode_id is None else episode_id
     submitted_at = time.time()
     base_url = recorder.open_episode(episode_id)
     reward: float | None = None

@@ -203,7 +203,7 @@ class AgentEpisodes:
         (``generation_busy_s``) from their start to the end of the group's last one, their
         tool calls and user turns included: an episode is its row's sample."""
         with stats.generation.running():
-            outcomes = await self.runner.run_group(record, self.n_samples)
+            outcomes = await self.runner.run_group(group, record, self.n_samples)
         chosen = kept_outcomes(outcomes, self.runner.config.on_failure)
         for reason, count in chosen.left_out.items():
             stats.episodes_left_out[reason] = stats.episodes_left_out.get(reason, 0) + count

@@ -29,6 +29,7 @@ from asyncrl.tasks.agent.episode import (
     EpisodeRecorder,
     load_episode,
     run_episode,
+    stable_episode_id,
 )
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.reward_requests import reward_request
@@ -125,21 +126,24 @@ async def score_outcomes(
 
 
 class EpisodeRunner:
-    """Runs the n episodes of a prompt at once through the recording endpoint."""
+    """Runs the n episodes of a prompt at once through the recording endpoint; episode i of
+    group g in ``scope`` has the stable id ``<scope>.<g>.<i>`` (:func:`stable_episode_id`)."""
 
     def __init__(
-        self, function: EpisodeFunction, recorder: EpisodeRecorder, config: EpisodeConfig, model: str
+        self, function: EpisodeFunction, recorder: EpisodeRecorder, config: EpisodeConfig, model: str, *, scope: str
     ) -> None:
         self.function = function
         self.recorder = recorder
         self.config = config
         self.model = model
+        self.scope = scope
+        """The run's name (an evaluation's: with its version), the first part of every episode id."""
 
-    async def run_group(self, record: PromptRecord, n: int) -> list[EpisodeOutcome]:
-        """The outcomes of ``n`` episodes of ``record``, in episode order. A failing episode
-        never cancels the others (its failure is in its outcome)."""
+    async def run_group(self, group: str, record: PromptRecord, n: int) -> list[EpisodeOutcome]:
+        """The outcomes of the ``n`` episodes of group ``group`` (prompt ``record``), in episode
+        order. A failing episode never cancels the others (its failure is in its outcome)."""
 
-        def context_for(index: int) -> Callable[[str], EpisodeContext]:
+        def context_for(index: int, episode_id: str) -> Callable[[str], EpisodeContext]:
             return lambda base_url: EpisodeContext(
                 row=record,
                 base_url=base_url,
@@ -147,12 +151,14 @@ class EpisodeRunner:
                 model=self.model,
                 sample_index=index,
                 options=dict(self.config.options),
+                episode_id=episode_id,
             )
 
+        ids = [stable_episode_id(self.scope, group, i) for i in range(n)]
         return list(
             await asyncio.gather(
                 *(
-                    run_episode(self.function, context_for(i), self.recorder, self.config.timeout_s)
+                    run_episode(self.function, context_for(i, ids[i]), self.recorder, self.config.timeout_s, ids[i])
                     for i in range(n)
                 )
             )
@@ -168,10 +174,13 @@ async def episode_runner_on(
     temperature: float,
     top_p: float = 1.0,
     model: str = "asyncrl-policy",
+    *,
+    scope: str,
 ) -> AsyncIterator[EpisodeRunner]:
-    """An :class:`EpisodeRunner` of ``episode`` behind a recording endpoint on 127.0.0.1 in
-    front of ``client``'s servers (stopped on exit). The user's function is imported first:
-    a bad import path fails here, naming the field, before any model call."""
+    """An :class:`EpisodeRunner` of ``episode`` (episode ids in ``scope``) behind a recording
+    endpoint on 127.0.0.1 in front of ``client``'s servers (stopped on exit). The user's
+    function is imported first: a bad import path fails here, naming the field, before any
+    model call."""
     function = load_episode(episode.function)
     proxy = RecordingProxy(
         client,
@@ -183,6 +192,6 @@ async def episode_runner_on(
     )
     await proxy.start(host="127.0.0.1", port=0)
     try:
-        yield EpisodeRunner(function, proxy, episode, model=model)
+        yield EpisodeRunner(function, proxy, episode, model=model, scope=scope)
     finally:
         await proxy.stop()

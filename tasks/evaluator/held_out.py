@@ -76,15 +76,17 @@ async def evaluate(
     on_prompt_done: Callable[[], None] | None = None,
     pass_k: Sequence[int] = (),
     episode: EpisodeConfig | None = None,
+    run_name: str = "asyncrl-run",
 ) -> EvalResult:
     """Generate ``samples_per_prompt`` answers per held-out prompt and score them, with at most
     ``concurrency`` prompt groups in flight (the server batches their samples, so more groups
     in flight keep a CPU server busier). The answers come from training's own episodes
     (:mod:`asyncrl.tasks.agent.episodes`): single-turn samples within the row's token budget,
     or with ``episode`` (``rollout.episode``) runs of the user's episode through a recording
-    endpoint on ``client``, scored as in training. An answer that is not a row (a failed
-    episode left out, one that made no model call) counts as wrong; a length is the tokens the
-    model sampled in all its turns."""
+    endpoint on ``client``, scored as in training (episode ids ``<run_name>.v<version>.eval-<prompt>.<sample>``,
+    so tool calls' idempotency keys differ from training's and between versions). An answer
+    that is not a row (a failed episode left out, one that made no model call) counts as
+    wrong; a length is the tokens the model sampled in all its turns."""
     limit = asyncio.Semaphore(concurrency)
     tally = HeldOutTally()
     sampling = SamplingSettings(
@@ -108,7 +110,9 @@ async def evaluate(
     if episode is None:
         rewards = await run_all(SingleTurnEpisodes(sampling, render, codec, client, scorer))
     else:
-        async with episode_runner_on(client, codec, episode, max_new_tokens, temperature) as runner:
+        async with episode_runner_on(
+            client, codec, episode, max_new_tokens, temperature, scope=f"{run_name}.v{version}"
+        ) as runner:
             rewards = await run_all(AgentEpisodes(runner, scorer, samples_per_prompt))
     counts = [sum(1 for r in prompt_rewards if r >= CORRECT_REWARD) for prompt_rewards in rewards]
     return EvalResult(
@@ -140,6 +144,8 @@ class HeldOutTask:
     pass_k: Sequence[int] = ()
     episode: EpisodeConfig | None = None
     """``rollout.episode``: each answer is one run of the user's episode."""
+    run_name: str = "asyncrl-run"
+    """The run's ``name``: its episodes' ids begin with it."""
 
     async def run(
         self, client: RolloutClient, version: int, scorer: RewardScorer, on_prompt_done: Callable[[], None] | None = None
@@ -149,7 +155,7 @@ class HeldOutTask:
             client, version, self.prompts, self.render, self.codec, scorer,
             samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
             max_prompt_tokens=self.max_prompt_tokens, temperature=self.temperature, stop_token_ids=self.stop_token_ids, on_prompt_done=on_prompt_done,
-            pass_k=self.pass_k, episode=self.episode,
+            pass_k=self.pass_k, episode=self.episode, run_name=self.run_name,
         )  # fmt: skip
 
 
@@ -173,4 +179,5 @@ def held_out_task(config: EvaluatorProcessConfig, model_dir: Path, prompts: int 
         stop_token_ids=stop_ids,
         pass_k=[k for k in config.pass_k if k <= samples],
         episode=config.rollout.episode,
+        run_name=config.name,
     )

@@ -10,7 +10,6 @@ tool call, and the trainer sees the tokens it sampled either way.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -31,10 +30,12 @@ class ParsedTurn:
 
 
 def tool_call_id(episode_id: str, turn: int, index: int) -> str:
-    """Deterministic id of the ``index``-th call of model turn ``turn`` of an episode:
-    ``call_<first 12 hex digits of sha256(episode_id)>_<turn>_<index>``."""
-    digest = hashlib.sha256(episode_id.encode()).hexdigest()[:12]
-    return f"call_{digest}_{turn}_{index}"
+    """Id of the ``index``-th call of model turn ``turn`` (both from 0) of an episode:
+    ``call_<episode_id>_<turn>_<index>``. It is the call's idempotency key (``docs/agents.md``):
+    the same whenever the same episode's turn is run again, since every part is, and distinct
+    for any other call, since the last two ``_`` fields are the numbers and the rest is the
+    episode id."""
+    return f"call_{episode_id}_{turn}_{index}"
 
 
 def _call(body: str) -> tuple[str, str] | None:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.environ import SANDBOX_ENV, sandbox_setenv_args
-from asyncrl.tasks.reward.sandbox_cgroup import CgroupUnavailable, SandboxCaps, SandboxCgroup, decide_caps, release_into
+from asyncrl.tasks.reward.sandbox_cgroup import SandboxCaps, decide_caps, release_into
+from asyncrl.tasks.reward.sandbox_cgroup_fs import CgroupUnavailable, SandboxCgroup
 from asyncrl.tasks.reward.seccomp import SeccompUnsupported, build_filter, native_arch
 from asyncrl.tasks.reward.types import Reason
 from asyncrl.tasks.reward.sandbox_outcome import (

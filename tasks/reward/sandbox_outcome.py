@@ -94,7 +94,7 @@ def classify(
     if oom_killed:
         how = f"killed by {signal.Signals(signum).name}" if signum else f"exit status {exit_code}"
         return Reason.MEMORY, (
-            f"memory limit of {limits.memory_mb} MiB for the whole sandbox (cgroup memory.max): the OOM killer "
+            f"memory limit of {limits.memory_mb} MiB for the whole sandbox (its cgroup's memory limit): the OOM killer "
             f"ended a process; {how}"
         )
     if signum == signal.SIGXCPU or (signum == signal.SIGKILL and wall_s >= limits.cpu_s):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from asyncrl.configs.reward import SandboxLimits
-from asyncrl.tasks.reward.sandbox_cgroup import CgroupUnavailable, SandboxCgroup
+from asyncrl.tasks.reward.sandbox_cgroup_fs import CgroupUnavailable, SandboxCgroup
 from asyncrl.tasks.reward.sandbox_driver import READY, REPLY
 from asyncrl.tasks.reward.seccomp import build_filter, native_arch
 from asyncrl.tasks.reward.types import Reason
@@ -56,8 +56,8 @@ class SandboxSession:
     the test left behind before answering, and reports how it ended. The outcome of a test is
     classified here by ``classify`` exactly as a one-test run's is, so the reasons are the same.
 
-    With cgroup v2 caps (``Sandbox.caps``) the sandbox, driver included, lives in one cgroup
-    made when it starts and removed when it ends: memory.max, pids.max and cpu.max bound all
+    With cgroup caps (``Sandbox.caps``, v2 or v1) the sandbox, driver included, lives in one cgroup
+    made when it starts and removed when it ends: its memory, pids and CPU limits bound all
     the processes of all its tests together (one test at a time runs), and a failed test during
     which the OOM killer struck there is a ``memory`` failure.
 
@@ -294,7 +294,7 @@ class SandboxSession:
         if oom_killed:
             return RunOutcome(
                 Reason.MEMORY,
-                f"memory limit of {self.limits.memory_mb} MiB for the whole sandbox (cgroup memory.max): the OOM "
+                f"memory limit of {self.limits.memory_mb} MiB for the whole sandbox (its cgroup's memory limit): the OOM "
                 "killer ended the sandbox's driver; sandbox killed", status, b"", b"", wall_s, True,
             )  # fmt: skip
         message = escape_controls(bytes(self._stderr).decode("utf-8", "replace").strip()[-STDERR_SHOWN:])

@@ -6,7 +6,9 @@ shards, and pushes every newly published weight version to the servers.
 Exactly-once across restarts: group k is always prompt `PromptSchedule.record(k)` with id
 `g{k:08d}`; the admitted count is persisted (`scheduler/state.json`) *before* group k is
 dispatched, and shards (indexed in ``scheduler/written.json``) are the truth of what was
-produced, so a restart re-dispatches admitted, unwritten groups without admitting them again.
+produced, so a restart re-dispatches admitted, unwritten groups without admitting them again. The
+state also keeps each unwritten group's admission (the servers' weights then), which its
+shard then carries (:mod:`asyncrl.storage.admissions`): the audit's second staleness count.
 The gate admits group k (kept groups only) only while floor(k / B) <= i + eta, and groups are
 written in admission order, never a shard across a batch boundary, so the trainer trains
 group k at step floor(k / B): no sample is staler than eta. Filtered groups are recorded,
@@ -28,6 +30,7 @@ from typing import Any
 
 from asyncrl.tasks.algo.adaptive_eta import AdaptiveEta, AdaptiveState
 from asyncrl.tasks.algo.staleness_gate import StalenessGate
+from asyncrl.storage.admissions import Admission
 from asyncrl.storage.doorbell import SHARDS_TOPIC, WEIGHTS_TOPIC, Doorbell, DoorbellListener
 from asyncrl.storage import fs
 from asyncrl.storage.fs import RunRoot
@@ -49,6 +52,7 @@ from asyncrl.tasks.scheduler.gate_state import (
     AdmittedRegeneration,
     Regenerations,
     load_adaptive_state,
+    load_admissions,
     load_gate_state,
     load_regenerations,
     save_gate_state,
@@ -112,12 +116,12 @@ class RolloutController:
         self.quarantine_poll_seconds = QUARANTINE_POLL_SECONDS
         if saved is not None:
             saved = dataclasses.replace(saved, admitted=saved.admitted + regenerations.admitted)
-        self.gate = StalenessGate(
-            settings.batch_groups,
-            settings.rollout.eta,
-            _GeneratorUpdates(generator, self.version_updates),
-            state=saved,
-        )
+        self._gate_version = _GeneratorUpdates(generator, self.version_updates)
+        self.gate = StalenessGate(settings.batch_groups, settings.rollout.eta, self._gate_version, state=saved)
+        self._admissions: dict[int, Admission] = {}
+        """Admission record of each group admitted and not yet written or left out (saved with
+        the state, written into the group's shard)."""
+        self._saved_admissions = load_admissions(root) or {}
         self.adaptive: AdaptiveEta | None = None
         """The effective bound's controller (``rollout.adaptive_staleness``); its state is
         loaded when :meth:`run` starts."""
@@ -163,6 +167,7 @@ class RolloutController:
             self.gate.release(self.written.filtered + self.written.quarantined_groups)
             for index in self._unwritten_admitted():
                 self.stats.resubmitted_after_restart += 1
+                self._admissions[index] = self._saved_admissions.get(index) or self._admission(index)
                 self._dispatch(index, in_flight, regeneration=index in self._regen_in_flight)
             quarantines = self._start(self._watch_quarantines(stop), "quarantine-watcher")
             await self._admit_loop(stop, in_flight)
@@ -196,7 +201,17 @@ class RolloutController:
             dataclasses.replace(state, admitted=state.admitted - self._regen_admitted),  # new groups only
             None if self.adaptive is None else self.adaptive.state(),
             Regenerations(self._regen_admitted, tuple(self._regen_in_flight.values())),
+            self._admissions,
         )
+
+    def _admission(self, index: int | None = None) -> Admission:
+        """The servers' weights now, label and update count (the gate's i); with ``index``, a
+        group re-dispatched whose admission no saved state recorded (an older scheduler's)."""
+        admission = Admission(self.generator.current_version, self._gate_version.current_version())
+        if index is not None:
+            LOG.warning("group %s: no admission record saved; recorded at weight version %d", group_id(index),
+                        admission.version)  # fmt: skip
+        return admission
 
     def _fresh_admitted(self) -> int:
         """New groups admitted (ids g0 .. g{n-1}): the gate's admissions less the regenerations."""
@@ -305,6 +320,7 @@ class RolloutController:
         regen = next(((k, seq) for k, seq in written.regenerate.items() if k not in self._regen_in_flight), None)
         if regen is None:
             index = self._fresh_admitted() - 1
+            self._admissions[index] = self._admission()
             self._save_state()  # before dispatch: see module docstring
             self.stats.admitted += 1
             self._dispatch(index, in_flight)
@@ -312,6 +328,7 @@ class RolloutController:
         index, seq = regen
         self._regen_admitted += 1
         self._regen_in_flight[index] = AdmittedRegeneration(index, seq, self._fresh_admitted())
+        self._admissions[index] = self._admission()
         self._save_state()  # before dispatch, as for a new group
         self.stats.regenerated_groups += 1
         LOG.info("group %s (of quarantined shard %d) admitted again", group_id(index), seq)
@@ -395,6 +412,7 @@ class RolloutController:
     def _leave_out(self, index: int) -> None:
         """Group ``index`` (its record saved) goes in no shard: release it from the gate."""
         self.gate.release()
+        self._admissions.pop(index, None)
         self.stats.filtered_groups += 1
         self._version_changed.set()  # the gate may admit again
         self._done[index] = None
@@ -454,11 +472,14 @@ class RolloutController:
                 for index in filtered:
                     self._regen_in_flight.pop(index, None)
                 if groups:
-                    shard = await asyncio.to_thread(self.writer.write_groups, groups)
+                    admissions = {g[0].group_id: self._admissions[group_index(g[0].group_id)] for g in groups}
+                    shard = await asyncio.to_thread(self.writer.write_groups, groups, admissions)
                     self.stats.groups_written += len(groups)
                     self.stats.shards_written += 1
                     self.stats.written_tokens += sum(s.model_token_count for g in groups for s in g)
                     indices = {group_index(group[0].group_id) for group in groups}
+                    for index in indices:
+                        self._admissions.pop(index, None)
                     written.add(indices)
                     written.next_seq = max(written.next_seq, shard.seq + 1)
                     for index in indices:

@@ -1,7 +1,10 @@
 """The scheduler's persisted admission state (``scheduler/state.json``): the staleness gate's
-counts, the adaptive bound's state and the regenerations admitted (groups of quarantined
-shards admitted again), saved before a group is dispatched so a restart never admits a group
-twice (module docstring of :mod:`asyncrl.tasks.scheduler.controller`).
+counts, the adaptive bound's state, the regenerations admitted (groups of quarantined
+shards admitted again) and the admission record of each group admitted and not yet written
+(:class:`~asyncrl.storage.admissions.Admission`, which the group's shard then carries), saved
+before a group is dispatched so a restart never admits a group twice and a group generated
+again after a restart keeps the version it was admitted at (module docstring of
+:mod:`asyncrl.tasks.scheduler.controller`).
 
 ``gate.admitted`` counts the new groups admitted (ids ``g0`` .. ``g{admitted-1}``, what the
 audit reads); the gate itself counted ``gate.admitted + regenerations.admitted``
@@ -13,11 +16,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from asyncrl.tasks.algo.adaptive_eta import AdaptiveState
 from asyncrl.tasks.algo.staleness_gate import GateState
 from asyncrl.storage import fs, paths
+from asyncrl.storage.admissions import Admission
 from asyncrl.storage.fs import RunRoot
 
 
@@ -100,14 +105,34 @@ def load_regenerations(root: RunRoot) -> Regenerations:
         raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
 
 
+def load_admissions(root: RunRoot) -> dict[int, Admission] | None:
+    """Group index -> admission record of the groups admitted and unwritten when the state was
+    saved; None when the state keeps no records (none saved, or saved by a scheduler that
+    did not record admissions: then its shards have none either)."""
+    raw = _scheduler_state(root)
+    if raw is None or raw.get("admissions") is None:
+        return None
+    try:
+        return {int(index): Admission(*pair) for index, pair in raw["admissions"].items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(f"{root.display(paths.SCHEDULER_STATE)}: corrupt scheduler state ({exc})") from None
+
+
 def save_gate_state(
-    root: RunRoot, state: GateState, adaptive: AdaptiveState | None = None, regenerations: Regenerations | None = None
+    root: RunRoot,
+    state: GateState,
+    adaptive: AdaptiveState | None = None,
+    regenerations: Regenerations | None = None,
+    admissions: Mapping[int, Admission] | None = None,
 ) -> None:
     """Replace ``scheduler/state.json`` (one PUT): ``state`` counts the new groups admitted
-    (the module docstring)."""
+    (the module docstring); ``admissions`` (the groups admitted and unwritten, O(groups in
+    flight)) is saved even when empty: it says the run records admissions."""
     payload: dict[str, Any] = {"gate": json.loads(state.to_json()), "saved_at": time.time()}
     if adaptive is not None:
         payload["adaptive"] = adaptive.to_dict()
     if regenerations is not None and regenerations.admitted:
         payload["regenerations"] = regenerations.to_dict()
+    if admissions is not None:
+        payload["admissions"] = {str(index): [a.version, a.updates] for index, a in sorted(admissions.items())}
     fs.put_atomic_replace(root, paths.SCHEDULER_STATE, json.dumps(payload).encode())

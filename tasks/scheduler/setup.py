@@ -112,6 +112,6 @@ async def group_episodes(
         return
     async with episode_runner_on(
         client, codec, config.rollout.episode, config.rollout.max_new_tokens, config.rollout.temperature,
-        config.rollout.top_p, model=config.model.path,
+        config.rollout.top_p, model=config.model.path, scope=config.name,
     ) as runner:  # fmt: skip
         yield AgentEpisodes(runner, scorer, settings.sampling.n_samples)

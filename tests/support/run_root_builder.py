@@ -11,6 +11,7 @@ from asyncrl.tasks.scheduler.gate_state import save_gate_state
 from asyncrl.tasks.scheduler.group_schedule import group_id
 from asyncrl.tasks.algo.staleness_gate import GateState
 from asyncrl.storage import fs, paths
+from asyncrl.storage.admissions import Admission
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.schema import Sample
 from asyncrl.storage.shards import ShardWriter
@@ -29,11 +30,16 @@ class RunRootBuilder:
         self.tmp_path = tmp_path
         self.writer = ShardWriter(root, RUN_ID)
 
-    def admit(self, admitted: int) -> None:
-        save_gate_state(self.root, GateState(admitted=admitted, batch_groups=BATCH_GROUPS, eta=ETA))
+    def admit(self, admitted: int, records: bool = False) -> None:
+        """The scheduler's state; with ``records``, one that keeps admission records (the
+        scheduler's own: its shards must then carry them)."""
+        state = GateState(admitted=admitted, batch_groups=BATCH_GROUPS, eta=ETA)
+        save_gate_state(self.root, state, admissions={} if records else None)
 
-    def shard(self, groups: dict[int, list[int]]) -> str:
-        """A shard holding group k -> its samples' token versions (one list for every sample)."""
+    def shard(self, groups: dict[int, list[int]], admitted_at: dict[int, int] | None = None) -> str:
+        """A shard holding group k -> its samples' token versions (one list for every sample);
+        with ``admitted_at``, group k's admission record: version = updates = admitted_at[k]."""
+        admissions = None if admitted_at is None else {group_id(k): Admission(v, v) for k, v in admitted_at.items()}
         return self.writer.write_groups([
             [
                 Sample(f"p{k}", group_id(k), [1, 2], [3] * len(versions), [-0.5] * len(versions), versions, 1.0,
@@ -41,7 +47,7 @@ class RunRootBuilder:
                 for _ in range(SAMPLES_PER_GROUP)
             ]
             for k, versions in groups.items()
-        ]).name  # fmt: skip
+        ], admissions).name  # fmt: skip
 
     def record(self, step: int, shards: list[str]) -> None:
         """A ledger entry written as the file itself (the Ledger class refuses broken ones)."""
@@ -57,11 +63,13 @@ class RunRootBuilder:
         (local / LINEAGE_FILE).write_text(json.dumps(lineage))
         WeightStore(self.root).publish(version, local)
 
-    def clean_run(self) -> tuple[str, str]:
-        """4 groups admitted, 2 shards, steps 1 and 2 on versions 1 and 2 (trainer versions 0, 1)."""
-        self.admit(4)
-        first = self.shard({0: [0, 0], 1: [0, 0]})
-        second = self.shard({2: [0, 1], 3: [1, 1]})
+    def clean_run(self, records: bool = False) -> tuple[str, str]:
+        """4 groups admitted, 2 shards, steps 1 and 2 on versions 1 and 2 (trainer versions 0,
+        1); with ``records``, as the scheduler records admissions (each group admitted at its
+        oldest token's version)."""
+        self.admit(4, records)
+        first = self.shard({0: [0, 0], 1: [0, 0]}, {0: 0, 1: 0} if records else None)
+        second = self.shard({2: [0, 1], 3: [1, 1]}, {2: 0, 3: 1} if records else None)
         self.publish(0, 0, None, [])
         for step, shard in ((1, first), (2, second)):
             self.record(step, [shard])

@@ -87,6 +87,8 @@ def test_every_component_killed_and_restarted_the_run_finishes_and_audits_clean(
     assert audit["versions"] == sorted(audit["versions"]) and audit["versions"][-1] == report["final_version"]
     assert audit["trained_samples"] == STEPS * B * 2  # every consumed sample trained
     assert audit["dropped_stale"] == 0 and audit["trainer_dropped_stale"] == 0 and audit["dropped_steps"] == {}, audit
+    # the second, independent count: every trained group's admission record, none over the bound
+    assert audit["admission_dropped_stale"] == 0 and audit["unrecorded_admissions"] == 0, audit
 
     logs = tmp_path / "work" / RUN / "logs"
     trainer_starts = [json.loads(line) for line in (logs / "trainer.log").read_text().splitlines()

@@ -191,8 +191,8 @@ def test_the_runner_runs_n_episodes_at_once_and_one_failure_spares_the_others() 
             raise RuntimeError("tool crashed")
         return float(context.sample_index)
 
-    runner = EpisodeRunner(episode, Recorder(), EpisodeConfig(function="m:f", options={"max_turns": 2}), model="m")
-    outcomes = asyncio.run(runner.run_group(RECORD, 3))
+    runner = EpisodeRunner(episode, Recorder(), EpisodeConfig(function="m:f", options={"max_turns": 2}), model="m", scope="run")
+    outcomes = asyncio.run(runner.run_group("g00000000", RECORD, 3))
     assert [o.reward for o in outcomes] == [0.0, None, 2.0]
     assert outcomes[1].failure == "episode_error: RuntimeError: tool crashed"
 

@@ -17,16 +17,8 @@ from pydantic import ValidationError
 
 from asyncrl.configs.reward import CodeRewardConfig, SandboxLimits
 from asyncrl.tasks.reward.pool import PoolStats
-from asyncrl.tasks.reward.sandbox_cgroup import (
-    LEAF,
-    SANDBOXES,
-    CgroupUnavailable,
-    SandboxCaps,
-    SandboxCgroup,
-    decide_caps,
-    release_into,
-    sweep,
-)
+from asyncrl.tasks.reward.sandbox_cgroup import LEAF, SandboxCaps, decide_caps, release_into
+from asyncrl.tasks.reward.sandbox_cgroup_fs import SANDBOXES, CgroupUnavailable, SandboxCgroup, sweep
 from asyncrl.tasks.reward.sandbox_outcome import Capture, classify
 from asyncrl.tasks.reward.server import format_stats
 from asyncrl.tasks.reward.types import Reason
@@ -291,7 +283,7 @@ def test_an_oom_kill_in_the_cgroup_is_a_memory_failure() -> None:
     capture = Capture(bytearray(), bytearray(b"Killed"), bytearray(), exited=True)
     reason, detail = classify(-9, capture, 0.2, LIMITS, oom_killed=True)
     assert reason == Reason.MEMORY
-    assert detail.startswith("memory limit of 256 MiB for the whole sandbox (cgroup memory.max)") and "SIGKILL" in detail
+    assert detail.startswith("memory limit of 256 MiB for the whole sandbox (its cgroup's memory limit)") and "SIGKILL" in detail
     assert classify(-9, capture, 0.2, LIMITS)[0] == Reason.CRASH  # without the cgroup's word: a crash
 
 

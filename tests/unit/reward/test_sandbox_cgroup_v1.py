@@ -18,8 +18,8 @@ import pytest
 from asyncrl.configs.reward import CodeRewardConfig, RewardConfig, SandboxLimits
 from asyncrl.tasks.reward import pool as pool_module
 from asyncrl.tasks.reward.pool import RewardPool, RewardPoolError
-from asyncrl.tasks.reward.sandbox_cgroup import LEAF, SANDBOXES, SandboxCaps, decide_caps
-from asyncrl.tasks.reward.sandbox_cgroup_fs import CgroupParent, CgroupUnavailable, LimitFile, SandboxCgroup
+from asyncrl.tasks.reward.sandbox_cgroup import LEAF, SandboxCaps, decide_caps
+from asyncrl.tasks.reward.sandbox_cgroup_fs import SANDBOXES, CgroupParent, CgroupUnavailable, LimitFile, SandboxCgroup
 from asyncrl.tasks.reward.sandbox_cgroup_v1 import hierarchies, limit_files, own_paths, sandbox_parents
 
 LIMITS = SandboxLimits(memory_mb=256, nproc=16, cpus=1.5)

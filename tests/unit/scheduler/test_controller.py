@@ -421,3 +421,39 @@ def test_a_mixed_batch_goes_to_each_row_s_reward_and_the_shards_keep_the_task(tm
     summary = ctrl.stats.summary()
     assert summary["samples/code"] == 3 and summary["reward_mean/judge"] == 1.0 and summary["reward_wait_s"] >= 0.0
     assert summary["reasons/code/ok"] == 3 and summary["reasons/math/ok"] == 3
+
+
+def shard_admissions(root_dir: Path) -> dict[str, tuple[int, int]]:
+    """Group id -> (version, updates) of its admission, as the shards holding it record it."""
+    from asyncrl.storage.admissions import read_admissions
+
+    reader = ShardReader(open_root(str(root_dir)), RUN_ID)
+    found: dict[str, tuple[int, int]] = {}
+    for shard in reader.list_shards():
+        records = read_admissions(reader.read(shard).schema.metadata, shard.name)
+        assert records is not None, f"{shard.name} has no admission records"
+        found |= {gid: (a.version, a.updates) for gid, a in records.items()}
+    return found
+
+
+def test_each_shard_records_its_groups_admissions_and_a_restart_keeps_them(tmp_path: Path) -> None:
+    """Groups 0-3 are admitted on version 0 (group 1 hangs, so 1-3 are unwritten at the stop);
+    the restarted controller, its servers on version 1, generates 1-3 again under their saved
+    admission (version 0) and admits 4-5 on version 1 (no lineage: 1 update)."""
+    from asyncrl.tasks.scheduler.gate_state import load_admissions
+
+    root_dir = tmp_path / "run"
+    schedule = PromptSchedule(records(20), seed=0)
+    asyncio.run(run_for(controller(root_dir, ScriptedGenerator(hang_on=frozenset({ord(schedule.record(1).prompt[0])}))), 0.6))
+    saved = load_admissions(open_root(str(root_dir)))
+    assert saved is not None and {saved[k].version for k in (1, 2, 3)} == {0}
+    assert shard_admissions(root_dir) == {"g00000000": (0, 0)}
+
+    publish(root_dir, 1, tmp_path)
+    generator = ScriptedGenerator()
+    generator.current_version = 1
+    asyncio.run(run_for(controller(root_dir, generator), 0.6))
+    assert shard_admissions(root_dir) == {f"g{k:08d}": (0, 0) for k in range(4)} | {"g00000004": (1, 1), "g00000005": (1, 1)}
+    reader = ShardReader(open_root(str(root_dir)), RUN_ID)
+    tokens = {g[0].group_id: min(s.token_versions[0] for s in g) for shard in reader.list_shards() for g in reader.read_groups(shard)}
+    assert tokens == {f"g{k:08d}": 0 if k == 0 else 1 for k in range(6)}  # generated again on version 1, admitted on 0

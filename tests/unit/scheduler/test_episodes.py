@@ -61,7 +61,7 @@ def test_agent_episodes_run_through_the_controller_s_one_path(tmp_path: Path, ca
     settings = flat_controller_settings(run_id=RUN_ID, batch_groups=1, eta=2, n_samples=3, max_new_tokens=16,
                                   max_prompt_tokens=16, shard_groups=1, shard_seconds=0.2, weight_poll_seconds=0.05,
                                   admit_poll_seconds=0.01, max_groups=2)  # fmt: skip
-    runner = EpisodeRunner(episode, Recorder(), EpisodeConfig(function="m:f", on_failure="drop"), model="m")
+    runner = EpisodeRunner(episode, Recorder(), EpisodeConfig(function="m:f", on_failure="drop"), model="m", scope="run")
     root = open_root(str(tmp_path / "run"))
     generator = ScriptedGenerator()
     ctrl = RolloutController(
@@ -101,7 +101,7 @@ def run_config(tmp_path: Path, rollout: dict[str, Any]) -> Any:  # noqa: ANN401 
 def test_the_set_up_picks_the_episodes_from_the_rollout_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = flat_controller_settings(run_id=RUN_ID, batch_groups=1, eta=0, n_samples=4, max_new_tokens=8,
                                   max_prompt_tokens=8)  # fmt: skip
-    runner = EpisodeRunner(episode, Recorder(), EpisodeConfig(function="m:f"), model="m")
+    runner = EpisodeRunner(episode, Recorder(), EpisodeConfig(function="m:f"), model="m", scope="run")
     opened: list[EpisodeConfig] = []
 
     @asynccontextmanager
