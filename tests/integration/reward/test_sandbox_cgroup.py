@@ -228,7 +228,7 @@ def test_an_oom_kill_fails_the_program_as_memory(capped: Sandbox, sandbox_per: s
             with SandboxSession(capped, files) as session:
                 outcome = session.run("main.py")
     assert outcome.reason == Reason.MEMORY, outcome
-    assert outcome.detail.startswith("memory limit of 192 MiB for the whole sandbox (cgroup "), outcome.detail
+    assert outcome.detail.startswith("memory limit of 192 MiB for the whole sandbox (its cgroup's memory limit)"), outcome.detail
     assert watch.counter(oom_file, "oom_kill") >= 1  # the kernel's own count, read on the host
 
 
