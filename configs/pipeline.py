@@ -47,10 +47,14 @@ class SyntheticDataConfig(StrictModel):
     )
     solution_style: SolutionStyle = Field(
         ArithmeticSpec.solution_style,
-        description="Arithmetic: how demonstrations write the steps: `lines` (a op b=c) or `worked` (in words).",
+        description="Arithmetic: how demonstrations write the steps: `lines`, `worked` (in words) or `tally`.",
     )
-    """``worked`` writes each step out in words, about 60 tokens a step, so outputs run to
-    hundreds of tokens and generation dominates a step, as in reasoning RL."""
+    """``worked`` writes each step out in words, about 85 tokens a step; ``tally`` names each
+    term of the prompt by a letter and keeps a tally line a term (``b-2: 7 - 2 = 5``), so 9-16
+    steps run to 150-295 tokens; both make generation dominate a step, as in reasoning RL."""
+    max_total: int | None = Field(
+        ArithmeticSpec.max_total, ge=1, description="Arithmetic: keep every running total in [0, max_total] (null: unbounded)."
+    )
     n_tests: int = Field(
         CodeSpec.n_tests, ge=2, description="Code: stdin/stdout tests per problem, each on a random list of integers."
     )
@@ -130,6 +134,7 @@ class SyntheticDataConfig(StrictModel):
             max_addend=self.max_addend,
             max_factor=self.max_factor,
             solution_style=self.solution_style,
+            max_total=self.max_total,
         )
 
     def code_spec(self) -> CodeSpec:
@@ -148,7 +153,7 @@ class SyntheticDataConfig(StrictModel):
 
 
 _ARITHMETIC_ONLY_FIELDS: tuple[str, ...] = (
-    "mul_prob", "max_addend", "max_factor", "sft_answer_only_share", "solution_style",
+    "mul_prob", "max_addend", "max_factor", "sft_answer_only_share", "solution_style", "max_total",
 )
 _CODE_ONLY_FIELDS: tuple[str, ...] = (
     "n_tests", "min_list_len", "max_list_len", "max_value", "max_constant", "operations", "sft_styles",

@@ -8,11 +8,15 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 
-SolutionStyle = Literal["lines", "worked"]
+SolutionStyle = Literal["lines", "worked", "tally"]
 """How a reference solution is written (:func:`asyncrl.tasks.data.synthetic.reference_solution`):
 ``lines`` one ``a op b=c`` line per step (tens of tokens); ``worked`` each step written out
 in words and checked, about 85 tokens a step, as a reasoning model writes its work (hundreds
-of tokens)."""
+of tokens); ``tally`` a sum of lettered terms (``What is a+7 b-2 c+5?``) kept one line a term
+(``b-2: 7 - 2 = 5``), about 17 tokens a step, so 9-16 steps are reasoning-length."""
+
+TALLY_LABELS = "abcdefghijklmnopqrstuvwxyz"
+"""The letters that name a tally problem's terms: at most 26 terms (25 steps)."""
 
 SOLUTION_STYLES: tuple[str, ...] = get_args(SolutionStyle)
 
@@ -26,7 +30,10 @@ class ArithmeticSpec:
     - operands: first number and ``+``/``-`` operands uniform in [1, max_addend];
       ``*`` operands uniform in [2, max_factor].
     - solution_style: how the reference solution writes the steps (:data:`SolutionStyle`);
-      it changes no problem, only the demonstrations.
+      it changes no problem, only the demonstrations, except ``tally``, whose prompts name
+      each term by a letter (only ``+``/``-``: mul_prob must be 0).
+    - max_total: with it, each ``+``/``-`` is drawn among those that keep every running total
+      in [0, max_total] (the first number too), so a long sum's steps stay small.
     The defaults keep the longest prompt under 64 bytes (= tokens of the tiny tokenizer).
     """
 
@@ -37,6 +44,7 @@ class ArithmeticSpec:
     max_addend: int = 20
     max_factor: int = 9
     solution_style: SolutionStyle = "lines"
+    max_total: int | None = None
 
     def __post_init__(self) -> None:
         if self.solution_style not in SOLUTION_STYLES:
@@ -56,6 +64,16 @@ class ArithmeticSpec:
             raise ValueError(f"ArithmeticSpec: max_addend must be >= 1, got {self.max_addend}")
         if self.max_factor < 2:
             raise ValueError(f"ArithmeticSpec: max_factor must be >= 2, got {self.max_factor}")
+        if self.max_total is not None and (self.max_total < self.max_addend or self.mul_prob > 0):
+            raise ValueError(
+                f"ArithmeticSpec: max_total needs max_total >= max_addend and mul_prob 0, got max_total={self.max_total}, "
+                f"max_addend={self.max_addend}, mul_prob={self.mul_prob}"
+            )
+        if self.solution_style == "tally" and (self.mul_prob > 0 or self.max_steps >= len(TALLY_LABELS)):
+            raise ValueError(
+                f"ArithmeticSpec: solution_style tally needs mul_prob 0 and max_steps <= {len(TALLY_LABELS) - 1} "
+                f"(a letter a term), got mul_prob={self.mul_prob}, max_steps={self.max_steps}"
+            )
 
 
 ProgramStyle = Literal["lines", "commented", "nested"]

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar, get_args
 
-from asyncrl.configs.synthetic_specs import SOLUTION_STYLES, ArithmeticSpec, SolutionStyle
+from asyncrl.configs.synthetic_specs import SOLUTION_STYLES, TALLY_LABELS, ArithmeticSpec, SolutionStyle
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,10 +36,12 @@ SPLIT_FILES: dict[str, str] = {"train": "train.parquet", "heldout": "heldout.par
 
 @dataclass(frozen=True)
 class Problem:
-    """``numbers[0] operators[0] numbers[1] ... operators[k-1] numbers[k]``."""
+    """``numbers[0] operators[0] numbers[1] ... operators[k-1] numbers[k]``; ``lettered``:
+    the prompt names each term by a letter (``a+7 b-2``: the ``tally`` style's problems)."""
 
     numbers: tuple[int, ...]
     operators: tuple[Operator, ...]
+    lettered: bool = False
 
     def __post_init__(self) -> None:
         if len(self.numbers) != len(self.operators) + 1:
@@ -54,6 +56,8 @@ class Problem:
             raise ValueError(f"Problem: unknown operator {bad[0]!r}; allowed: {', '.join(OPERATORS)}")
         if any(n < 0 for n in self.numbers):
             raise ValueError(f"Problem: numbers must be non-negative, got {self.numbers}")
+        if self.lettered and ("*" in self.operators or len(self.numbers) > len(TALLY_LABELS)):
+            raise ValueError(f"Problem: a lettered sum has only + and - and at most {len(TALLY_LABELS)} terms")
 
     @property
     def num_steps(self) -> int:
@@ -68,6 +72,9 @@ class Problem:
 
     @property
     def prompt(self) -> str:
+        if self.lettered:
+            terms = zip(TALLY_LABELS, ("+", *self.operators), self.numbers, strict=False)
+            return PROMPT_TEMPLATE.format(expression=" ".join(f"{label}{sign}{n}" for label, sign, n in terms))
         return PROMPT_TEMPLATE.format(expression=self.expression)
 
     @property
@@ -150,18 +157,35 @@ def worked_step(index: int, step: Step) -> str:
     return "\n".join(lines)
 
 
+def tally_lines(problem: Problem) -> list[str]:
+    """One line a term of a lettered sum, the running total kept: ``a+7: 0 + 7 = 7``,
+    ``b-2: 7 - 2 = 5``, ... Each line starts with its term as the prompt writes it
+    (:attr:`Problem.prompt`), so the letter, the next letter after the line above's, leads to
+    the term (the token after the letter in the prompt), then adds it to the line above's total:
+    about 17 tokens a step."""
+    total, lines = 0, []
+    for label, sign, number in zip(TALLY_LABELS, ("+", *problem.operators), problem.numbers, strict=False):
+        new_total = _apply(sign, total, number)
+        lines.append(f"{label}{sign}{number}: {total} {sign} {number} = {new_total}")
+        total = new_total
+    return lines
+
+
 def reference_solution(problem: Problem, style: SolutionStyle = "lines") -> str:
     """The correct solution in ``style``, ending ``#### <answer>``.
 
     ``lines``: one ``a op b=c`` line per operator; ``3+4*2-5`` gives
     ``4*2=8 / 3+8=11 / 11-5=6 / #### 6`` (newline-separated).
     ``worked``: each step as :func:`worked_step`, then ``The answer is 6.`` and ``#### 6``.
+    ``tally`` (a lettered sum, no ``*``): :func:`tally_lines`, then ``#### <answer>``.
     """
     steps, value = _solve(problem)
     if style == "lines":
         lines = [f"{left}{op}{right}={result}" for left, op, right, result in steps]
     elif style == "worked":
         lines = [worked_step(i, step) for i, step in enumerate(steps, start=1)] + [f"The answer is {value}."]
+    elif style == "tally":
+        lines = tally_lines(problem)
     else:
         raise ValueError(f"reference_solution: style must be one of {', '.join(SOLUTION_STYLES)}, got {style!r}")
     return "\n".join([*lines, format_final_answer(value)])
@@ -197,14 +221,20 @@ def sample_problem(rng: random.Random, spec: ArithmeticSpec) -> Problem:
     k = rng.choices(steps, weights=weights)[0]
     numbers = [rng.randint(1, spec.max_addend)]
     operators: list[Operator] = []
+    total = numbers[0]
     for _ in range(k):
         if rng.random() < spec.mul_prob:
             operators.append("*")
             numbers.append(rng.randint(2, spec.max_factor))
-        else:
-            operators.append(rng.choice(("+", "-")))
-            numbers.append(rng.randint(1, spec.max_addend))
-    return Problem(numbers=tuple(numbers), operators=tuple(operators))
+            continue
+        number = rng.randint(1, spec.max_addend)
+        signs: tuple[Operator, ...] = ("+", "-")
+        if spec.max_total is not None:  # those that keep the running total in [0, max_total]
+            signs = tuple(op for op in signs if 0 <= _apply(op, total, number) <= spec.max_total)
+        operators.append(rng.choice(signs))
+        numbers.append(number)
+        total = _apply(operators[-1], total, number)
+    return Problem(numbers=tuple(numbers), operators=tuple(operators), lettered=spec.solution_style == "tally")
 
 
 def draw_distinct(n: int, draw: Callable[[], _Drawn], prompt_of: Callable[[_Drawn], str], spec: object) -> list[_Drawn]:

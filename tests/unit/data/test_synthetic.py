@@ -235,10 +235,52 @@ def test_worked_style_reaches_the_written_files(tmp_path: Path) -> None:
     assert sum(s.startswith("####") for s in mixed) == 5 and sum(s.startswith("Step 1:") for s in mixed) == 5
 
 
+TALLY_LINE = re.compile(r"^([a-z])([+-])(\d): (\d+) ([+-]) (\d) = (\d+)$")
+TALLY_SPEC = ArithmeticSpec(min_steps=9, max_steps=16, step_exponent=0.0, mul_prob=0.0, max_addend=9, max_total=30,
+                            solution_style="tally")  # fmt: skip
+
+
+def test_tally_prompts_letter_each_term_and_the_solution_keeps_a_line_a_term() -> None:
+    from asyncrl.tasks.data.synthetic import reference_solution
+
+    for problem in make_arithmetic_dataset(300, seed=0, spec=TALLY_SPEC):
+        terms = problem.prompt.removeprefix("What is ").removesuffix("?").split(" ")
+        *lines, final = reference_solution(problem, "tally").split("\n")
+        assert final == f"#### {problem.answer}" and len(lines) == len(terms) == problem.num_steps + 1
+        total = 0
+        for index, (term, line) in enumerate(zip(terms, lines, strict=True)):
+            label, sign, number, before, sign_again, number_again, after = TALLY_LINE.match(line).groups()
+            assert term == f"{label}{sign}{number}" and label == "abcdefghijklmnopqrstuvwxyz"[index]
+            assert (sign_again, number_again) == (sign, number)  # the line's term, then the step with it
+            assert int(before) == total and int(after) == total + (int(number) if sign == "+" else -int(number))
+            assert 0 <= int(after) <= 30  # max_total keeps every running total in [0, 30]
+            total = int(after)
+        assert str(total) == problem.answer
+
+
+def test_tally_solutions_are_reasoning_length() -> None:
+    from asyncrl.tasks.data.synthetic import reference_solution
+
+    problems = make_arithmetic_dataset(1000, seed=0, spec=TALLY_SPEC)
+    lengths = [len(reference_solution(p, "tally").encode()) for p in problems]
+    # one token per byte: about 17 tokens a term, 150-295 for 10-17 terms (configs/reasoning.yaml)
+    assert 150 <= min(lengths) and max(lengths) <= 295 and statistics.mean(lengths) >= 200
+    assert max(len(p.prompt) for p in problems) <= 96  # the config's max_prompt_tokens
+
+
+def test_a_tally_needs_sums_of_at_most_26_terms_and_max_total_needs_room() -> None:
+    with pytest.raises(ValueError, match="tally needs mul_prob 0 and max_steps <= 25"):
+        ArithmeticSpec(mul_prob=0.25, solution_style="tally")
+    with pytest.raises(ValueError, match="tally needs mul_prob 0 and max_steps <= 25"):
+        ArithmeticSpec(mul_prob=0.0, max_steps=26, solution_style="tally")
+    with pytest.raises(ValueError, match="max_total needs max_total >= max_addend and mul_prob 0"):
+        ArithmeticSpec(mul_prob=0.0, max_addend=9, max_total=5)
+
+
 def test_unknown_solution_style_is_refused() -> None:
     from asyncrl.tasks.data.synthetic import reference_solution
 
-    with pytest.raises(ValueError, match="solution_style must be one of lines, worked"):
+    with pytest.raises(ValueError, match="solution_style must be one of lines, worked, tally"):
         ArithmeticSpec(solution_style="essay")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="style must be one of lines, worked, got 'essay'"):
+    with pytest.raises(ValueError, match="style must be one of lines, worked, tally, got 'essay'"):
         reference_solution(make_arithmetic_dataset(1, seed=0)[0], "essay")  # type: ignore[arg-type]
