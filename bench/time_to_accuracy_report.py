@@ -86,7 +86,7 @@ def plot_curves(result: Mapping[str, Any], path: Path) -> Path:
     speedup = result.get("time_to_target_speedup")
     figure.suptitle(
         f"{result['config']}: best asynchronous arm {result['best_arm']}, "
-        f"{'target not reached' if speedup is None else f'{speedup:.2f}x sooner'} than synchronous"
+        + ("target not reached" if speedup is None else f"{speedup:.2f}x sooner than synchronous")
     )
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
