@@ -6,7 +6,6 @@ real hierarchies: tests/integration/reward/test_sandbox_cgroup.py.
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
 import subprocess
@@ -43,28 +42,6 @@ class Layout:
     def own(self, hierarchy: str) -> Path:
         """This process's cgroup directory in ``hierarchy`` (a mount point's name)."""
         return self.root / hierarchy / (MEMORY_PATH.lstrip("/") if hierarchy == "memory" else "")
-
-
-@pytest.fixture
-def removed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, dict[str, str]]:
-    """cgroupfs's rmdir under tmp_path (a cgroup goes with its interface files, one with a
-    child is EBUSY); what each removed cgroup's files held, by path."""
-    real_rmdir = os.rmdir
-    log: dict[str, dict[str, str]] = {}
-
-    def rmdir(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
-        directory = Path(path)
-        if tmp_path not in directory.parents:
-            return real_rmdir(path, *args, **kwargs)  # type: ignore[arg-type]
-        if any(p.is_dir() for p in directory.iterdir()):
-            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(directory))
-        log[str(directory)] = {f.name: f.read_text() for f in directory.iterdir()}
-        for f in directory.iterdir():
-            f.unlink()
-        real_rmdir(directory)
-
-    monkeypatch.setattr(os, "rmdir", rmdir)
-    return log
 
 
 def make_layout(tmp_path: Path, mounts: dict[str, str] | None = None, memory_root: str = "/",
