@@ -71,10 +71,15 @@ class Problem:
         return "".join(parts)
 
     @property
+    def lettered_terms(self) -> list[tuple[str, str, int]]:
+        """(letter, sign, number) of each term, the first one ``+``: ``a+7 b-2`` names them so."""
+        return list(zip(TALLY_LABELS, ("+", *self.operators), self.numbers, strict=False))
+
+    @property
     def prompt(self) -> str:
         if self.lettered:
-            terms = zip(TALLY_LABELS, ("+", *self.operators), self.numbers, strict=False)
-            return PROMPT_TEMPLATE.format(expression=" ".join(f"{label}{sign}{n}" for label, sign, n in terms))
+            terms = (f"{label}{sign}{n}" for label, sign, n in self.lettered_terms)
+            return PROMPT_TEMPLATE.format(expression=" ".join(terms))
         return PROMPT_TEMPLATE.format(expression=self.expression)
 
     @property
@@ -164,7 +169,7 @@ def tally_lines(problem: Problem) -> list[str]:
     the term (the token after the letter in the prompt), then adds it to the line above's total:
     about 17 tokens a step."""
     total, lines = 0, []
-    for label, sign, number in zip(TALLY_LABELS, ("+", *problem.operators), problem.numbers, strict=False):
+    for label, sign, number in problem.lettered_terms:
         new_total = _apply(sign, total, number)
         lines.append(f"{label}{sign}{number}: {total} {sign} {number} = {new_total}")
         total = new_total
