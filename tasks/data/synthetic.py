@@ -232,13 +232,14 @@ def sample_problem(rng: random.Random, spec: ArithmeticSpec) -> Problem:
             operators.append("*")
             numbers.append(rng.randint(2, spec.max_factor))
             continue
-        number = rng.randint(1, spec.max_addend)
-        signs: tuple[Operator, ...] = ("+", "-")
-        if spec.max_total is not None:  # those that keep the running total in [0, max_total]
-            signs = tuple(op for op in signs if 0 <= _apply(op, total, number) <= spec.max_total)
-        operators.append(rng.choice(signs))
-        numbers.append(number)
-        total = _apply(operators[-1], total, number)
+        if spec.max_total is None:  # the sign, then the number: the draws of every earlier dataset
+            operators.append(rng.choice(("+", "-")))
+            numbers.append(rng.randint(1, spec.max_addend))
+        else:  # the number, then a sign that keeps the running total in [0, max_total]
+            numbers.append(rng.randint(1, spec.max_addend))
+            allowed = [op for op in ("+", "-") if 0 <= _apply(op, total, numbers[-1]) <= spec.max_total]
+            operators.append(rng.choice(allowed))
+        total = _apply(operators[-1], total, numbers[-1])
     return Problem(numbers=tuple(numbers), operators=tuple(operators), lettered=spec.solution_style == "tally")
 
 

@@ -284,3 +284,13 @@ def test_unknown_solution_style_is_refused() -> None:
         ArithmeticSpec(solution_style="essay")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="style must be one of lines, worked, tally, got 'essay'"):
         reference_solution(make_arithmetic_dataset(1, seed=0)[0], "essay")  # type: ignore[arg-type]
+
+
+def test_an_unbounded_spec_draws_the_problems_it_always_drew() -> None:
+    # max_total changes the order of the draws only when set: the demo's data (seed 0) and any
+    # earlier dataset stay the same problems (these prompts were drawn by the code before it).
+    demo = ArithmeticSpec(min_steps=2, max_steps=3, mul_prob=0.0, max_addend=9)
+    assert [p.prompt for p in make_arithmetic_dataset(4, seed=0, spec=demo)] == [
+        "What is 7-7-8+9?", "What is 3-9+5?", "What is 2-8-7?", "What is 4-8-1?"]  # fmt: skip
+    assert [p.prompt for p in make_arithmetic_dataset(3, seed=7)] == [
+        "What is 5+3+12+2?", "What is 14*3+19?", "What is 8+19+8?"]  # fmt: skip
