@@ -32,6 +32,8 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.tasks.inference.samples import INTERRUPT_MODES
 
 SYNC_LABEL = "sync"
+EVAL_POINTS = 6
+"""Evaluated versions after the start when ``eval_every`` is not given."""
 
 
 @dataclass(frozen=True)
@@ -56,13 +58,14 @@ class TimeToAccuracySettings:
     for every seed; with ``objective_etas``, decoupled and standard PPO at those etas too (in
     the first mode)."""
 
-    etas: tuple[int, ...] = (0, 1, 2, 4)
-    modes: tuple[str, ...] = INTERRUPT_MODES
-    seeds: tuple[int, ...] = (0, 1)
+    etas: tuple[int, ...] = (0, 2)
+    modes: tuple[str, ...] = ("keep",)
+    seeds: tuple[int, ...] = (0, 1, 2)
     objective_etas: tuple[int, ...] = ()
     """Etas at which standard PPO runs beside the decoupled objective (e.g. 4, 8)."""
-    eval_every: int = 2
-    """Evaluate every this many versions (and the start and the last)."""
+    eval_every: int | None = None
+    """Evaluate every this many versions (and the start and the last); None: ``max_steps //``
+    :data:`EVAL_POINTS`, so every run is evaluated at as many points whatever its length."""
     smooth: int = 3
     """Centred moving mean over this many evaluated versions (odd; 1: none)."""
     target_fraction: float = 0.9
@@ -80,7 +83,7 @@ class TimeToAccuracySettings:
         check_modes("modes", self.modes)
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(s < 0 for s in self.seeds):
             raise ValueError(f"seeds: must be distinct ints >= 0, got {self.seeds!r}")
-        if self.eval_every < 1:
+        if self.eval_every is not None and self.eval_every < 1:
             raise ValueError(f"eval_every: must be >= 1, got {self.eval_every}")
         if self.smooth < 1 or self.smooth % 2 == 0:
             raise ValueError(f"smooth: must be an odd number >= 1, got {self.smooth}")
@@ -270,7 +273,8 @@ def run_sweep(
                 f"overlap factor {run['overlap']['overlap_factor']:.2f}")
     say(f"evaluating {len(runs)} runs on one server")
     keys = list(runs)
-    evaluated = evaluate_arms([(runs[key], eval_versions(runs[key]["start"], runs[key]["final"], settings.eval_every)) for key in keys])
+    every = settings.eval_every or max(1, base.trainer.max_steps // EVAL_POINTS)
+    evaluated = evaluate_arms([(runs[key], eval_versions(runs[key]["start"], runs[key]["final"], every)) for key in keys])
     curves: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
     for (label, seed), scores in zip(keys, evaluated, strict=True):
         run = runs[(label, seed)]
@@ -301,6 +305,7 @@ def run_sweep(
         "max_new_tokens": base.rollout.max_new_tokens,
         "eval_prompts": base.pipeline.eval_prompts,
         "eval_samples": base.pipeline.eval_samples,
+        "eval_every": every,
         "work_dir": str(work),
         "sync_generation_share": generation_share(arm_rows[0]["overlap_per_seed"]),
         **summarize(arm_rows, start_pass, settings),

@@ -226,12 +226,13 @@ def add_time_to_accuracy_bench(subparsers: argparse._SubParsersAction[argparse.A
     )
     parser.add_argument("config", help="run config (YAML), e.g. configs/reasoning.yaml")
     parser.add_argument("overrides", nargs="*", help="a.b=value overrides of the config")
-    parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated, with 0 (default 0,1,2,4)")
-    parser.add_argument("--modes", type=comma_list, default=defaults.modes, help="interrupt modes of eta > 0 (default recompute,keep)")
-    parser.add_argument("--seeds", type=parse_int_list, default=defaults.seeds, help="comma-separated seeds (default 0,1)")
+    parser.add_argument("--etas", type=parse_int_list, default=defaults.etas, help="comma-separated, with 0 (default 0,2)")
+    parser.add_argument("--modes", type=comma_list, default=defaults.modes, help="interrupt modes of eta > 0 (default keep)")
+    parser.add_argument("--seeds", type=parse_int_list, default=defaults.seeds, help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--objective-etas", type=parse_int_list, default=defaults.objective_etas,
                         help="also run standard PPO beside decoupled at these etas, e.g. 4,8 (default none)")  # fmt: skip
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="evaluate every N versions")
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every,
+                        help="evaluate every N versions (default trainer.max_steps // 6)")
     parser.add_argument("--smooth", type=int, default=defaults.smooth, help="centred moving mean over N evaluated versions (odd)")
     parser.add_argument("--work-dir", default=None, help="run roots, MLflow and logs (default <work_dir>/<name>-time-to-accuracy)")
     parser.add_argument("--json", default=None, help="result JSON (default <work-dir>/time-to-accuracy.json)")

@@ -28,6 +28,14 @@ class RolloutConfig(StrictModel):
     `trainer.batch_groups` is complete, and a partial one every `shard_groups` finished groups
     or after `shard_seconds`, whichever comes first."""
     shard_seconds: float = Field(10.0, gt=0.0, description="...or when the oldest unwritten group has waited this long.")
+    journal_tokens: int = Field(
+        64, ge=0, description="Journal in-flight samples once one holds this many unjournaled tokens; 0: no journal."
+    )
+    """The scheduler journals every sample of every unwritten group (``scheduler/journal.json``,
+    replaced whole) so that a killed scheduler, server or node goes on from the last journaled
+    token: a kill loses at most about this many tokens a sample in flight
+    (:mod:`~asyncrl.tasks.inference.sample_journal`)."""
+    journal_seconds: float = Field(10.0, gt=0.0, description="...or when this long has passed since the last journal write.")
     weight_poll_seconds: float = Field(
         0.5, gt=0.0, description="How often the scheduler looks for a newly published weight version."
     )

@@ -47,6 +47,7 @@ class GroupGenerator(Protocol):
         *,
         ignore_eos: bool = False,
         stop_token_ids: Sequence[int] = (),
+        journal_key: str | None = None,
     ) -> list[SampleOutput]: ...
 
     async def update_weights(self, version: int, load: Callable[[Any], Any]) -> UpdateStats: ...
@@ -159,6 +160,7 @@ class SingleTurnEpisodes:
                 settings.top_p,
                 ignore_eos=settings.ignore_eos,
                 stop_token_ids=() if settings.ignore_eos else settings.stop_token_ids,
+                journal_key=group,
             )
         texts = [self.codec.decode(o.output_token_ids) for o in outputs]
         results: list[RewardResult] = []

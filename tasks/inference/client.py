@@ -27,9 +27,11 @@ from types import TracebackType
 import httpx
 
 from asyncrl.tasks.inference.routing import ServerAddress, ServerPool, ServerState
+from asyncrl.tasks.inference.sample_journal import SampleJournal
 from asyncrl.tasks.inference.samples import (
     INTERRUPT_MODES,
     InterruptMode,
+    LiveSegment,
     PartialSample,
     SampleOutput,
     Segment,
@@ -78,6 +80,10 @@ class RolloutClient:
     running request's adapter: in ``recompute`` mode a cut segment is resubmitted under the new
     adapter, as without LoRA; in ``keep`` mode a frozen request finishes on the adapter it
     started with, and its tokens after the update keep the old version.
+
+    ``journal``: groups asked for with a ``journal_key`` are tracked there while they
+    generate, and start from its journaled state where a restarted scheduler loaded one
+    (:mod:`~asyncrl.tasks.inference.sample_journal`).
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class RolloutClient:
         stream_interval: int = 16,
         rejoin_probe_s: float = 10.0,
         adapters: bool = False,
+        journal: SampleJournal | None = None,
     ) -> None:
         if interrupt_mode not in INTERRUPT_MODES:
             raise ValueError(f"interrupt_mode: must be one of {list(INTERRUPT_MODES)}, got {interrupt_mode!r}")
@@ -109,6 +116,7 @@ class RolloutClient:
         self._mode: InterruptMode = interrupt_mode
         self._initial_version = initial_version
         self._adapters = bool(adapters)
+        self._journal = journal
         self._max_segments = max_segments
         self._stream_interval = stream_interval
         # Read timeout = longest silence in one stream; a keep-mode pause is such a silence.
@@ -220,18 +228,25 @@ class RolloutClient:
         *,
         ignore_eos: bool = False,
         stop_token_ids: Sequence[int] = (),
+        journal_key: str | None = None,
     ) -> list[SampleOutput]:
         """Generate ``n`` samples of ``prompt_token_ids``, each at most ``max_new_tokens`` long.
 
         Every sample carries its behaviour log-probs and per-token versions; it is
-        produced exactly once whatever updates or server failures happen meanwhile.
+        produced exactly once whatever updates or server failures happen meanwhile. With a
+        ``journal_key`` and a journal, the group is tracked in it under that key, and its
+        samples go on from their journaled tokens if it holds them (an ended one is not
+        generated again).
         """
         check_generate_args(prompt_token_ids, n, max_new_tokens, temperature, top_p)
         options = SamplingOptions(
             float(temperature), float(top_p), bool(ignore_eos), tuple(stop_token_ids), self._stream_interval
         )
         submitted_at = time.time()
-        partials = [PartialSample(list(prompt_token_ids), max_new_tokens, submitted_at) for _ in range(n)]
+        if self._journal is not None and journal_key is not None:
+            partials = self._journal.start_group(journal_key, prompt_token_ids, n, max_new_tokens, submitted_at)
+        else:
+            partials = [PartialSample(list(prompt_token_ids), max_new_tokens, submitted_at) for _ in range(n)]
         try:
             async with asyncio.TaskGroup() as group:  # one failure cancels the group's other samples
                 tasks = [group.create_task(self._generate_sample(partial, options)) for partial in partials]
@@ -280,6 +295,8 @@ class RolloutClient:
         """
         prefer = prefer_server
         last_url = ""
+        if partial.finish_reason is not None:  # ended before a restart, resumed from the journal
+            return partial.finish(partial.finish_reason, time.time()), last_url
         while partial.remaining > 0:
             if partial.segments >= self._max_segments:
                 raise RuntimeError(
@@ -327,6 +344,7 @@ class RolloutClient:
         finish_reason: str | None = None
         spans: object = None
         source = f"rollout server {server.url}{GENERATE_PATH}"
+        partial.live = LiveSegment(token_ids, logprobs, version)
         try:
             async with http.stream(
                 "POST", server.url + GENERATE_PATH, json=body, headers=server.headers, timeout=self._request_timeout
@@ -356,6 +374,15 @@ class RolloutClient:
             raise ServerFailure(f"connection failed: {exc!r}", keep) from None
         except ServerFailure as failure:
             raise ServerFailure(failure.reason, self._keepable(server, epoch, version, token_ids, logprobs))
+        except asyncio.CancelledError:
+            # A stopping scheduler: the tokens certainly of `version` stay with the sample,
+            # which its last journal write then holds (sample_journal).
+            known = min(partial.live.known, partial.remaining) if partial.live is not None else 0
+            if known:
+                partial.extend(Segment(token_ids[:known], logprobs[:known], [version] * known, "abort"))
+            raise
+        finally:
+            partial.live = None
         if finish_reason is None:
             raise ServerFailure(
                 "stream ended without a finish reason", self._keepable(server, epoch, version, token_ids, logprobs)
@@ -422,6 +449,8 @@ class RolloutClient:
             server.update_epoch += 1
             for partial in self._active[server.index]:
                 partial.interruptions += 1
+                if partial.live is not None:
+                    partial.live.freeze()  # its tokens from now on may be of either version
             interrupted += len(self._active[server.index])
             paused_at[server.url] = time.monotonic()
             if not self._active[server.index]:

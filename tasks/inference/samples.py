@@ -11,6 +11,7 @@ never exceeds the budget.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,8 +99,34 @@ class Segment:
             )
 
 
+@dataclass
+class LiveSegment:
+    """The segment a sample is streaming: its tokens so far (the lists the stream appends
+    to), of which the first :attr:`known` are certainly of ``version``: all of them until a
+    weight update begins to pause their server (:meth:`freeze`); the version of a token
+    received after that is known only from the segment's final spans."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    frozen_at: int | None = None
+
+    def freeze(self) -> None:
+        """An update begins on this segment's server: the tokens received so far are the last
+        ones certainly of ``version`` (the first freeze counts)."""
+        if self.frozen_at is None:
+            self.frozen_at = len(self.token_ids)
+
+    @property
+    def known(self) -> int:
+        """Tokens (and their log-probs) received and certainly of ``version``."""
+        n = min(len(self.token_ids), len(self.logprobs))
+        return n if self.frozen_at is None else min(n, self.frozen_at)
+
+
 class PartialSample:
-    """A sample being generated: the tokens so far of all finished segments."""
+    """A sample being generated: the tokens so far of all finished segments, and the
+    segment streaming now (``live``, for the journal)."""
 
     def __init__(self, prompt_token_ids: list[int], max_new_tokens: int, submitted_at: float) -> None:
         self.prompt_token_ids = list(prompt_token_ids)
@@ -111,6 +138,21 @@ class PartialSample:
         self.interruptions = 0
         self.retries = 0
         self.segments = 0
+        self.live: LiveSegment | None = None
+        self.finish_reason: FinishReason | None = None
+        """Set by :meth:`finish` (or :meth:`restore` of an ended sample)."""
+
+    def restore(self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int],
+                finish_reason: str | None) -> None:  # fmt: skip
+        """Start from journaled state (:mod:`~asyncrl.tasks.inference.sample_journal`): its
+        tokens as one finished segment, and its finish reason if it had ended."""
+        if self.token_ids:
+            raise ValueError("PartialSample.restore: the sample already holds tokens")
+        self.extend(Segment(list(token_ids), list(logprobs), list(versions), finish_reason or "abort"))
+        if finish_reason is not None:
+            if finish_reason not in ("stop", "length"):
+                raise ValueError(f"PartialSample.restore: finish_reason {finish_reason!r}")
+            self.finish_reason = finish_reason  # type: ignore[assignment]
 
     @property
     def remaining(self) -> int:
@@ -133,6 +175,8 @@ class PartialSample:
         self.versions.extend(segment.versions)
 
     def finish(self, finish_reason: FinishReason, finished_at: float) -> SampleOutput:
+        self.finish_reason = finish_reason
+        self.live = None
         return SampleOutput(
             output_token_ids=list(self.token_ids),
             behaviour_logprobs=list(self.logprobs),

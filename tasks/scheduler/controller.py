@@ -59,6 +59,8 @@ from asyncrl.tasks.scheduler.gate_state import (
 )
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_id, group_index
 from asyncrl.tasks.agent.episodes import GroupGenerator
+from asyncrl.tasks.inference.sample_journal import SampleJournal
+from asyncrl.tasks.scheduler.journal_writer import JournalWriter
 from asyncrl.tasks.scheduler.protocols import GroupEpisodes
 from asyncrl.tasks.scheduler.written_index import (
     WrittenGroups,
@@ -84,6 +86,7 @@ class RolloutController:
         episodes: GroupEpisodes,
         weight_loader: Callable[[int], Callable[[Any], Any]],
         weight_prefetch: Callable[[int], object] | None = None,
+        journal: SampleJournal | None = None,
     ) -> None:
         self.settings = settings
         self.root = root
@@ -96,6 +99,9 @@ class RolloutController:
         """Fetches a version onto the servers' host before its update pauses generation
         (:meth:`~asyncrl.tasks.inference.weight_loader.ServerWeightLoader.prefetch`); None: the
         load fetches it during the pause."""
+        self.journal = JournalWriter(root, journal, settings.rollout) if journal is not None else None
+        """Journals the samples of the unwritten groups (the generator's book, which the episodes
+        fill); None: a killed scheduler generates its groups in flight again from their prompts."""
         self.weights = WeightStore(root)
         self.version_updates = VersionUpdates(root)
         self.writer = ShardWriter(root, settings.run_id)
@@ -153,7 +159,7 @@ class RolloutController:
         self._weights_listener = await asyncio.to_thread(DoorbellListener, self.root, WEIGHTS_TOPIC)
         watcher = self._start(self._watch_weights(stop), "weight-watcher")
         flusher = self._start(self._flush_periodically(stop), "shard-flusher")
-        quarantines = None
+        quarantines = journaling = None
         try:
             written = await asyncio.to_thread(load_written_groups, self.root, self.settings.run_id)
             if await asyncio.to_thread(learn_quarantines, self.root, written):
@@ -165,7 +171,11 @@ class RolloutController:
                 await asyncio.to_thread(save_written_groups, self.root, self.written)
             # durable records (see the module docstring): filtered groups, and quarantined ones
             self.gate.release(self.written.filtered + self.written.quarantined_groups)
-            for index in self._unwritten_admitted():
+            unwritten = self._unwritten_admitted()
+            if self.journal is not None:
+                await self.journal.resume({group_id(index) for index in unwritten})
+                journaling = self._start(self.journal.run(stop), "journal-writer")
+            for index in unwritten:
                 self.stats.resubmitted_after_restart += 1
                 self._admissions[index] = self._saved_admissions.get(index) or self._admission(index)
                 self._dispatch(index, in_flight, regeneration=index in self._regen_in_flight)
@@ -185,10 +195,16 @@ class RolloutController:
             self.stats.discarded_tokens += sum(s.model_token_count for g in self._done.values() if g for s in g)
             self.stats.streamed_tokens = sum(self.generator.streamed_tokens().values()) - streamed_before
             stop.set()
-            helpers = [task for task in (watcher, flusher, quarantines) if task is not None]
+            helpers = [task for task in (watcher, flusher, quarantines, journaling) if task is not None]
             for task in (*in_flight, *helpers):
                 task.cancel()
             await asyncio.gather(*in_flight, *helpers, return_exceptions=True)
+            if self.journal is not None and journaling is not None:
+                try:  # the next run goes on from the groups cut here
+                    await self.journal.write()
+                except Exception as exc:  # noqa: BLE001 - the stop goes on; the journal's last write stands
+                    LOG.warning("the journal's last write failed (%r): the next run resumes from the one before", exc)
+                self.stats.journal = self.journal.figures()
             await asyncio.to_thread(self._weights_listener.close)
             self._weights_listener = None
         self._raise_failure()
@@ -411,6 +427,8 @@ class RolloutController:
 
     def _leave_out(self, index: int) -> None:
         """Group ``index`` (its record saved) goes in no shard: release it from the gate."""
+        if self.journal is not None:
+            self.journal.forget([group_id(index)])
         self.gate.release()
         self._admissions.pop(index, None)
         self.stats.filtered_groups += 1
@@ -484,6 +502,8 @@ class RolloutController:
                     written.next_seq = max(written.next_seq, shard.seq + 1)
                     for index in indices:
                         self._regen_in_flight.pop(index, None)
+                    if self.journal is not None:
+                        self.journal.forget([group_id(index) for index in indices])
                     await asyncio.to_thread(self._shards_bell.ring)  # the trainer looks at once
                     LOG.info("wrote %s (%d groups)", shard.name, len(groups))
                 await asyncio.to_thread(save_written_groups, self.root, written)

@@ -53,6 +53,9 @@ class ControllerStats:
     groups cut by the stop (server work), set when it stops."""
     adaptive: dict[str, float] = field(default_factory=dict)
     """The adaptive bound's figures (:meth:`AdaptiveEta.summary`; empty without it)."""
+    journal: dict[str, float] = field(default_factory=dict)
+    """The journal's figures (:meth:`~asyncrl.tasks.scheduler.journal_writer.JournalWriter.figures`,
+    set when the controller stops; empty without a journal)."""
     generation: BusyTime = field(default_factory=BusyTime)
     """The samples in flight on the rollout servers (the episodes start and finish them:
     :mod:`~asyncrl.tasks.agent.episodes`); its busy time is ``generation_busy_s``."""
@@ -64,10 +67,12 @@ class ControllerStats:
     @property
     def wasted_tokens(self) -> int:
         """Tokens generated and thrown away: those of groups cut in flight by the stop
-        (streamed_tokens - output_tokens, known once the controller stopped) plus
+        (streamed_tokens - (output_tokens - resumed), known once the controller stopped, where
+        resumed are the output tokens taken from the journal rather than streamed) plus
         ``discarded_tokens``. Nothing else is discarded: no group is aborted and restarted,
         and no written sample is staler than the bound (module docstring)."""
-        return max(0, self.streamed_tokens - self.output_tokens) + self.discarded_tokens
+        resumed = int(self.journal.get("journal_resumed_tokens", 0))
+        return max(0, self.streamed_tokens - (self.output_tokens - resumed)) + self.discarded_tokens
 
     def count_sample(self, task: str, output_tokens: int, reward: float, reason: str) -> None:
         """Count one produced row (kept or later filtered): its model tokens, reward and reason."""
@@ -116,6 +121,7 @@ class ControllerStats:
             "context_tokens": self.context_tokens,
             **{f"episodes_left_out/{reason}": float(n) for reason, n in self.episodes_left_out.items()},
             **self.adaptive,
+            **self.journal,
             **{f"samples/{task}": float(n) for task, n in self.task_samples.items()},
             **{f"reward_sum/{task}": total for task, total in self.task_reward_sum.items()},
             **{f"reward_mean/{task}": self.task_reward_sum[task] / n for task, n in self.task_samples.items() if n},

@@ -14,6 +14,7 @@ from asyncrl.tasks.agent.runner import episode_runner_on
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.inference.client import RolloutClient
+from asyncrl.tasks.inference.sample_journal import SampleJournal
 from asyncrl.tasks.inference.server import RolloutServerHandle
 from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
 from asyncrl.tasks.model.codec import HFCodec, load_codec
@@ -73,9 +74,12 @@ def run_scheduler(
             stop_async.set()
 
         relay = asyncio.create_task(relay_stop())
+        # single-turn groups are journaled (rollout.journal_tokens > 0); agent turns are not
+        journal = SampleJournal() if config.rollout.journal_tokens > 0 else None
         try:
             async with RolloutClient(
-                handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version, adapters=adapters
+                handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version, adapters=adapters,
+                journal=journal,
             ) as client, RemoteRewardScorer(paths.root) as scorer, group_episodes(
                 config, settings, client, codec, scorer
             ) as episodes:
@@ -87,6 +91,7 @@ def run_scheduler(
                     episodes=episodes,
                     weight_loader=weight_loader.for_version,
                     weight_prefetch=lambda version: weight_loader.prefetch(version, handles),
+                    journal=journal,
                 )
                 return await controller.run(stop_async)
         finally:

@@ -72,10 +72,12 @@ def test_generation_share_of_the_synchronous_run() -> None:
 
 def test_settings_sweep_and_refusals() -> None:
     settings = TimeToAccuracySettings()
-    assert [a.label for a in settings.arms()] == [
+    assert [a.label for a in settings.arms()] == ["sync", "eta2-keep"]
+    assert settings.seeds == (0, 1, 2) and settings.eval_every is None
+    sweep = TimeToAccuracySettings(etas=(0, 1, 2, 4), modes=("recompute", "keep"))
+    assert [a.label for a in sweep.arms()] == [
         "sync", "eta1-recompute", "eta1-keep", "eta2-recompute", "eta2-keep", "eta4-recompute", "eta4-keep",
     ]
-    assert settings.seeds == (0, 1)
     compare = TimeToAccuracySettings(etas=(0, 4), modes=("keep",), objective_etas=(4, 8))
     assert [a.label for a in compare.arms()] == ["sync", "eta4-keep", "eta4-keep-standard", "eta8-keep", "eta8-keep-standard"]
     for kwargs, message in [
@@ -279,6 +281,6 @@ def test_the_benches_are_on_the_command_line() -> None:
 
     parser = build_parser()
     args = parser.parse_args(["bench", "time-to-accuracy", "configs/reasoning.yaml", "--etas", "0,2", "--seeds", "0"])
-    assert args.etas == (0, 2) and args.seeds == (0,) and args.modes == ("recompute", "keep")
+    assert args.etas == (0, 2) and args.seeds == (0,) and args.modes == ("keep",) and args.eval_every is None
     args = parser.parse_args(["bench", "learning", "configs/demo.yaml", "--min-gain", "18"])
     assert args.repeats == 3 and args.min_gain == 18.0

@@ -25,6 +25,7 @@ class CountingGenerator:
     async def generate_group(
         self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
         top_p: float = 1.0, *, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+        journal_key: str | None = None,
     ) -> list[SampleOutput]:  # fmt: skip
         self.budgets.append(max_new_tokens)
         tokens = [prompt_token_ids[0]] * min(max_new_tokens, 3)

@@ -53,6 +53,7 @@ class ScriptedGenerator:
     async def generate_group(
         self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
         top_p: float = 1.0, *, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+        journal_key: str | None = None,
     ) -> list[SampleOutput]:
         self.calls.append(list(prompt_token_ids))
         if self.fail_on is not None and len(self.calls) == self.fail_on:
@@ -261,6 +262,7 @@ class RecordingGenerator(ScriptedGenerator):
     async def generate_group(
         self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
         top_p: float = 1.0, *, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+        journal_key: str | None = None,
     ) -> list[SampleOutput]:
         self.requests.append((max_new_tokens, ignore_eos, tuple(stop_token_ids)))
         return await super().generate_group(prompt_token_ids, n, max_new_tokens, temperature, top_p,

@@ -66,6 +66,7 @@ class LongTailGenerator:
     async def generate_group(
         self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
         top_p: float = 1.0, *, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+        journal_key: str | None = None,
     ) -> list[SampleOutput]:
         index = int("".join(chr(t) for t in prompt_token_ids[1:]))
         first = self.current_version
@@ -313,6 +314,7 @@ class IndexEchoGenerator(LongTailGenerator):
     async def generate_group(
         self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, temperature: float = 1.0,
         top_p: float = 1.0, *, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+        journal_key: str | None = None,
     ) -> list[SampleOutput]:
         outputs = await super().generate_group(prompt_token_ids, n, max_new_tokens, temperature, top_p)
         echo = list(prompt_token_ids[1:])
