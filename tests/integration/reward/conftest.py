@@ -74,16 +74,33 @@ def _descendants() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
 
 
+def _held_by_another(proc: psutil.Process, ours: frozenset[int]) -> bool:
+    """The process's first ancestor outside the sandbox uid is a live process that is neither
+    ours nor init: a sandbox another test (the other xdist worker's reward service) is running
+    now. A sandbox left behind by ours is held by one of ours or, orphaned, by init."""
+    try:
+        for parent in proc.parents():
+            if parent.uids().real != SANDBOX_UID:
+                return parent.pid not in ours and parent.pid != 1
+    except psutil.NoSuchProcess:
+        return False
+    return False
+
+
 def _suspects(marker: str, before: frozenset[int]) -> list[str]:
-    """Processes that may belong to a sandbox: any of the sandbox uid (when we are root),
-    our descendants started since the snapshot, anything with the marker in its command line."""
+    """Processes that may belong to a sandbox: any of the sandbox uid (when we are root) not
+    held by another test's live process, our descendants started since the snapshot, anything
+    with the marker in its command line."""
     found: list[str] = []
-    mine = {p.pid for p in _descendants()} - before
+    descendants = {p.pid for p in _descendants()}
+    ours = frozenset({os.getpid(), *descendants})
+    mine = descendants - before
     for proc in psutil.process_iter(["pid", "uids", "cmdline", "status"]):
         info = proc.info
         cmdline = " ".join(info["cmdline"] or [])
         uid = info["uids"].real if info["uids"] else None
-        if (os.geteuid() == 0 and uid == SANDBOX_UID) or info["pid"] in mine or marker in cmdline:
+        sandbox_uid = os.geteuid() == 0 and uid == SANDBOX_UID and not _held_by_another(proc, ours)
+        if sandbox_uid or info["pid"] in mine or marker in cmdline:
             found.append(f"pid {info['pid']} uid {uid} {info['status']}: {cmdline[:120]!r}")
     return found
 
