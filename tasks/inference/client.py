@@ -377,7 +377,7 @@ class RolloutClient:
         except asyncio.CancelledError:
             # A stopping scheduler: the tokens certainly of `version` stay with the sample,
             # which its last journal write then holds (sample_journal).
-            known = min(partial.live.known, partial.remaining) if partial.live is not None else 0
+            known = partial.live_known
             if known:
                 partial.extend(Segment(token_ids[:known], logprobs[:known], [version] * known, "abort"))
             raise

@@ -117,9 +117,8 @@ def journalable(partial: PartialSample) -> tuple[tuple[int, ...], tuple[float, .
     """The sample's tokens, log-probs and versions a journal may hold now: its finished
     segments, plus the streaming segment's tokens known to be of its version (module docstring)."""
     tokens, logprobs, versions = list(partial.token_ids), list(partial.logprobs), list(partial.versions)
-    live = partial.live
+    live, n = partial.live, partial.live_known
     if live is not None:
-        n = min(live.known, partial.remaining)
         tokens += live.token_ids[:n]
         logprobs += live.logprobs[:n]
         versions += [live.version] * n
@@ -127,8 +126,7 @@ def journalable(partial: PartialSample) -> tuple[tuple[int, ...], tuple[float, .
 
 
 def _journalable_length(partial: PartialSample) -> int:
-    live = partial.live
-    return len(partial.token_ids) + (min(live.known, partial.remaining) if live is not None else 0)
+    return len(partial.token_ids) + partial.live_known
 
 
 def _matches(journaled: Sequence[JournaledSample], prompt: Sequence[int], n: int, max_new_tokens: int) -> bool:

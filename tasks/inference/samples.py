@@ -159,6 +159,12 @@ class PartialSample:
         """Token budget left: max_new_tokens - tokens so far."""
         return self.max_new_tokens - len(self.token_ids)
 
+    @property
+    def live_known(self) -> int:
+        """Tokens of the streaming segment certainly of its version, within the budget (0 when
+        none streams): what the journal and a stop may keep of it."""
+        return 0 if self.live is None else min(self.live.known, self.remaining)
+
     def next_prompt(self) -> list[int]:
         """What the next segment continues from: prompt + tokens so far."""
         return self.prompt_token_ids + self.token_ids
