@@ -25,6 +25,11 @@ class InferenceConfig(StrictModel):
     """Never a flow parameter in clear: leave it out and set ``ASYNCRL_ROLLOUT_API_KEY`` in the
     environment of the flow run (a Prefect worker's environment), which :meth:`api_key_value` reads."""
     kv_cache_gib: float = Field(1.0, gt=0.0, description="KV cache of a CPU server, GiB (VLLM_CPU_KVCACHE_SPACE).")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Most sequences a server decodes at once (vLLM's --max-num-seqs); None: vLLM's default."
+    )
+    """vLLM's default is low on CPU (128 for its API server): an evaluation of more answers, or a
+    rollout with more samples in flight, then decodes in waves, each as long as its longest answer."""
     worker_in_engine_process: bool = Field(
         True, description="CPU servers: run vLLM's model worker inside its engine-core process."
     )

@@ -12,6 +12,7 @@ the mean reward, pass@1 and unbiased pass@k (:mod:`asyncrl.tasks.reward.pass_at_
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from asyncrl.configs.processes import EvaluatorProcessConfig
+
+DEFAULT_CONCURRENCY = 64
+"""Prompt groups an evaluation keeps in flight on a server with vLLM's default batch size."""
 
 
 def pass_at_1(correct_counts: Sequence[int], samples_per_prompt: int) -> float:
@@ -72,7 +76,7 @@ async def evaluate(
     max_prompt_tokens: int,
     temperature: float,
     stop_token_ids: Sequence[int],
-    concurrency: int = 64,
+    concurrency: int = DEFAULT_CONCURRENCY,
     on_prompt_done: Callable[[], None] | None = None,
     pass_k: Sequence[int] = (),
     episode: EpisodeConfig | None = None,
@@ -146,6 +150,8 @@ class HeldOutTask:
     """``rollout.episode``: each answer is one run of the user's episode."""
     run_name: str = "asyncrl-run"
     """The run's ``name``: its episodes' ids begin with it."""
+    concurrency: int = DEFAULT_CONCURRENCY
+    """Prompt groups in flight (:func:`eval_concurrency`)."""
 
     async def run(
         self, client: RolloutClient, version: int, scorer: RewardScorer, on_prompt_done: Callable[[], None] | None = None
@@ -155,8 +161,20 @@ class HeldOutTask:
             client, version, self.prompts, self.render, self.codec, scorer,
             samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
             max_prompt_tokens=self.max_prompt_tokens, temperature=self.temperature, stop_token_ids=self.stop_token_ids, on_prompt_done=on_prompt_done,
-            pass_k=self.pass_k, episode=self.episode, run_name=self.run_name,
+            pass_k=self.pass_k, episode=self.episode, run_name=self.run_name, concurrency=self.concurrency,
         )  # fmt: skip
+
+
+def eval_concurrency(max_num_seqs: int | None, samples: int) -> int:
+    """Prompt groups an evaluation keeps in flight: enough to fill a server that decodes
+    ``max_num_seqs`` sequences at once (``inference.max_num_seqs``),
+
+        groups = max(DEFAULT_CONCURRENCY, ceil(max_num_seqs / samples))
+
+    and :data:`DEFAULT_CONCURRENCY` when the server keeps vLLM's default."""
+    if max_num_seqs is None:
+        return DEFAULT_CONCURRENCY
+    return max(DEFAULT_CONCURRENCY, math.ceil(max_num_seqs / samples))
 
 
 def held_out_task(config: EvaluatorProcessConfig, model_dir: Path, prompts: int | None, samples: int) -> HeldOutTask:
@@ -180,4 +198,5 @@ def held_out_task(config: EvaluatorProcessConfig, model_dir: Path, prompts: int 
         pass_k=[k for k in config.pass_k if k <= samples],
         episode=config.rollout.episode,
         run_name=config.name,
+        concurrency=eval_concurrency(config.inference.max_num_seqs, samples),
     )

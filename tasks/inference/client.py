@@ -336,7 +336,7 @@ class RolloutClient:
             "sampling_params": options.params(partial.remaining),
             "stream": True,
         }
-        epoch, version = server.update_epoch, server.version
+        version = server.version
         if server.adapter is not None:
             body["model"] = server.adapter  # bound to the request for its whole life in vLLM
         token_ids: list[int] = []
@@ -370,23 +370,20 @@ class RolloutClient:
                             finish_reason = choice["finish_reason"]
                             spans = choice.get("weight_versions")
         except httpx.TransportError as exc:
-            keep = self._keepable(server, epoch, version, token_ids, logprobs)
-            raise ServerFailure(f"connection failed: {exc!r}", keep) from None
+            raise ServerFailure(f"connection failed: {exc!r}", partial.cut_live()) from None
         except ServerFailure as failure:
-            raise ServerFailure(failure.reason, self._keepable(server, epoch, version, token_ids, logprobs))
+            raise ServerFailure(failure.reason, partial.cut_live())
         except asyncio.CancelledError:
             # A stopping scheduler: the tokens certainly of `version` stay with the sample,
             # which its last journal write then holds (sample_journal).
-            known = partial.live_known
-            if known:
-                partial.extend(Segment(token_ids[:known], logprobs[:known], [version] * known, "abort"))
+            cut = partial.cut_live()
+            if cut is not None:
+                partial.extend(cut)
             raise
         finally:
             partial.live = None
         if finish_reason is None:
-            raise ServerFailure(
-                "stream ended without a finish reason", self._keepable(server, epoch, version, token_ids, logprobs)
-            )
+            raise ServerFailure("stream ended without a finish reason", partial.cut_live())
         if finish_reason not in ("stop", "length", "abort"):
             raise RuntimeError(f"{source}: unexpected finish reason {finish_reason!r}")
         logger.debug("%s: segment of %d tokens ended with %s, spans %s", source, len(token_ids), finish_reason, spans)
@@ -397,16 +394,6 @@ class RolloutClient:
                 source, spans, version, version,
             )  # fmt: skip
         return Segment(token_ids, logprobs, versions, finish_reason)
-
-    @staticmethod
-    def _keepable(
-        server: ServerState, epoch: int, version: int, token_ids: list[int], logprobs: list[float]
-    ) -> Segment | None:
-        """Tokens of a cut segment that can be kept: all of them if no update touched the
-        server since the segment started (they are all of ``version``), else none."""
-        if server.update_epoch != epoch or not token_ids:
-            return None
-        return Segment(list(token_ids), list(logprobs), [version] * len(token_ids), "abort")
 
     # ----- weight updates -----
 
@@ -446,7 +433,6 @@ class RolloutClient:
 
         async def pause(server: ServerState) -> None:
             nonlocal interrupted
-            server.update_epoch += 1
             for partial in self._active[server.index]:
                 partial.interruptions += 1
                 if partial.live is not None:

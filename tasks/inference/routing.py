@@ -66,8 +66,6 @@ class ServerState:
         """On a client with adapters on: the LoRA adapter requests to this server name as
         ``model`` (its version's, :func:`~asyncrl.tasks.inference.vllm_api.adapter_name`);
         None = the base model (version 0, no adapter loaded yet), and always without adapters."""
-        self.update_epoch = 0
-        """Incremented when a pause for a weight update is sent to this server."""
         self.streamed_tokens = 0
         """Output tokens received from this server so far (kept or not)."""
         self.failure: str | None = None

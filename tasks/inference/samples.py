@@ -165,6 +165,16 @@ class PartialSample:
         none streams): what the journal and a stop may keep of it."""
         return 0 if self.live is None else min(self.live.known, self.remaining)
 
+    def cut_live(self) -> Segment | None:
+        """What a cut stream keeps of the streaming segment: its first :attr:`live_known`
+        tokens, all of its version, as a segment ended by ``abort`` (None when there are none).
+        Tokens received after an update began on its server are dropped: their versions are
+        known only from the final spans, which a cut stream never sends."""
+        known, live = self.live_known, self.live
+        if live is None or not known:
+            return None
+        return Segment(live.token_ids[:known], live.logprobs[:known], [live.version] * known, "abort")
+
     def next_prompt(self) -> list[int]:
         """What the next segment continues from: prompt + tokens so far."""
         return self.prompt_token_ids + self.token_ids

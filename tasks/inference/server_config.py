@@ -38,6 +38,8 @@ class RolloutServerConfig:
     """KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``; on CPU it is integral, rounded up, >= 1)."""
     max_model_len: int | None = None
     """Longest prompt + output in tokens; None = the model's maximum."""
+    max_num_seqs: int | None = None
+    """Most sequences decoded at once (``--max-num-seqs``); None = vLLM's default."""
     served_model_name: str | None = None
     """Name requests may give as ``model``; None = ``model_dir`` as given to vLLM. The server
     also serves ``<name>-<nonce>`` (``handle.model``), unique to each start."""
@@ -132,6 +134,8 @@ class RolloutServerConfig:
             raise ValueError(f"RolloutServerConfig.port must be in [0, 65535], got {self.port}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"RolloutServerConfig.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"RolloutServerConfig.max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"RolloutServerConfig.max_model_len must be >= 1, got {self.max_model_len}")
         if self.start_timeout_s <= 0 or self.stop_grace_s < 0:

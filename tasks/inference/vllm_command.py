@@ -99,6 +99,8 @@ def server_command(config: RolloutServerConfig, model_dir: Path, port: int) -> l
     ]
     if config.max_model_len is not None:
         command += ["--max-model-len", str(config.max_model_len)]
+    if config.max_num_seqs is not None:
+        command += ["--max-num-seqs", str(config.max_num_seqs)]
     if config.enable_scale_out:
         command += ["--enable-scale-out"]
     if config.api_key is not None:

@@ -124,6 +124,7 @@ def _vllm_launch(
         worker_in_engine_process=inference.worker_in_engine_process,
         fork_engine_core=inference.fork_engine_core,
         max_model_len=config.longest_sequence,
+        max_num_seqs=inference.max_num_seqs,
         seed=seed,
         log_path=log_path,
         cpu_cores=placement.cpu_cores,

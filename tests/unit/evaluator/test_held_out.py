@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from asyncrl.tasks.data.records import PromptRecord
-from asyncrl.tasks.evaluator.held_out import evaluate, pass_at_1
+from asyncrl.tasks.evaluator.held_out import DEFAULT_CONCURRENCY, eval_concurrency, evaluate, pass_at_1
 from asyncrl.tasks.inference.samples import SampleOutput, SampleTimings
 from asyncrl.tasks.reward.types import Reason, RewardRequest, RewardResult
 
@@ -75,3 +75,39 @@ def test_a_held_out_prompt_over_the_prompt_bound_fails_naming_it() -> None:
     rows = [PromptRecord(prompt_id="long", prompt="x" * 9, answer="1", solution=None)]
     with pytest.raises(ValueError, match="prompt long has 9 tokens, over data.max_prompt_tokens = 8"):
         _run(rows, CountingGenerator())
+
+
+class OverlapCountingGenerator(CountingGenerator):
+    """Holds each group a moment and records the most groups in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = self.most_in_flight = 0
+
+    async def generate_group(self, prompt_token_ids: Sequence[int], n: int, max_new_tokens: int, *args: object,
+                             **kwargs: object) -> list[SampleOutput]:  # fmt: skip
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        return await super().generate_group(prompt_token_ids, n, max_new_tokens)
+
+
+@pytest.mark.parametrize("concurrency", [3, 10])
+def test_at_most_concurrency_prompt_groups_are_in_flight(concurrency: int) -> None:
+    rows = [PromptRecord(prompt_id=str(i), prompt=f"{i}?", answer="x", solution=None) for i in range(10)]
+    generator = OverlapCountingGenerator()
+    asyncio.run(
+        evaluate(
+            generator, 0, rows, lambda r: r.prompt, Codec(), RightWhenAnswerMatches(),  # type: ignore[arg-type]
+            samples_per_prompt=2, max_new_tokens=5, max_prompt_tokens=8, temperature=1.0, stop_token_ids=(),
+            concurrency=concurrency,
+        )
+    )  # fmt: skip
+    assert generator.most_in_flight == concurrency
+
+
+def test_the_concurrency_fills_a_server_that_decodes_more_sequences() -> None:
+    assert eval_concurrency(None, 2) == DEFAULT_CONCURRENCY  # vLLM's default batch: as before
+    assert eval_concurrency(512, 2) == 256 and eval_concurrency(401, 2) == 201
+    assert eval_concurrency(16, 2) == DEFAULT_CONCURRENCY  # never fewer groups than before

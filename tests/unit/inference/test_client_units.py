@@ -13,7 +13,7 @@ from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.tasks.inference.server_rotation import MAX_REJOIN_WAIT_S, rejoin_wait_s
 from asyncrl.tasks.inference.vllm_api import check_generate_args, versions_from_spans
 from asyncrl.tasks.inference.routing import NoLiveServerError, ServerEndpoint, ServerPool
-from asyncrl.tasks.inference.samples import PartialSample, SampleOutput, SampleTimings, Segment
+from asyncrl.tasks.inference.samples import LiveSegment, PartialSample, SampleOutput, SampleTimings, Segment
 
 
 def _pool(k: int) -> ServerPool:
@@ -97,6 +97,22 @@ def test_partial_sample_joins_segments_and_keeps_the_budget() -> None:
     out = partial.finish("length", finished_at=2.0)
     assert out.output_token_ids == [1, 2, 3] and out.token_versions == [0, 0, 1]
     assert out.behaviour_logprobs == [-0.5, -0.25, -1.0]
+
+
+def test_a_cut_stream_keeps_the_tokens_received_before_an_update_began_on_its_server() -> None:
+    partial = PartialSample([7, 8], max_new_tokens=4, submitted_at=1.0)
+    assert partial.cut_live() is None  # nothing streaming
+    token_ids, logprobs = [1, 2], [-0.5, -0.25]
+    partial.live = LiveSegment(token_ids, logprobs, version=3)
+    assert partial.cut_live() == Segment([1, 2], [-0.5, -0.25], [3, 3], "abort")  # no update: all of them
+    partial.live.freeze()  # an update pauses the server: later tokens may be of either version
+    token_ids.append(9)
+    logprobs.append(-1.0)
+    assert partial.cut_live() == Segment([1, 2], [-0.5, -0.25], [3, 3], "abort")
+    partial.extend(Segment([4, 5, 6], [-1.0] * 3, [2] * 3, "abort"))
+    assert partial.cut_live() == Segment([1], [-0.5], [3], "abort")  # within the budget left
+    partial.live = LiveSegment([], [], version=3)
+    assert partial.cut_live() is None
 
 
 def test_unequal_arrays_are_refused() -> None:

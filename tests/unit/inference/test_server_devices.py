@@ -25,6 +25,7 @@ from asyncrl.tasks.inference.vllm_platform import FORK_ENGINE_CORE_ENV
         ("cuda_visible_devices", "0,,1", "cuda_visible_devices must be comma-separated"),
         ("gpu_memory_utilization", 0.0, r"gpu_memory_utilization must be in \(0, 1\]"),
         ("gpu_memory_utilization", 1.5, r"gpu_memory_utilization must be in \(0, 1\]"),
+        ("max_num_seqs", 0, "max_num_seqs must be >= 1"),
     ],
 )
 def test_device_settings_are_bounded(field: str, value: object, message: str, tmp_path: Path) -> None:
@@ -49,11 +50,16 @@ def test_device_settings_reach_command_and_environment(tmp_path: Path) -> None:
     assert server_env(config)["CUDA_VISIBLE_DEVICES"] == "GPU-a1,3"
 
 
+def test_max_num_seqs_reaches_the_command(tmp_path: Path) -> None:
+    command = server_command(RolloutServerConfig(model_dir=tmp_path, max_num_seqs=512), tmp_path, 8000)
+    assert command[command.index("--max-num-seqs") + 1] == "512"
+
+
 def test_unset_device_settings_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     config = RolloutServerConfig(model_dir=tmp_path)
     command = server_command(config, tmp_path, 8000)
-    assert not {"--tensor-parallel-size", "--gpu-memory-utilization"} & set(command)
+    assert not {"--tensor-parallel-size", "--gpu-memory-utilization", "--max-num-seqs"} & set(command)
     assert server_env(config)["CUDA_VISIBLE_DEVICES"] == "1"  # inherited
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert "CUDA_VISIBLE_DEVICES" not in server_env(config)

@@ -65,6 +65,15 @@ def test_a_shared_gpu_splits_its_memory_with_the_evaluator(tmp_path: Path) -> No
     assert server_config(config, paths, model_dir(tmp_path), 0, GPUS_4).gpu_memory_utilization == 0.45
 
 
+def test_inference_max_num_seqs_reaches_rollout_and_evaluator_servers(tmp_path: Path) -> None:
+    config = run_config(tmp_path, inference={"max_num_seqs": 400}, pipeline={"eval_every": 2})
+    paths = run_paths(config)
+    assert server_config(config, paths, model_dir(tmp_path), 0, GPUS_4).max_num_seqs == 400
+    assert evaluator_server_config(config, paths, model_dir(tmp_path), GPUS_4).max_num_seqs == 400
+    default = run_config(tmp_path)
+    assert server_config(default, paths, model_dir(tmp_path), 0, GPUS_4).max_num_seqs is None
+
+
 def test_the_run_has_an_evaluator_only_when_asked(tmp_path: Path) -> None:
     off = run_config(tmp_path)
     assert "evaluator" not in [kind for kind, _ in run_components(off, run_paths(off), drain=False)]
