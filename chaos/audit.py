@@ -48,7 +48,7 @@ from asyncrl.storage.weights import WeightStore
 # The audit checks the contracts of the scheduler (group ids, its persisted state) and of
 # the trainer (the lineage file beside each version, the staleness formula): it imports
 # their definitions rather than restating them.
-from asyncrl.tasks.scheduler.filtered import filtered_groups
+from asyncrl.tasks.scheduler.filtered import filtered_groups, left_out_tokens
 from asyncrl.tasks.scheduler.gate_state import load_admissions, load_gate_state
 from asyncrl.tasks.scheduler.group_schedule import group_id, scheduler_group_index
 from asyncrl.tasks.trainer.staleness import sample_staleness
@@ -106,6 +106,10 @@ class AuditReport:
     unrecorded_admissions: int = 0
     """Trained groups whose shard holds no admission record of them (a violation when the
     scheduler's state says it keeps records)."""
+    shard_tokens: int = 0
+    """Model tokens of every sample in the run's readable shards, trained or not."""
+    left_out_tokens: int = 0
+    """Model tokens of the groups left out on purpose (their records' ``output_tokens``)."""
     violations: tuple[str, ...] = field(default=())
 
     @property
@@ -164,6 +168,11 @@ def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: b
     dropped_steps = audit_waste(
         dropped_by_step, recorded, admitted_drops, step_versions, records_admissions(root), max_staleness, violations
     )
+    try:
+        left_out = left_out_tokens(root, filtered)
+    except ValueError as exc:
+        violations.append(f"(a) a left-out group's record is incomplete: {exc}")
+        left_out = 0
     return AuditReport(
         admitted=admitted,
         groups_written=len({gid for content in contents.values() if content for gid in content.groups}),
@@ -187,6 +196,8 @@ def audit_run(root: RunRoot, run_id: str, max_staleness: int, *, in_flight_ok: b
         trainer_dropped_stale=sum(recorded.values()),
         admission_dropped_stale=sum(admitted_drops.by_step.values()),
         unrecorded_admissions=len(admitted_drops.unrecorded),
+        shard_tokens=sum(s.model_token_count for c in contents.values() if c for g in c.groups.values() for s in g),
+        left_out_tokens=left_out,
         violations=tuple(violations),
     )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,9 @@ from asyncrl.storage.ledger import Ledger
 from asyncrl.storage.weight_lineage import read_lineage
 from asyncrl.storage.weights import WeightStore
 from asyncrl.chaos.audit import AuditReport, audit_run
+from asyncrl.chaos.token_waste import regeneration_bound, token_waste
+from asyncrl.tasks.scheduler.setup import DELIVERED_PREFIX
+from asyncrl.tasks.system.durable_count import read_counts
 from asyncrl.tasks.launch.components import sigkill_group
 from asyncrl.tasks.launch.context import prepare_run
 from asyncrl.tasks.system.run_paths import RunPaths
@@ -116,6 +120,13 @@ class ChaosReport:
     """The step each planned kill was armed at (same order as ``planned``)."""
     unfired: list[str] = field(default_factory=list)
     """Planned kills that did not fire ("kind@step"): a problem unless allowed."""
+    tokens_received: int = 0
+    """Output tokens the run's scheduler processes received, kept or not (:mod:`asyncrl.chaos.token_waste`)."""
+    tokens_regenerated: int = 0
+    """Of those, the ones received and lost to a kill: generated again. Over the bound is a problem."""
+    tokens_regenerated_bound: int = 0
+    """What the kills fired may cost with the run's journal settings; per kind of kill below."""
+    tokens_regenerated_bound_per_kind: dict[str, int] = field(default_factory=dict)
 
     @property
     def kills_planned(self) -> int:
@@ -297,6 +308,7 @@ def run_chaos(
     plan = kill_plan(rng, kills_per_component, config.trainer.max_steps)
     prepare_inputs(config)  # the tiny model and synthetic task, where the config asks for them
     run_paths = prepare_run(config)
+    shutil.rmtree(run_paths.token_counts, ignore_errors=True)  # this run's schedulers' counts only
     kill_plan_tick = KillPlan(config, run_paths, plan, rng, settings, say)
     policy = RestartPolicy(
         max_restarts=kills_per_component + config.run.max_restarts, backoff_s=0.0,
@@ -326,6 +338,15 @@ def run_chaos(
     steps = Ledger(run_paths.root).last_step() or 0
     if steps != config.trainer.max_steps:
         problems.append(f"the ledger ends at step {steps}, not trainer.max_steps = {config.trainer.max_steps}")
+    rollout = config.rollout
+    bound = regeneration_bound(
+        [_kind(k.component) for k in kill_plan_tick.kills], rollout.eta, config.trainer.batch_groups,
+        rollout.n_samples, rollout.max_new_tokens, rollout.journal_tokens,
+    )  # fmt: skip
+    waste = token_waste(
+        read_counts(run_paths.token_counts, DELIVERED_PREFIX), audit.shard_tokens, audit.left_out_tokens, bound
+    )
+    problems += waste.problems()
     report = ChaosReport(
         run=config.name,
         root=run_paths.root.uri,
@@ -341,6 +362,10 @@ def run_chaos(
         supervisor_restarts=result.restarts,
         planned_steps=[k.step for k in plan],
         unfired=unfired,
+        tokens_received=waste.received,
+        tokens_regenerated=waste.regenerated,
+        tokens_regenerated_bound=waste.bound,
+        tokens_regenerated_bound_per_kind=waste.bound_per_kind,
     )
     fs.put_atomic_replace(run_paths.root, paths.join(CHAOS_REPORT), json.dumps(report.to_json(), indent=1).encode())
     return report

@@ -49,6 +49,10 @@ def format_report(report: ChaosReport) -> str:
         f"(trainer's record {audit.trainer_dropped_stale}; admission records {audit.admission_dropped_stale}, "
         f"{audit.unrecorded_admissions} trained groups without one)"
     )
+    lines.append(
+        f"tokens: {report.tokens_received} received by the schedulers, {report.tokens_regenerated} of them lost to "
+        f"kills and generated again (bound {report.tokens_regenerated_bound}: {report.tokens_regenerated_bound_per_kind})"
+    )
     for problem in [*report.problems, *audit.violations]:
         lines.append(f"  VIOLATION {problem}")
     lines.append("result: OK" if report.ok else f"result: FAILED ({len(report.problems) + len(audit.violations)} problems)")

@@ -27,6 +27,7 @@ from types import TracebackType
 import httpx
 
 from asyncrl.tasks.inference.routing import ServerAddress, ServerPool, ServerState
+from asyncrl.tasks.system.durable_count import DurableCount
 from asyncrl.tasks.inference.sample_journal import SampleJournal
 from asyncrl.tasks.inference.samples import (
     INTERRUPT_MODES,
@@ -84,6 +85,10 @@ class RolloutClient:
     ``journal``: groups asked for with a ``journal_key`` are tracked there while they
     generate, and start from its journaled state where a restarted scheduler loaded one
     (:mod:`~asyncrl.tasks.inference.sample_journal`).
+
+    ``delivered``: every output token received, kept or not, is added to it as it arrives:
+    a count that survives a kill of this process, so what killed schedulers received (and
+    what was generated again after a kill) can be counted afterwards.
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class RolloutClient:
         rejoin_probe_s: float = 10.0,
         adapters: bool = False,
         journal: SampleJournal | None = None,
+        delivered: DurableCount | None = None,
     ) -> None:
         if interrupt_mode not in INTERRUPT_MODES:
             raise ValueError(f"interrupt_mode: must be one of {list(INTERRUPT_MODES)}, got {interrupt_mode!r}")
@@ -117,6 +123,7 @@ class RolloutClient:
         self._initial_version = initial_version
         self._adapters = bool(adapters)
         self._journal = journal
+        self._delivered = delivered
         self._max_segments = max_segments
         self._stream_interval = stream_interval
         # Read timeout = longest silence in one stream; a keep-mode pause is such a silence.
@@ -366,6 +373,8 @@ class RolloutClient:
                         token_ids.extend(ids)
                         logprobs.extend(float(c["logprob"]) for c in content)
                         server.streamed_tokens += len(ids)
+                        if self._delivered is not None:
+                            self._delivered.add(len(ids))
                         if choice.get("finish_reason") is not None:
                             finish_reason = choice["finish_reason"]
                             spans = choice.get("weight_versions")

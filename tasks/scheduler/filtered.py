@@ -58,6 +58,19 @@ def filtered_groups(root: RunRoot) -> list[int]:
     return sorted(found)
 
 
+def left_out_tokens(root: RunRoot, indices: Sequence[int]) -> int:
+    """Model tokens of left-out groups ``indices``, from their records (``output_tokens``; one
+    read per group, for audits); a missing or unreadable record raises ``ValueError`` naming it."""
+    total = 0
+    for index in indices:
+        record = fs.read_json_object(root, filtered_record_path(index))
+        tokens = None if record is None else record.get("output_tokens")
+        if not isinstance(tokens, int) or isinstance(tokens, bool):
+            raise ValueError(f"{root.display(filtered_record_path(index))}: no output_tokens count in the record")
+        total += tokens
+    return total
+
+
 def count_filtered(root: RunRoot, written: WrittenGroups, admitted: int) -> int:
     """Count in ``written`` the admitted groups it lacks that have a filtered record (recorded
     after the index was last saved); returns how many. One existence check per admitted

@@ -30,12 +30,13 @@ from asyncrl.configs.loading import ConfigError, frozen_yaml, load_process_confi
 from asyncrl.configs.processes import SchedulerProcessConfig
 from asyncrl.tasks.system.run_paths import RunPaths, run_paths
 from asyncrl.tasks.system.stop_signal import StopSignal
+from asyncrl.tasks.system.durable_count import DurableCount
 from asyncrl.tasks.scheduler.written_index import written_group_indices
 from asyncrl.tasks.scheduler.cycle_stats import CYCLE_STATS_FILE, append_cycle_stats
 from asyncrl.tasks.scheduler.gate_state import load_gate_state
 from asyncrl.tasks.scheduler.process import MODULE
 from asyncrl.tasks.model.codec import HFCodec, load_codec
-from asyncrl.tasks.scheduler.setup import run_scheduler
+from asyncrl.tasks.scheduler.setup import DELIVERED_PREFIX, run_scheduler
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.weights import WeightStore, final_step_published
 from asyncrl.tasks.data.train_files import load_train_prompts
@@ -173,8 +174,10 @@ def run_cycle(
     terminate: threading.Event,
     max_groups: int | None,
     poll_s: float,
+    delivered: DurableCount | None = None,
 ) -> tuple[str, tuple[object, ...]]:
-    """One cycle on the servers known now; returns (outcome, the servers' snapshot)."""
+    """One cycle on the servers known now; returns (outcome, the servers' snapshot).
+    ``delivered``: the process's count of output tokens received, across its cycles."""
     snapshot = source.snapshot()
     handles = source.handles()
     version = align_server_versions(config, paths, handles)
@@ -189,7 +192,8 @@ def run_cycle(
                 "" if max_groups is None else "; draining")  # fmt: skip
     try:
         stats = run_scheduler(
-            config, paths, handles, prompts, stop, initial_version=version, max_groups=max_groups, codec=codec
+            config, paths, handles, prompts, stop, initial_version=version, max_groups=max_groups, codec=codec,
+            delivered=delivered,
         )
     except NoLiveServerError as exc:
         logger.warning("%s; waiting for a server to register again", exc)
@@ -216,21 +220,27 @@ def serve(
     codec = load_codec(config.model.path)  # while the servers start: slow on busy CPUs, so not on the first batch
     max_groups: int | None = None
     unlike: object = None
-    while wait_for_servers(source, terminate.event, poll_s, unlike, retry_s):
-        if final_step_published(paths.root, config.trainer.max_steps):
-            if not drain:
+    delivered = DurableCount.new(paths.token_counts, DELIVERED_PREFIX)  # survives a kill: the audit's waste count
+    try:
+        while wait_for_servers(source, terminate.event, poll_s, unlike, retry_s):
+            if final_step_published(paths.root, config.trainer.max_steps):
+                if not drain:
+                    return EXIT_OK
+                if max_groups is None:
+                    max_groups = _admitted(paths.root)
+            outcome, snapshot = run_cycle(
+                config, paths, source, prompts, codec, terminate.event, max_groups, poll_s, delivered
+            )
+            if outcome in (TERMINATED, DRAINED):
                 return EXIT_OK
-            if max_groups is None:
+            if outcome == FINISHED:
+                if not drain:
+                    return EXIT_OK
                 max_groups = _admitted(paths.root)
-        outcome, snapshot = run_cycle(config, paths, source, prompts, codec, terminate.event, max_groups, poll_s)
-        if outcome in (TERMINATED, DRAINED):
-            return EXIT_OK
-        if outcome == FINISHED:
-            if not drain:
-                return EXIT_OK
-            max_groups = _admitted(paths.root)
-        unlike = snapshot if outcome == NO_LIVE_SERVER else None
-    return EXIT_OK
+            unlike = snapshot if outcome == NO_LIVE_SERVER else None
+        return EXIT_OK
+    finally:
+        delivered.close()
 
 
 def _admitted(root: RunRoot) -> int:

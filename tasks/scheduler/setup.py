@@ -26,6 +26,7 @@ from asyncrl.tasks.scheduler.controller_settings import ControllerSettings
 from asyncrl.tasks.agent.episodes import AgentEpisodes, SamplingSettings, SingleTurnEpisodes
 from asyncrl.tasks.reward.types import RewardScorer
 from asyncrl.tasks.scheduler.protocols import GroupEpisodes
+from asyncrl.tasks.system.durable_count import DurableCount
 from asyncrl.tasks.system.run_paths import RunPaths
 
 
@@ -44,6 +45,10 @@ def controller_settings(
     )
 
 
+DELIVERED_PREFIX = "delivered"
+"""The scheduler processes' counts of output tokens received (``RunPaths.token_counts``)."""
+
+
 def run_scheduler(
     config: SchedulerProcessConfig,
     paths: RunPaths,
@@ -53,10 +58,12 @@ def run_scheduler(
     initial_version: int,
     max_groups: int | None = None,
     codec: tuple[HFCodec, tuple[int, ...]] | None = None,
+    delivered: DurableCount | None = None,
 ) -> ControllerStats:
     """The rollout controller on its own event loop, scoring through the run's reward
     service, until `stop` is set (or, with `max_groups`, until that many groups are admitted
-    and produced). ``codec``: the model's (:func:`load_codec`), loaded here if not given."""
+    and produced). ``codec``: the model's (:func:`load_codec`), loaded here if not given;
+    ``delivered``: the process's count of output tokens received (``RolloutClient``)."""
     codec, stop_ids = codec or load_codec(config.model.path)
     adapters = config.trainer.lora is not None  # a LoRA run: every version is an adapter
     weight_loader = ServerWeightLoader(
@@ -79,7 +86,7 @@ def run_scheduler(
         try:
             async with RolloutClient(
                 handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version, adapters=adapters,
-                journal=journal,
+                journal=journal, delivered=delivered,
             ) as client, RemoteRewardScorer(paths.root) as scorer, group_episodes(
                 config, settings, client, codec, scorer
             ) as episodes:

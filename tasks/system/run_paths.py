@@ -23,6 +23,13 @@ class RunPaths:
     def log(self, name: str) -> Path:
         return self.work_dir / "logs" / name
 
+    @property
+    def token_counts(self) -> Path:
+        """Each scheduler process's count of output tokens received
+        (:class:`~asyncrl.tasks.system.durable_count.DurableCount`, prefix ``delivered``):
+        local, one small file per process start."""
+        return self.work_dir / "token-counts"
+
     def process_config(self, process: ProcessName) -> Path:
         """The config file of ``process`` (:func:`~asyncrl.configs.processes.process_configs`):
         its secrets included, so mode 0600, local, never uploaded. The run root holds the

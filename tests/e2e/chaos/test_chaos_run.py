@@ -89,6 +89,15 @@ def test_every_component_killed_and_restarted_the_run_finishes_and_audits_clean(
     assert audit["dropped_stale"] == 0 and audit["trainer_dropped_stale"] == 0 and audit["dropped_steps"] == {}, audit
     # the second, independent count: every trained group's admission record, none over the bound
     assert audit["admission_dropped_stale"] == 0 and audit["unrecorded_admissions"] == 0, audit
+    # waste in tokens: what the two scheduler processes received, less what shards and left-out
+    # records keep, within what the scheduler and server kills may lose (the journal's bound)
+    counts = list((tmp_path / "work" / RUN / "token-counts").glob("delivered-*.count"))
+    assert len(counts) == 2  # the scheduler and its restart, each its own count
+    assert report["tokens_received"] >= audit["shard_tokens"] + audit["left_out_tokens"] > 0
+    assert report["tokens_regenerated"] == report["tokens_received"] - audit["shard_tokens"] - audit["left_out_tokens"]
+    assert 0 <= report["tokens_regenerated"] <= report["tokens_regenerated_bound"], report
+    assert set(report["tokens_regenerated_bound_per_kind"]) == {"trainer", "rollout", "scheduler", "reward"}
+    assert f"{report['tokens_regenerated']} of them lost to kills" in printed.out
 
     logs = tmp_path / "work" / RUN / "logs"
     trainer_starts = [json.loads(line) for line in (logs / "trainer.log").read_text().splitlines()

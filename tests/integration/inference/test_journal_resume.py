@@ -7,7 +7,9 @@ from the journal, asks for the same group: each sample must start with exactly i
 journaled tokens, log-probs and versions, continue on the new weights from there, and the
 server must generate only the rest. The continuation's log-probs are checked against
 transformers over prompt + journaled tokens + continuation (the new weights re-read the
-journaled prefix, as after any recompute interruption).
+journaled prefix, as after any recompute interruption). Each life counts the tokens it
+received in a durable count, as a scheduler does: received - kept is exactly what the cut
+lost, the waste the chaos audit counts.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.tasks.inference.sample_journal import SampleJournal
 from asyncrl.tasks.inference.samples import SampleOutput
 from asyncrl.tasks.inference.server import RolloutServerHandle
+from asyncrl.tasks.system.durable_count import DurableCount, read_counts
 
 PROMPT = [84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115]
 N, MAX_NEW_TOKENS = 2, 1200
@@ -42,7 +45,8 @@ def test_a_cut_group_goes_on_from_its_journaled_tokens_on_new_weights(
     async def first_life() -> tuple[int, int, int]:
         """Generate, journal part way, run on, cut: (version, tokens journaled, tokens streamed)."""
         book = SampleJournal()
-        async with RolloutClient([server_a], journal=book) as client:
+        delivered = DurableCount.new(tmp_path / "counts", "delivered")
+        async with RolloutClient([server_a], journal=book, delivered=delivered) as client:
             version = client.current_version
             group = asyncio.create_task(
                 client.generate_group(PROMPT, N, MAX_NEW_TOKENS, ignore_eos=True, journal_key=GROUP)
@@ -65,7 +69,8 @@ def test_a_cut_group_goes_on_from_its_journaled_tokens_on_new_weights(
     async def second_life() -> tuple[int, list[SampleOutput], int, SampleJournal]:
         book = SampleJournal()
         book.load(read_journal(root))
-        async with RolloutClient([server_a], journal=book) as client:
+        delivered = DurableCount.new(tmp_path / "counts", "delivered")
+        async with RolloutClient([server_a], journal=book, delivered=delivered) as client:
             new = client.current_version + 1
             await client.update_weights(new, loader(new))
             outputs = await client.generate_group(PROMPT, N, MAX_NEW_TOKENS, ignore_eos=True, journal_key=GROUP)
@@ -74,6 +79,9 @@ def test_a_cut_group_goes_on_from_its_journaled_tokens_on_new_weights(
     new, outputs, streamed, book = asyncio.run(second_life())
     assert book.counts.resumed_samples == N and book.counts.resumed_tokens == journaled
     assert streamed == N * MAX_NEW_TOKENS - journaled  # the server generated only the rest
+    received = read_counts(tmp_path / "counts", "delivered")
+    assert sorted(received.values()) == sorted([first_streamed, streamed])
+    assert sum(received.values()) - N * MAX_NEW_TOKENS == first_streamed - journaled  # received - kept: the cut's loss
     before, after = hf_models(old), hf_models(new)
     for sample, kept in zip(outputs, saved, strict=True):
         k = len(kept.token_ids)

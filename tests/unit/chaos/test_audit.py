@@ -43,6 +43,7 @@ def test_a_clean_run_passes_with_its_figures(build: RunRootBuilder) -> None:
     # at s = 1, group 3 (min v1) at s = 0
     assert report.staleness_counts == {0: 3 * N, 1: N}
     assert report.trained_samples == 4 * N and report.dropped_stale == 0
+    assert (report.shard_tokens, report.left_out_tokens) == (4 * N * 2, 0)  # 2 output tokens a sample
     assert json.loads(json.dumps(report.to_json()))["ok"] is True
 
 
@@ -245,6 +246,17 @@ def test_a_filtered_group_counts_as_produced_not_as_missing(build: RunRootBuilde
     report = audit(build)
     assert report.ok, report.violations
     assert (report.filtered_groups, report.unwritten_groups, report.groups_written) == (1, (), 4)
+    assert (report.shard_tokens, report.left_out_tokens) == (4 * N * 2, 2)
+
+
+def test_a_left_out_record_without_its_token_count_is_reported(build: RunRootBuilder) -> None:
+    from asyncrl.tasks.scheduler.filtered import filtered_record_path
+
+    build.clean_run()
+    build.admit(5)
+    fs.put_atomic_replace(build.root, filtered_record_path(4), json.dumps({"group_id": group_id(4)}).encode())
+    violation = only_violation(audit(build), "a")
+    assert "a left-out group's record is incomplete" in violation and "g00000004.json" in violation
 
 
 def test_a_filtered_group_in_a_shard_or_never_admitted(build: RunRootBuilder) -> None:
