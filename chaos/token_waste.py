@@ -41,9 +41,12 @@ class TokenWaste:
     """D: output tokens the run's scheduler processes received, summed over their counts."""
     kept: int
     """W + F: model tokens in the shards and in the left-out groups' records."""
-    bound: int
     bound_per_kind: dict[str, int]
     """The bound's share of each kind of kill."""
+
+    @property
+    def bound(self) -> int:
+        return sum(self.bound_per_kind.values())
 
     @property
     def regenerated(self) -> int:
@@ -80,4 +83,4 @@ def token_waste(
 ) -> TokenWaste:
     """``received``: each scheduler process's count by file name
     (:func:`~asyncrl.tasks.system.durable_count.read_counts`)."""
-    return TokenWaste(sum(received.values()), shard_tokens + left_out_tokens, sum(bound.values()), dict(bound))
+    return TokenWaste(sum(received.values()), shard_tokens + left_out_tokens, dict(bound))
