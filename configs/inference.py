@@ -20,7 +20,12 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 class InferenceConfig(StrictModel):
     num_servers: int = Field(1, ge=1, description="Number of vLLM servers the run starts.")
     host: str = Field("127.0.0.1", description="Address the servers bind to; anything but loopback requires `api_key`.")
-    base_port: int = Field(8100, ge=1024, le=65535, description="Server k listens on base_port + k.")
+    base_port: int = Field(
+        8100, ge=1024, le=65535, description="Server k listens on base_port + k; keep it below 20000."
+    )
+    """asyncrl's own processes (a trainer's rendezvous) draw listening ports from 20000 up to the
+    kernel's range for outgoing connections; a fixed port in either may be taken while its server
+    is down (:func:`~asyncrl.tasks.system.network.listen_port`)."""
     api_key: Secret | None = Field(None, description="Bearer key the servers require (mandatory off loopback).")
     """Never a flow parameter in clear: leave it out and set ``ASYNCRL_ROLLOUT_API_KEY`` in the
     environment of the flow run (a Prefect worker's environment), which :meth:`api_key_value` reads."""

@@ -9,7 +9,7 @@ import socket
 
 from asyncrl.tasks.inference.server_config import RolloutServerConfig
 from asyncrl.tasks.inference.server_errors import PortInUseError, RolloutServerError
-from asyncrl.tasks.system.network import ephemeral_port_range
+from asyncrl.tasks.system.network import LOWEST_LISTEN_PORT, ephemeral_port_range, listener_of
 
 
 def _url_host(host: str) -> str:
@@ -55,14 +55,28 @@ def check_port_free(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise RolloutServerError(f"rollout server cannot bind {_url_host(host)}:{port}: {exc.strerror}") from None
-            ephemeral = ephemeral_port_range()
-            hint = (
-                f"; it lies in this machine's range for outgoing connections ({ephemeral[0]}-{ephemeral[1]}), "
-                f"which any connection may take while the server is down: choose a base_port below {ephemeral[0]}"
-                if ephemeral is not None and ephemeral[0] <= port <= ephemeral[1]
-                else ""
-            )
+            holder = listener_of(port) or "another process"
             raise PortInUseError(
-                f"rollout server port {port} on {host} is already in use by another process; stop that "
-                f"process (`ss -ltnp 'sport = :{port}'` shows it) or choose another port (inference.base_port){hint}"
+                f"rollout server port {port} on {host} is already in use by {holder}; stop that "
+                f"process (`ss -ltnp 'sport = :{port}'` shows it) or choose another port (inference.base_port)"
+                + _taken_port_hint(port)
             ) from None
+
+
+def _taken_port_hint(port: int) -> str:
+    """Why a fixed port may be taken while its server is down, where its range says so: the
+    machine's range for outgoing connections (any connection's local end), or the range asyncrl's
+    own processes draw listening ports from (:func:`~asyncrl.tasks.system.network.listen_port`)."""
+    ephemeral = ephemeral_port_range()
+    if ephemeral is not None and ephemeral[0] <= port <= ephemeral[1]:
+        return (
+            f"; it lies in this machine's range for outgoing connections ({ephemeral[0]}-{ephemeral[1]}), "
+            f"which any connection may take while the server is down: choose a base_port below "
+            f"{min(ephemeral[0], LOWEST_LISTEN_PORT)}"
+        )
+    if port >= LOWEST_LISTEN_PORT and (ephemeral is None or port < ephemeral[0]):
+        return (
+            f"; asyncrl's own processes (a trainer's rendezvous) draw listening ports from {LOWEST_LISTEN_PORT} up, "
+            f"and may take it while the server is down: choose a base_port below {LOWEST_LISTEN_PORT}"
+        )
+    return ""
