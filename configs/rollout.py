@@ -34,7 +34,8 @@ class RolloutConfig(StrictModel):
     """The scheduler journals every sample of every unwritten group (``scheduler/journal.json``,
     replaced whole) so that a killed scheduler, server or node goes on from the last journaled
     token: a kill loses at most about this many tokens a sample in flight
-    (:mod:`~asyncrl.tasks.inference.sample_journal`)."""
+    (:mod:`~asyncrl.tasks.inference.sample_journal`). Agent episodes are journaled by completed
+    turn and resume at their last one (:mod:`~asyncrl.tasks.inference.turn_journal`)."""
     journal_seconds: float = Field(10.0, gt=0.0, description="...or when this long has passed since the last journal write.")
     weight_poll_seconds: float = Field(
         0.5, gt=0.0, description="How often the scheduler looks for a newly published weight version."

@@ -34,6 +34,7 @@ from asyncrl.tasks.agent.episode import (
 from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.reward_requests import reward_request
 from asyncrl.tasks.inference.proxy import RecordingProxy
+from asyncrl.tasks.inference.turn_journal import TurnJournal
 from asyncrl.tasks.reward.types import RewardScorer
 
 if TYPE_CHECKING:
@@ -130,14 +131,17 @@ class EpisodeRunner:
     group g in ``scope`` has the stable id ``<scope>.<g>.<i>`` (:func:`stable_episode_id`)."""
 
     def __init__(
-        self, function: EpisodeFunction, recorder: EpisodeRecorder, config: EpisodeConfig, model: str, *, scope: str
-    ) -> None:
+        self, function: EpisodeFunction, recorder: EpisodeRecorder, config: EpisodeConfig, model: str, *, scope: str,
+        turns: TurnJournal | None = None,
+    ) -> None:  # fmt: skip
         self.function = function
         self.recorder = recorder
         self.config = config
         self.model = model
         self.scope = scope
         """The run's name (an evaluation's: with its version), the first part of every episode id."""
+        self.turns = turns
+        """The recording endpoint's turn journal: a group's episodes are tracked there while they run."""
 
     async def run_group(self, group: str, record: PromptRecord, n: int) -> list[EpisodeOutcome]:
         """The outcomes of the ``n`` episodes of group ``group`` (prompt ``record``), in episode
@@ -155,6 +159,8 @@ class EpisodeRunner:
             )
 
         ids = [stable_episode_id(self.scope, group, i) for i in range(n)]
+        if self.turns is not None:
+            self.turns.track(group, ids)
         return list(
             await asyncio.gather(
                 *(
@@ -176,9 +182,11 @@ async def episode_runner_on(
     model: str = "asyncrl-policy",
     *,
     scope: str,
+    turns: TurnJournal | None = None,
 ) -> AsyncIterator[EpisodeRunner]:
     """An :class:`EpisodeRunner` of ``episode`` (episode ids in ``scope``) behind a recording
-    endpoint on 127.0.0.1 in front of ``client``'s servers (stopped on exit). The user's
+    endpoint on 127.0.0.1 in front of ``client``'s servers (stopped on exit), its completed
+    turns journaled in ``turns`` and replayed from it (a resumed run). The user's
     function is imported first: a bad import path fails here, naming the field, before any
     model call."""
     function = load_episode(episode.function)
@@ -189,9 +197,10 @@ async def episode_runner_on(
         default_top_p=top_p,
         max_episode_tokens=max_episode_tokens,
         max_context_tokens=episode.max_context_tokens,
+        turns=turns,
     )
     await proxy.start(host="127.0.0.1", port=0)
     try:
-        yield EpisodeRunner(function, proxy, episode, model=model, scope=scope)
+        yield EpisodeRunner(function, proxy, episode, model=model, scope=scope, turns=turns)
     finally:
         await proxy.stop()

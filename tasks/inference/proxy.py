@@ -6,7 +6,9 @@ through :class:`RecordingProxy`, which renders the request into tokens
 (:mod:`~asyncrl.tasks.inference.conversation`), generates one sample on the rollout servers
 (:meth:`~asyncrl.tasks.inference.client.RolloutClient.generate_one`, sticky to the episode's
 server) and records exactly the tokens sampled, with log-probs and versions;
-:meth:`RecordingProxy.close_episode` hands the trajectory over. Whatever the proxy cannot
+:meth:`RecordingProxy.close_episode` hands the trajectory over. With a turn journal
+(:mod:`~asyncrl.tasks.inference.turn_journal`) a call that repeats a journaled turn of a
+resumed episode is answered from it instead of sampled. Whatever the proxy cannot
 honour is refused with an HTTP error and the reason. It listens on loopback only and ignores
 the key. Routes and accepted options: ``docs/internals/inference.md``.
 """
@@ -41,6 +43,7 @@ from asyncrl.tasks.inference.conversation import (
 from asyncrl.tasks.system.network import is_loopback
 from asyncrl.tasks.inference.routing import NoLiveServerError
 from asyncrl.tasks.inference.samples import SampleOutput
+from asyncrl.tasks.inference.turn_journal import TurnJournal
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +232,7 @@ class RecordingProxy:
         max_episode_tokens: int,
         max_context_tokens: int,
         model_name: str = "policy",
+        turns: TurnJournal | None = None,
     ) -> None:
         defaults = {"temperature": default_temperature, "top_p": default_top_p}
         self._defaults = parse_sampling(defaults, frozenset(), 1.0, 1.0)
@@ -237,6 +241,7 @@ class RecordingProxy:
         self._budget = EpisodeBudget(max_episode_tokens, max_context_tokens)
         self._stop_ids = end_token_ids(tokenizer)
         self._model_name = model_name
+        self._turns = turns
         self._episodes: dict[str, _Episode] = {}
         self._stats = _Stats()
         self._http: _EmbeddedServer | None = None
@@ -375,6 +380,20 @@ class RecordingProxy:
         model = body.get("model")
         return model if isinstance(model, str) and model else self._model_name
 
+    async def _turn(self, episode: _Episode, index: int, turn: TurnPlan, sampling: Sampling) -> SampleOutput:
+        """The episode's model turn ``index``: replayed from the turn journal where the call
+        repeats a journaled turn (:mod:`~asyncrl.tasks.inference.turn_journal`), else sampled."""
+        if self._turns is not None:
+            replayed = self._turns.replay(episode.episode_id, index, turn.context_token_ids, turn.max_new_tokens)
+            if replayed is not None:
+                return replayed
+        return await self._generate(episode, turn, sampling)
+
+    def _completed(self, episode: _Episode, index: int, turn: TurnPlan, sample: SampleOutput) -> None:
+        """A turn the episode recorded, for the turn journal."""
+        if self._turns is not None:
+            self._turns.record(episode.episode_id, index, turn.context_token_ids, turn.max_new_tokens, sample)
+
     async def _generate(self, episode: _Episode, turn: TurnPlan, sampling: Sampling) -> SampleOutput:
         """One sample of the planned turn on the episode's server (404 if the episode is
         closed meanwhile, 503 if the proxy stops)."""
@@ -425,8 +444,10 @@ class RecordingProxy:
             raise ProxyError(400, "invalid_request", "this episode uses completions; one episode uses one API")
         parse_tools = bool(tools) and tool_choice != "none"
         plan = conversation.plan(body.get("messages"), tools or None, sampling.max_tokens, parse_tools)
-        sample = await self._generate(episode, plan.turn, sampling)
+        index = len(conversation.turn_texts)
+        sample = await self._turn(episode, index, plan.turn, sampling)
         turn = conversation.record(plan, sample)
+        self._completed(episode, index, plan.turn, sample)
         message = {k: v for k, v in turn.message.items() if k != "tool_calls" or v}
         return {
             "id": f"chatcmpl-{episode.episode_id}-{len(conversation.turn_texts)}",
@@ -451,8 +472,10 @@ class RecordingProxy:
         if not isinstance(chain, CompletionChain):
             raise ProxyError(400, "invalid_request", "this episode uses chat completions; one episode uses one API")
         plan = chain.plan(prompt, sampling.max_tokens)
-        sample = await self._generate(episode, plan.turn, sampling)
+        index = len(chain.turn_texts)
+        sample = await self._turn(episode, index, plan.turn, sampling)
         text = chain.record(plan, sample)
+        self._completed(episode, index, plan.turn, sample)
         return {
             "id": f"cmpl-{episode.episode_id}-{len(chain.turn_texts)}",
             "object": "text_completion",

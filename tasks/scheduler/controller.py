@@ -60,6 +60,7 @@ from asyncrl.tasks.scheduler.gate_state import (
 from asyncrl.tasks.scheduler.group_schedule import PromptSchedule, group_id, group_index
 from asyncrl.tasks.agent.episodes import GroupGenerator
 from asyncrl.tasks.inference.sample_journal import SampleJournal
+from asyncrl.tasks.inference.turn_journal import TurnJournal
 from asyncrl.tasks.scheduler.journal_writer import JournalWriter
 from asyncrl.tasks.scheduler.protocols import GroupEpisodes
 from asyncrl.tasks.scheduler.written_index import (
@@ -87,6 +88,7 @@ class RolloutController:
         weight_loader: Callable[[int], Callable[[Any], Any]],
         weight_prefetch: Callable[[int], object] | None = None,
         journal: SampleJournal | None = None,
+        turns: TurnJournal | None = None,
     ) -> None:
         self.settings = settings
         self.root = root
@@ -99,9 +101,11 @@ class RolloutController:
         """Fetches a version onto the servers' host before its update pauses generation
         (:meth:`~asyncrl.tasks.inference.weight_loader.ServerWeightLoader.prefetch`); None: the
         load fetches it during the pause."""
-        self.journal = JournalWriter(root, journal, settings.rollout) if journal is not None else None
+        self.journal = JournalWriter(root, journal, settings.rollout, turns) if journal is not None else None
         """Journals the samples of the unwritten groups (the generator's book, which the episodes
-        fill); None: a killed scheduler generates its groups in flight again from their prompts."""
+        fill) and, in an agent run, their episodes' completed turns (``turns``, the recording
+        endpoint's book); None: a killed scheduler generates its groups in flight again from
+        their prompts."""
         self.weights = WeightStore(root)
         self.version_updates = VersionUpdates(root)
         self.writer = ShardWriter(root, settings.run_id)

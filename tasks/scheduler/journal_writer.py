@@ -3,7 +3,9 @@
 (:mod:`asyncrl.storage.journal`) whenever some sample holds ``rollout.journal_tokens``
 tokens not yet journaled, or ``rollout.journal_seconds`` after the last write if any does;
 and, when a scheduler starts, hands the book the journaled samples of the groups it
-dispatches again.
+dispatches again. In an agent run the recording endpoint's completed turns
+(:class:`~asyncrl.tasks.inference.turn_journal.TurnJournal`) go in the same object, due by
+the same rule on their tokens, and are handed back the same way.
 
 What a kill costs: a sample in flight loses the tokens it received since the last write
 (fewer than ``journal_tokens`` when the writes keep up, plus those the write in progress
@@ -21,19 +23,23 @@ from collections.abc import Iterable
 
 from asyncrl.configs.rollout import RolloutConfig
 from asyncrl.storage.fs import RunRoot
-from asyncrl.storage.journal import JournaledSample, read_journal, write_journal
+from asyncrl.storage.journal import JournaledSample, JournaledTurn, read_journal_contents, write_journal
 from asyncrl.tasks.inference.sample_journal import SampleJournal
+from asyncrl.tasks.inference.turn_journal import TurnJournal
 
 POLL_SECONDS = 0.1
 """How often the writer looks whether a write is due."""
 
 
 class JournalWriter:
-    """Journals ``book`` to ``root`` by ``rollout.journal_tokens`` / ``journal_seconds``."""
+    """Journals ``book`` (and ``turns``) to ``root`` by ``rollout.journal_tokens`` / ``journal_seconds``."""
 
-    def __init__(self, root: RunRoot, book: SampleJournal, rollout: RolloutConfig) -> None:
+    def __init__(
+        self, root: RunRoot, book: SampleJournal, rollout: RolloutConfig, turns: TurnJournal | None = None
+    ) -> None:
         self.root = root
         self.book = book
+        self.turns = turns
         self.every_tokens = rollout.journal_tokens
         self.every_seconds = rollout.journal_seconds
         self._last_write = time.monotonic()
@@ -46,21 +52,27 @@ class JournalWriter:
         self.snapshot_s = 0.0
 
     async def resume(self, groups: set[str]) -> int:
-        """Load the journaled samples of ``groups`` (the unwritten groups dispatched again)
-        into the book; returns how many samples it holds for them."""
-        saved = await asyncio.to_thread(read_journal, self.root)
-        chosen = {key: samples for key, samples in saved.items() if key in groups}
+        """Load the journaled samples and turns of ``groups`` (the unwritten groups dispatched
+        again) into the books; returns how many samples and turns they hold for them."""
+        saved = await asyncio.to_thread(read_journal_contents, self.root)
+        chosen = {key: samples for key, samples in saved.samples.items() if key in groups}
         self.book.load(chosen)
-        return sum(len(samples) for samples in chosen.values())
+        turns = {key: group_turns for key, group_turns in saved.turns.items() if key in groups}
+        if self.turns is not None:
+            self.turns.load(turns)
+        return sum(len(samples) for samples in chosen.values()) + sum(len(t) for t in turns.values())
 
     def forget(self, groups: Iterable[str]) -> None:
         """These groups are in a shard or left out: no longer journaled."""
+        groups = list(groups)
         self.book.forget(groups)
+        if self.turns is not None:
+            self.turns.forget(groups)
 
     def due(self) -> bool:
         """A write is due: some sample holds ``every_tokens`` unjournaled tokens, or any does
         and ``every_seconds`` have passed since the last write."""
-        behind = self.book.unjournaled_tokens()
+        behind = max(self.book.unjournaled_tokens(), self.turns.unjournaled_tokens() if self.turns else 0)
         if behind <= 0:
             return False
         return behind >= self.every_tokens or time.monotonic() - self._last_write >= self.every_seconds
@@ -79,14 +91,15 @@ class JournalWriter:
         """Snapshot the book now (on the event loop: consistent) and put it (in a thread)."""
         started = time.monotonic()
         samples = self.book.snapshot()
+        turns = self.turns.snapshot() if self.turns is not None else []
         self.snapshot_s += time.monotonic() - started
         self._last_write = time.monotonic()
-        await asyncio.to_thread(self._put, samples)
+        await asyncio.to_thread(self._put, samples, turns)
 
-    def _put(self, samples: list[JournaledSample]) -> None:
+    def _put(self, samples: list[JournaledSample], turns: list[JournaledTurn]) -> None:
         with self._put_lock:
             started = time.monotonic()
-            size = write_journal(self.root, samples)
+            size = write_journal(self.root, samples, turns)
             self.write_s += time.monotonic() - started
             self.writes += 1
             self.bytes_written += size
@@ -105,4 +118,9 @@ class JournalWriter:
             "journal_resumed_tokens": float(counts.resumed_tokens),
             "journal_finished_resumed": float(counts.finished_resumed),
             "journal_mismatched_groups": float(counts.mismatched),
-        }
+            **({
+                "journal_replayed_turns": float(self.turns.counts.replayed_turns),
+                "journal_replayed_turn_tokens": float(self.turns.counts.replayed_tokens),
+                "journal_diverged_episodes": float(self.turns.counts.diverged),
+            } if self.turns is not None else {}),
+        }  # fmt: skip

@@ -15,6 +15,7 @@ from asyncrl.tasks.data.records import PromptRecord
 from asyncrl.tasks.data.prompting import render_prompt
 from asyncrl.tasks.inference.client import RolloutClient
 from asyncrl.tasks.inference.sample_journal import SampleJournal
+from asyncrl.tasks.inference.turn_journal import TurnJournal
 from asyncrl.tasks.inference.server import RolloutServerHandle
 from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
 from asyncrl.tasks.model.codec import HFCodec, load_codec
@@ -81,14 +82,15 @@ def run_scheduler(
             stop_async.set()
 
         relay = asyncio.create_task(relay_stop())
-        # single-turn groups are journaled (rollout.journal_tokens > 0); agent turns are not
+        # in-flight samples and completed agent turns are journaled (rollout.journal_tokens > 0)
         journal = SampleJournal() if config.rollout.journal_tokens > 0 else None
+        turns = TurnJournal() if journal is not None and config.rollout.episode is not None else None
         try:
             async with RolloutClient(
                 handles, interrupt_mode=config.rollout.interrupt_mode, initial_version=initial_version, adapters=adapters,
                 journal=journal, delivered=delivered,
             ) as client, RemoteRewardScorer(paths.root) as scorer, group_episodes(
-                config, settings, client, codec, scorer
+                config, settings, client, codec, scorer, turns
             ) as episodes:
                 controller = RolloutController(
                     settings,
@@ -99,6 +101,7 @@ def run_scheduler(
                     weight_loader=weight_loader.for_version,
                     weight_prefetch=lambda version: weight_loader.prefetch(version, handles),
                     journal=journal,
+                    turns=turns,
                 )
                 return await controller.run(stop_async)
         finally:
@@ -110,11 +113,13 @@ def run_scheduler(
 
 @asynccontextmanager
 async def group_episodes(
-    config: SchedulerProcessConfig, settings: ControllerSettings, client: RolloutClient, codec: HFCodec, scorer: RewardScorer
+    config: SchedulerProcessConfig, settings: ControllerSettings, client: RolloutClient, codec: HFCodec,
+    scorer: RewardScorer, turns: TurnJournal | None = None,
 ) -> AsyncIterator[GroupEpisodes]:
     """The run's episodes: single-turn samples of the prompt rendered by
     ``data.prompt_format`` when ``rollout.episode`` is None, else the user's episodes behind
-    their recording endpoint (:func:`episode_runner_on`, stopped on exit)."""
+    their recording endpoint (:func:`episode_runner_on`, stopped on exit), whose completed
+    turns go to ``turns`` (the journal's book)."""
     if config.rollout.episode is None:
 
         def render(record: PromptRecord) -> str:
@@ -124,6 +129,6 @@ async def group_episodes(
         return
     async with episode_runner_on(
         client, codec, config.rollout.episode, config.rollout.max_new_tokens, config.rollout.temperature,
-        config.rollout.top_p, model=config.model.path, scope=config.name,
+        config.rollout.top_p, model=config.model.path, scope=config.name, turns=turns,
     ) as runner:  # fmt: skip
         yield AgentEpisodes(runner, scorer, settings.sampling.n_samples)
