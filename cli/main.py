@@ -25,6 +25,7 @@ from asyncrl.configs.loading import ConfigError, frozen_yaml, load_config
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.errors import StorageOperationError
 from asyncrl.cli.chaos import add_chaos_command
+from asyncrl.cli.fleet import add_fleet_commands
 from asyncrl.cli.lineage import add_lineage_commands
 from asyncrl.cli.registry import add_registry_commands
 from asyncrl.cli.replay import add_replay_command
@@ -211,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_lineage_commands(commands, add_debug_flag)
     add_registry_commands(commands, add_debug_flag)
     add_replay_command(commands, add_debug_flag)
+    add_fleet_commands(commands, add_debug_flag)
     add_chaos_command(commands)
     bench = commands.add_parser("bench", help="benchmarks that print figures (table and JSON)")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")

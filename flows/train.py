@@ -25,7 +25,7 @@ from asyncrl.flows.prefect_api.credentials import apply_storage_credentials
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.flows.scheduler import scheduler
 from asyncrl.flows.prefect_api.artifacts import StepProgressArtifact, publish_training_report
-from asyncrl.flows.prefect_api.events import prefect_alarm
+from asyncrl.flows.prefect_api.events import prefect_alarm, prefect_fleet_change
 from asyncrl.flows.prefect_api.remote_component import remote_components
 from asyncrl.tasks.launch.context import RunContext, open_run_context, system_metrics
 from asyncrl.tasks.launch.kinds import ComponentKind
@@ -81,7 +81,8 @@ def run_train(
     settings = RLRunSettings(restart_policy(config), remote=remote_components(context.paths))
     try:
         return run_rl(config, context.paths, settings, runner, context=context, on_event=event_reporter(config.name), progress=progress,
-                      on_canary=prefect_alarm(config.name), run_logger=get_run_logger())  # fmt: skip
+                      on_canary=prefect_alarm(config.name), run_logger=get_run_logger(),
+                      on_fleet=prefect_fleet_change(config.name))  # fmt: skip
     finally:
         wait(runner.futures)
 

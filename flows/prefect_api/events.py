@@ -1,13 +1,15 @@
-"""Prefect events a run emits (for automations): the mismatch canary's alarm and the promotion
-gate's decision."""
+"""Prefect events a run emits (for automations): the mismatch canary's alarm, the changes of
+its rollout server fleet and the promotion gate's decision."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from asyncrl.tasks.launch.canary import EVENT, CanaryAlarm
+from asyncrl.tasks.launch.fleet import FleetChange
 from asyncrl.tasks.pipeline.promotion import PromotionDecision
 
+FLEET_EVENT = "asyncrl.fleet.changed"
 PROMOTION_EVENT = "asyncrl.promotion.{outcome}"
 """``asyncrl.promotion.promoted`` or ``asyncrl.promotion.rejected``."""
 
@@ -30,6 +32,23 @@ def prefect_alarm(run_name: str) -> Callable[[CanaryAlarm], None]:
                 "crossed": {name: {"value": v, "threshold": t} for name, (v, t) in alarm.crossed.items()},
             },
         )
+
+    return report
+
+
+def prefect_fleet_change(run_name: str) -> Callable[[FleetChange], None]:
+    """The Prefect event ``asyncrl.fleet.changed`` on resource ``asyncrl.run.<run name>``, with
+    the fleet's size and who joined or left: the fleet over time in the UI's event feed."""
+
+    def report(change: FleetChange) -> None:
+        from prefect.events import emit_event  # looked up per call: tests patch the prefect modules
+
+        emit_event(
+            event=FLEET_EVENT,
+            resource={"prefect.resource.id": f"asyncrl.run.{run_name}", "prefect.resource.name": run_name},
+            payload={"rollout_servers": len(change.servers), "servers": list(change.servers),
+                     "joined": list(change.joined), "left": list(change.left), "version": change.version},
+        )  # fmt: skip
 
     return report
 

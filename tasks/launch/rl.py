@@ -43,6 +43,8 @@ from asyncrl.tasks.launch.components import (
 from asyncrl.tasks.launch.bound_watch import METRIC as BOUND_METRIC
 from asyncrl.tasks.launch.bound_watch import EffectiveBoundWatch
 from asyncrl.tasks.launch.canary import CanaryAlarm, MismatchCanary, log_alarm
+from asyncrl.tasks.launch.fleet import METRIC as FLEET_METRIC
+from asyncrl.tasks.launch.fleet import FleetChange, FleetWatch
 from asyncrl.tasks.placement.launch_settings import trainer_launch
 from asyncrl.tasks.launch.context import RunContext, open_run_context
 from asyncrl.tasks.system.run_paths import RunPaths
@@ -243,6 +245,7 @@ def run_rl(
     tick: Callable[[dict[str, ComponentStatus]], None] | None = None,
     on_canary: Callable[[CanaryAlarm], None] = log_alarm,
     run_logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+    on_fleet: Callable[[FleetChange], None] | None = None,
 ) -> TrainResult:
     """The RL phase (see the module docstring). ``context`` gives the MLflow run that the
     steps, versions and restarts are logged to (None: no MLflow, as in chaos); ``tick`` is
@@ -250,7 +253,9 @@ def run_rl(
     gets the mismatch canary's alarms (:mod:`~asyncrl.tasks.launch.canary`; checked on the
     steps the MLflow recorder reads, so not without ``context``); ``run_logger`` (the flow
     run's logger; default this module's) gets the changes of an adaptive staleness bound
-    (:mod:`~asyncrl.tasks.launch.bound_watch`, also logged to MLflow, so not without ``context``)."""
+    (:mod:`~asyncrl.tasks.launch.bound_watch`, also logged to MLflow, so not without ``context``)
+    and the changes of the registered rollout servers, which ``on_fleet`` also gets
+    (:mod:`~asyncrl.tasks.launch.fleet`: servers joining and leaving the running run)."""
     started = time.monotonic()
     if config.data.train_folder:  # kept if the pipeline chose them; a train run of its own takes every file
         choose_train_files(config.data, config.seed, paths.root, earlier=frozenset)
@@ -298,6 +303,12 @@ def run_rl(
         bound_watch = EffectiveBoundWatch(paths.root, config.rollout.eta,
                                           lambda step, value: lineage.log_metrics(step, {BOUND_METRIC: value}),
                                           logger=run_logger or LOG)  # fmt: skip
+
+    def log_fleet_size(step: int, size: float) -> None:
+        if context is not None:
+            context.lineage.log_metrics(step, {FLEET_METRIC: size})
+
+    fleet = FleetWatch(paths.root, log_fleet_size, on_fleet, logger=run_logger or LOG)
     poller = BackgroundPoller(recorder.poll, settings.poll_s) if recorder is not None else None
     try:
         while True:
@@ -309,6 +320,7 @@ def run_rl(
                 canary.observe_new(recorder.metrics_by_step)
             if bound_watch is not None:
                 bound_watch.check()
+            fleet.check()
             if progress is not None:
                 step, metrics = _last_step(paths.work_dir / METRICS_FILE, recorder)
                 if step > reported:

@@ -196,7 +196,14 @@ def place(
 
 
 def rollout_placement(inference: InferenceConfig, index: int, machine: Machine) -> DevicePlacement:
-    """Rollout server ``index``'s start: ``inference.devices[index]`` and ``inference.cpu_cores``."""
+    """Rollout server ``index``'s start: ``inference.devices[index]`` and ``inference.cpu_cores``;
+    ``ValueError`` naming the field when the list has no entry for ``index`` (a server added to a
+    running run past ``num_servers`` needs its own)."""
+    if inference.devices is not None and not 0 <= index < len(inference.devices):
+        raise ValueError(
+            f"inference.devices: {len(inference.devices)} entries, none for rollout server {index}; "
+            "give every server its device set (one entry per server, an added server's too)"
+        )
     ids = inference.devices[index] if inference.devices is not None else None
     return place(ids, f"inference.devices[{index}]", machine, inference.cpu_cores, "inference.cpu_cores")
 

@@ -27,7 +27,8 @@ def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
     are recomputed over the summed controller time E = sum(elapsed_s): gen_tokens_per_s = output_tokens / E,
     streamed_tokens_per_s = streamed_tokens / E, weight_sync_stall_fraction = weight_sync_stall_s / E, reward_mean weighted by samples,
     reward_mean/<task> = sum reward_sum/<task> / sum samples/<task>; the adaptive bound's
-    ``effective_eta`` is the last cycle's and ``effective_eta_min`` the lowest of any cycle."""
+    ``effective_eta`` is the last cycle's and ``effective_eta_min`` the lowest of any cycle;
+    ``rollout_servers`` the most servers a cycle ran on (the fleet changes between cycles)."""
     if not lines:
         return {}
     total: dict[str, float] = {}
@@ -35,6 +36,8 @@ def combine_cycle_stats(lines: Sequence[dict[str, float]]) -> dict[str, float]:
         for key, value in line.items():
             if key == "effective_eta":
                 total[key] = float(value)
+            elif key == "rollout_servers":
+                total[key] = max(total.get(key, 0.0), float(value))
             elif key == "effective_eta_min":
                 total[key] = min(total.get(key, float(value)), float(value))
             elif key not in RATE_KEYS and not key.startswith(TASK_MEAN_PREFIX):

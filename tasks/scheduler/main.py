@@ -201,7 +201,7 @@ def run_cycle(
     finally:
         stop.set()
     outcome = reasons[0] if reasons else DRAINED
-    summary = stats.summary()
+    summary = {**stats.summary(), "rollout_servers": float(len(handles))}
     logger.info("controller stopped (%s): %s", outcome, summary)
     append_cycle_stats(paths.work_dir / CYCLE_STATS_FILE, summary)
     return outcome, snapshot

@@ -66,3 +66,8 @@ def test_the_adaptive_bound_is_the_last_cycles_and_its_minimum_the_lowest() -> N
     total = combine_cycle_stats(cycles)
     assert (total["effective_eta"], total["effective_eta_min"]) == (4.0, 1.0)
     assert (total["eta_changes"], total["drift_readings"]) == (4.0, 7.0)
+
+
+def test_the_fleet_size_is_the_most_servers_a_cycle_ran_on() -> None:
+    cycles = [{**cycle(10.0, 100, 8, 0.5, 0.0), "rollout_servers": n} for n in (1.0, 2.0, 1.0)]
+    assert combine_cycle_stats(cycles)["rollout_servers"] == 2.0
