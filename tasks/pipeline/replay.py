@@ -7,7 +7,9 @@ shards) along with which step trained which shards (the ledger). Training is the
 (first weights, ledger, shards, trainer settings, thread count), and the replay gives the
 trainer the same of each (:class:`~asyncrl.tasks.trainer.step_source.LedgerReplay`). A version
 that still differs is named with its first differing tensor and the largest difference: a
-mismatch is never silent. The original run root is only read.
+mismatch is never silent. The original run root is only read. A LoRA run's first weights are
+an adapter: its replay trains on the original's base model (``model.path``) from that adapter,
+published as the replay's version 0.
 """
 
 from __future__ import annotations
@@ -118,16 +120,33 @@ def replay_config(
     a fork. ``frozen`` and ``steps``: :func:`replayable` of the original."""
     check_fork_overrides(overrides)
     raw = json.loads(json.dumps(frozen))
-    if (raw.get("trainer") or {}).get("lora"):
-        raise ReplayError(f"{original.display('config.yaml')}: trainer.lora: replaying a LoRA run is not supported yet")
+    lora = bool((raw.get("trainer") or {}).get("lora"))
+    if lora:
+        changed = [o.split("=", 1)[0] for o in overrides if o.split("=", 1)[0].startswith("trainer.lora")]
+        if changed:
+            raise ReplayError(
+                f"{changed[0]}: a fork of a LoRA run keeps its adapters' shape (its first adapter is the original's)"
+            )
+        check_lora_base(original, str((raw.get("model") or {}).get("path", "")))
     raw.update(work_dir=str(work_dir), storage=to.model_dump(mode="json"))
-    raw["model"] = {**raw.get("model", {}), "path": str(initial)}
+    if not lora:  # a LoRA run's first weights are an adapter of its base, model.path, kept
+        raw["model"] = {**raw.get("model", {}), "path": str(initial)}
     raw["trainer"] = {**raw.get("trainer", {}), "max_steps": steps}
     raw["pipeline"] = {**raw.get("pipeline", {}), "eval_every": 0, "synthetic_data": None}
     raw.setdefault("inference", {})["api_key"] = None
     raw["tracking"] = {**raw.get("tracking", {}), "mlflow_uri": f"sqlite:///{work_dir / 'mlflow.db'}"}
     raw["placement"] = {}  # the trainer on this machine
     return config_from_dict(apply_overrides(raw, list(overrides)), source=original.display("config.yaml"))
+
+
+def check_lora_base(original: RunRoot, base: str) -> None:
+    """A LoRA run's replay trains adapters on the original's base model (its ``model.path``):
+    ``ReplayError`` naming it when it is a local path that is not there."""
+    if "://" not in base and not (Path(base) / "config.json").is_file():
+        raise ReplayError(
+            f"{original.display('config.yaml')}: model.path {base!r}: the base model of this LoRA run is not "
+            "there; a replay trains the run's adapters on it"
+        )
 
 
 def tensor_difference_of(a: WeightStore, va: int, b: WeightStore, vb: int, scratch: Path) -> TensorDifference | None:
@@ -256,6 +275,8 @@ def prepare_replay(request: ReplayRequest) -> ReplaySetup:
     run = prepare_run(config)
     if from_step:
         copy_checkpoint(original, run.root, from_step, work_dir / "checkpoint-copy")
+    elif config.trainer.lora is not None and WeightStore(run.root).latest() is None:
+        WeightStore(run.root).publish(0, initial)  # the original's first adapter, which the trainer goes on from
     trainer = process_configs(config).trainer.model_copy(update={"replay_of": StorageConfig(root=original.uri, options=options)})
     write_process_config(run, "trainer", trainer)
     return ReplaySetup(original, config, run, trainer_launch(config, run, mode="rl"), from_step, tuple(overrides))

@@ -144,7 +144,8 @@ def save_adapter(
     directory: a LoRA run's weight version.
 
     ``adapter_model.safetensors`` (A and B, :func:`adapter_state_dict`),
-    ``adapter_config.json`` (r, lora_alpha, target_modules, base_model_name_or_path,
+    ``adapter_config.json`` (r, lora_alpha, target_modules sorted, so that the file and the
+    version's digest are the same in every process, base_model_name_or_path,
     ``inference_mode`` true), the base model's ``config.json`` (see BASE_CONFIG_FILE) and
     ``extra_files`` (name -> text). No base weights and no tokenizer: a server serves the
     adapter on the base model it loaded, with that model's tokenizer. Loadable by
@@ -160,6 +161,8 @@ def save_adapter(
     save_file(adapter_state_dict(model), str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = copy.deepcopy(model.peft_config[ADAPTER_NAME])
     config.inference_mode = True
+    if isinstance(config.target_modules, (set, frozenset)):  # PEFT keeps a set: its order varies by process
+        config.target_modules = sorted(config.target_modules)
     config.save_pretrained(str(out_dir))
     shutil.copyfile(Path(base_model_dir) / BASE_CONFIG_FILE, out_dir / BASE_CONFIG_FILE)
     for name, text in (extra_files or {}).items():
