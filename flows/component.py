@@ -5,7 +5,8 @@ names a deployment for that component, and supervises it through this flow run's
 its heartbeat in the run root (:mod:`asyncrl.flows.prefect_api.remote_component`).
 
 The flow run's state tells the truth: Running while the component runs, Completed on its
-normal end (or when its run asked it to stop), Failed with exit status and log tail
+normal end (or when its run asked it to stop; a rollout server added to a running run with
+``asyncrl fleet add`` also when the run's last step is published), Failed with exit status and log tail
 otherwise, Cancelled when the run stopped it. Its cancel and crash hooks kill the process
 groups it recorded, so nothing outlives it on its machine. Details: ``docs/internals/flows.md``.
 """
@@ -22,6 +23,7 @@ from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.heartbeats import clear_stop_request, stop_requested
 from asyncrl.tasks.launch.component_host import heartbeat_writer, hosted_components, hosted_groups_file, run_hosted
 from asyncrl.tasks.launch.context import prepare_run
+from asyncrl.tasks.launch.fleet import added_server_done
 from asyncrl.tasks.launch.kinds import ComponentKind, component_name
 from asyncrl.flows.prefect_api.prefect_reporting import kill_hosted_processes
 from asyncrl.tasks.launch.rl import ProcessGroupFile
@@ -43,10 +45,14 @@ def component(
     stop = threading.Event()
     components = hosted_components(config, paths, kind, index, drain)
     logger.info("%s (replica %d, start %s): starting %s", name, replica, start_id, [c.name for c in components])
+
+    def asked_to_stop() -> bool:
+        return stop_requested(paths.root, name, replica, start_id) or added_server_done(config, paths.root, kind, index)
+
     try:
         code = run_hosted(components, stop, beat, config.placement.heartbeat_s,
                           on_started=lambda c: groups.update(c.name, c.pgid()),
-                          stop_requested=lambda: stop_requested(paths.root, name, replica, start_id))  # fmt: skip
+                          stop_requested=asked_to_stop)  # fmt: skip
     finally:
         stop.set()
         for hosted in components:

@@ -13,7 +13,8 @@ the cycle's end and go on from their journaled tokens, on whichever servers are 
   next cycle loads the newest version into it and generates on it;
 - **draining** (:func:`drain_server`) unregisters the server, waits until it has no request
   left (the scheduler's cycle ended and its samples were journaled, then resumed on the
-  others at their last token), and only then asks the flow run hosting it to stop.
+  others at their last token), and only then asks the flow run hosting it to stop. An added
+  server that is never drained stops when the run's last step is out (:func:`added_server_done`).
 
 :class:`FleetWatch` is the run's view: it reads the registry while the run trains and, on each
 change, logs the MLflow metric ``fleet/rollout_servers`` (at step = the newest published
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.heartbeats import request_stop
-from asyncrl.storage.weights import WeightStore
+from asyncrl.storage.weights import WeightStore, final_step_published
 from asyncrl.tasks.inference.routing import ServerEndpoint, bearer_headers
 from asyncrl.tasks.inference.server_registry import list_servers, read_server, unregister_server
 from asyncrl.tasks.launch.kinds import component_name
@@ -113,6 +115,14 @@ class FleetWatch:
         if self.on_change is not None:
             self.on_change(change)
         return change
+
+
+def added_server_done(config: RunConfig, root: RunRoot, kind: str, index: int) -> bool:
+    """Whether a component is a rollout server added to the run (index past
+    ``inference.num_servers``) whose run has published its last step: it then stops on its own,
+    as the run's own servers do when the run ends, rather than waiting for a drain."""
+    added = kind == "rollout-server" and index >= config.inference.num_servers
+    return added and final_step_published(root, config.trainer.max_steps)
 
 
 def queued_requests(server: ServerEndpoint, timeout_s: float = 5.0) -> int | None:

@@ -107,3 +107,23 @@ def test_an_added_server_without_its_device_entry_is_refused_naming_the_field() 
     assert rollout_placement(inference, 0, machine) is not None
     with pytest.raises(ValueError, match=r"inference.devices: 1 entries, none for rollout server 1"):
         rollout_placement(inference, 1, machine)
+
+
+def test_an_added_server_stops_with_its_run_and_the_runs_own_do_not(tmp_path: Path) -> None:
+    from run_root_builder import RunRootBuilder
+
+    from asyncrl.configs.run_config import RunConfig
+    from asyncrl.tasks.launch.fleet import added_server_done
+
+    build = RunRootBuilder(open_root(str(tmp_path / "store")), tmp_path)
+    config = RunConfig.model_validate({
+        "name": "r", "model": {"path": "m"}, "data": {"train_path": "t.jsonl"},
+        "storage": {"root": str(tmp_path / "store")}, "inference": {"num_servers": 2}, "trainer": {"max_steps": 2},
+    })  # fmt: skip
+    build.publish(0, 0, None, [])
+    build.publish(1, 1, 0, [])
+    assert not added_server_done(config, build.root, "rollout-server", 2)  # the run goes on
+    build.publish(2, 2, 1, [])
+    assert added_server_done(config, build.root, "rollout-server", 2)  # the last step is out: an added one stops
+    assert not added_server_done(config, build.root, "rollout-server", 1)  # the run's own: stopped by the run
+    assert not added_server_done(config, build.root, "trainer", 2)
