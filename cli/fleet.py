@@ -40,7 +40,7 @@ def cmd_fleet_list(args: argparse.Namespace) -> int:
 def cmd_fleet_add(args: argparse.Namespace) -> int:
     from asyncrl.configs.loading import parameter_dict
     from asyncrl.storage.heartbeats import clear_stop_request
-    from asyncrl.tasks.inference.server_registry import list_servers
+    from asyncrl.tasks.inference.server_registry import list_servers, server_name
     from asyncrl.tasks.launch.kinds import component_name
 
     config, root = _run_root(args)
@@ -50,7 +50,7 @@ def cmd_fleet_add(args: argparse.Namespace) -> int:
             f"--index {args.index}: rollout servers 0..{own - 1} are the run's own (inference.num_servers {own}); "
             f"add one at index {own} or above"
         )
-    name = f"server-{args.index}"
+    name = server_name(args.index)
     if name in {record.name for record in list_servers(root)}:
         raise ValueError(
             f"--index {args.index}: {name} is already registered in run {config.name} (`asyncrl fleet list`)"
@@ -75,13 +75,15 @@ def cmd_fleet_add(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet_drain(args: argparse.Namespace) -> int:
+    from asyncrl.tasks.inference.server_registry import server_name
     from asyncrl.tasks.launch.fleet import drain_server
 
     config, root = _run_root(args)
     try:
         report = drain_server(root, args.index, config.inference.api_key_value(), timeout_s=args.timeout)
     except FileNotFoundError:
-        raise ValueError(f"--index {args.index}: server-{args.index} is not registered in run {config.name}") from None
+        name = server_name(args.index)
+        raise ValueError(f"--index {args.index}: {name} is not registered in run {config.name}") from None
     state = "idle" if report.idle else f"busy after {args.timeout:.0f} s (its requests were cut and resumed elsewhere)"
     print(f"{report.server} ({report.url}) left run {config.name}: {state} after {report.waited_s:.1f} s; "
           "its flow run was asked to stop")  # fmt: skip

@@ -26,7 +26,7 @@ from asyncrl.configs.placement import RemotePlacement
 from asyncrl.configs.run_config import RunConfig
 from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.heartbeats import clear_stop_request, delete_heartbeat, read_heartbeat, request_stop
-from asyncrl.tasks.inference.server_registry import unregister_server
+from asyncrl.tasks.inference.server_registry import server_name, unregister_server
 from asyncrl.tasks.launch.kinds import ComponentKind, component_name
 from asyncrl.tasks.launch.rl import RemoteFactory, RunStop
 from asyncrl.tasks.system.run_paths import RunPaths
@@ -251,7 +251,7 @@ class RemoteComponent:
             delete_heartbeat(self.root, self.name, replica)
             clear_stop_request(self.root, self.name, replica)
         if self.kind == "rollout-server":  # a flow run killed without its clean-up leaves its entry
-            unregister_server(self.root, f"server-{self.index}")
+            unregister_server(self.root, server_name(self.index))
         self._runs_file.clear(self.name)
         self.flow_run_ids = []
 

@@ -36,6 +36,11 @@ class ServerRecord:
     registered_at: float
 
 
+def server_name(index: int) -> str:
+    """Rollout server ``index``'s name in the registry: ``server-{index}``."""
+    return f"server-{index}"
+
+
 def server_entry(name: str) -> str:
     """Relative path of server ``name``'s entry; ``ValueError`` for a name that is not
     1-128 characters of letters, digits, ``_``, ``.``, ``-`` starting with a letter or digit."""

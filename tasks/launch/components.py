@@ -26,7 +26,7 @@ from asyncrl.tasks.evaluator.process import evaluator_command
 from asyncrl.tasks.system.process_group import group_alive, kill_group, read_log_tail, spawn_session
 from asyncrl.tasks.reward.service_registry import TOKEN_ENV, read_reward_service
 from asyncrl.tasks.reward.process import reward_service_command
-from asyncrl.tasks.inference.server_registry import register_server, unregister_server
+from asyncrl.tasks.inference.server_registry import register_server, server_name, unregister_server
 from asyncrl.tasks.inference.server import RolloutServer, RolloutServerHandle
 from asyncrl.tasks.inference.server_config import RolloutServerConfig
 from asyncrl.tasks.inference.weight_loader import ServerWeightLoader
@@ -287,7 +287,7 @@ def run_rollout_component(index: int, config: RunConfig, paths: RunPaths) -> Rol
             raise
 
     return RolloutComponent(
-        f"rollout-server-{index}", f"server-{index}", paths.root, launch, paths.log(f"rollout-{index}.log"),
+        f"rollout-server-{index}", server_name(index), paths.root, launch, paths.log(f"rollout-{index}.log"),
         load_version=None if config.trainer.lora is None else adapter_loader(config, paths),
     )  # fmt: skip
 

@@ -37,7 +37,7 @@ from asyncrl.storage.fs import RunRoot
 from asyncrl.storage.heartbeats import request_stop
 from asyncrl.storage.weights import WeightStore, final_step_published
 from asyncrl.tasks.inference.routing import ServerEndpoint, bearer_headers
-from asyncrl.tasks.inference.server_registry import list_servers, read_server, unregister_server
+from asyncrl.tasks.inference.server_registry import list_servers, read_server, server_name, unregister_server
 from asyncrl.tasks.launch.kinds import component_name
 
 LOG = logging.getLogger("asyncrl.run.fleet")
@@ -168,7 +168,7 @@ def drain_server(
     Stopped before it is idle (the timeout), the server's requests are cut: the scheduler keeps
     their tokens up to the cut and resubmits them elsewhere, so nothing is lost either way.
     """
-    name = f"server-{index}"
+    name = server_name(index)
     record = read_server(root, name)
     unregister_server(root, name)
     endpoint = ServerEndpoint(record.url, api_key)
